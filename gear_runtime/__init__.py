@@ -1,0 +1,78 @@
+"""gear_runtime: run models compiled with dynamic gears (CANN GE dynamic batch / image size /
+dims), on Ascend through pyACL or MindSpore Lite, and anywhere through ONNX Runtime.
+
+    spec = gr.GearSpec.from_atc(input_shape="data:-1,3,224,224", dynamic_batch_size="1,8,16")
+    gr.compile("model.onnx", spec, "model.gear.onnx")
+    model = gr.load("model.gear.onnx")
+    ex = model.create_executor()
+    outputs = ex.execute({"data": batch})
+
+Backends are imported lazily: importing this package needs none of pyACL, MindSpore Lite or a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CompileError,
+    DynamicInputLengthError,
+    GearFileError,
+    GearMismatchError,
+    GearRuntimeError,
+    GearSpecError,
+    InputError,
+)
+from gear_runtime.spec import GearSpec
+
+if TYPE_CHECKING:
+    from gear_runtime.executor import Executor
+    from gear_runtime.model import GearModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "CompileError",
+    "DynamicInputLengthError",
+    "Executor",
+    "GearFileError",
+    "GearMismatchError",
+    "GearModel",
+    "GearRuntimeError",
+    "GearSpec",
+    "GearSpecError",
+    "InputError",
+    "compile",
+    "load",
+]
+
+
+def compile(model: Any, spec: GearSpec, output: str, hybrid: bool = False,  # noqa: A001
+            sink: bool = False, **kwargs: Any) -> str:
+    """Compile a dynamic ONNX model into one gear file; see :func:`gear_runtime.compile.compile_model`."""
+    from gear_runtime.compile import compile_model
+
+    return compile_model(model, spec, output, hybrid=hybrid, sink=sink, **kwargs)
+
+
+def load(path: str, backend: str = "onnxruntime", **options: Any) -> GearModel:
+    """Load a gear model on ``backend``; see :func:`gear_runtime.model.load`."""
+    from gear_runtime.model import load as _load
+
+    return _load(path, backend=backend, **options)
+
+
+def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime` light
+    if name == "GearModel":
+        from gear_runtime.model import GearModel
+
+        return GearModel
+    if name == "Executor":
+        from gear_runtime.executor import Executor
+
+        return Executor
+    raise AttributeError(f"module 'gear_runtime' has no attribute {name!r}")

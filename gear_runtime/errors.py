@@ -1,0 +1,92 @@
+"""The one exception hierarchy of gear_runtime, and the one place errors are mapped.
+
+Every error carries ``.code``: the GE / ACL code it mirrors (``"E10035"``, ``"145013"``) so
+that a service can log or branch on the same codes it would see on Ascend. The C++ core
+raises by *kind* (see :data:`KINDS`); :func:`make_error` turns a kind into the class here, so
+the mapping lives in one place for both layers (ONNX Runtime's Python layer does the same).
+"""
+
+from __future__ import annotations
+
+# ACL / GE codes we mirror (inc/external/ge/ge_error_codes.h, GE-NOTES.md).
+ACL_ERROR_GE_PARAM_INVALID = "145000"
+ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = "145002"
+ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID = "145012"
+ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID = "145013"
+
+
+class GearRuntimeError(Exception):
+    """Base of every error raised by gear_runtime.
+
+    ``code`` is the GE/ACL code this error mirrors (a string; ``""`` when there is none).
+    """
+
+    default_code = ""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = self.default_code if code is None else str(code)
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}" if self.code else self.message
+
+    def __reduce__(self):  # keep code across pickling (multiprocessing services)
+        return (type(self), (self.message, self.code))
+
+
+class GearSpecError(GearRuntimeError, ValueError):
+    """A gear specification (atc flags, GE options, config file) that GE would reject."""
+
+
+class CompileError(GearRuntimeError, ValueError):
+    """The model and the spec do not fit together, or a gear could not be compiled."""
+
+
+class GearFileError(GearRuntimeError, ValueError):
+    """A file that is not a readable gear model (missing, corrupt, wrong format version)."""
+
+    default_code = ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+
+
+class InputError(GearRuntimeError, ValueError):
+    """Inputs that cannot be executed: missing or unknown names, wrong dtype, wrong rank."""
+
+    default_code = ACL_ERROR_GE_PARAM_INVALID
+
+
+class DynamicInputLengthError(InputError):
+    """The inputs' full dims have the wrong length, or a static dim differs (GE 145012)."""
+
+    default_code = ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+
+
+class GearMismatchError(InputError):
+    """The dynamic dims match no gear of the model (GE 145013); never a silent gear 0."""
+
+    default_code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+
+
+class BackendError(GearRuntimeError, RuntimeError):
+    """A backend call failed; the message names the call, ``code`` is its return code."""
+
+
+class BackendUnavailableError(GearRuntimeError, ImportError):
+    """A backend whose runtime is not installed here; the message says what to install."""
+
+
+#: Error kinds used by the C++ core (csrc/errors.h) -> Python class. One table, both layers.
+KINDS: dict[str, type[GearRuntimeError]] = {
+    "spec": GearSpecError,
+    "compile": CompileError,
+    "file": GearFileError,
+    "input": InputError,
+    "length": DynamicInputLengthError,
+    "mismatch": GearMismatchError,
+    "backend": BackendError,
+}
+
+
+def make_error(kind: str, message: str, code: str | None = None) -> GearRuntimeError:
+    """Build the exception for ``kind`` (a key of :data:`KINDS`); unknown kinds -> base class."""
+    return KINDS.get(kind, GearRuntimeError)(message, code)

@@ -1,0 +1,175 @@
+"""GearSpec: the gears of a model, in GE's terms, independent of where they were written.
+
+A spec is what ATC's ``--input_shape`` + one of ``--dynamic_batch_size`` /
+``--dynamic_image_size`` / ``--dynamic_dims`` say (or the same in GE options or a config
+file): the inputs in ``user_designate_shape_order`` with their shapes (``-1`` on dynamic
+axes) and the list of gears, each a tuple of the dynamic values in GE order.
+
+How a gear's values land on the inputs (GE's ParserDataToDynamicInfo) is precomputed once in
+:attr:`GearSpec.dynamic_positions`, so every later stage (compiler, C++ core, executor) reads
+the same mapping instead of re-deriving it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gear_runtime.errors import GearSpecError
+
+Mode = Literal["batch", "image_size", "dims"]
+MODES: tuple[str, ...] = ("batch", "image_size", "dims")
+
+#: GE's old ``kMaxShapesCount``: more gears than this is E10036. A named setting on purpose:
+#: the docs say (1, 100] but 256 on 950-series chips.
+DEFAULT_MAX_GEARS = 100
+
+
+@dataclass(frozen=True)
+class GearSpec:
+    """The gears of a model.
+
+    Attributes:
+        mode: ``"batch"``, ``"image_size"`` or ``"dims"``.
+        input_names: inputs in ``user_designate_shape_order`` (the order of input_shape).
+        input_shapes: each input's shape with ``-1`` on its dynamic axes, same order.
+        gears: each gear's dynamic values in GE order: ``(n,)`` in batch mode, ``(h, w)`` in
+            image-size mode, one value per ``-1`` of input_shape (input order, then axis
+            order) in dims mode.
+        hybrid: GE's hybrid mode was asked for (ge.dynamicNodeType == "1" and
+            ge.compileHybridMode == "1"): a miss runs the dynamic-shape graph.
+        input_format: the ATC ``--input_format`` when given (``"NCHW"``, ``"NHWC"``, ``"ND"``).
+    """
+
+    mode: Mode
+    input_names: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    gears: tuple[tuple[int, ...], ...]
+    hybrid: bool = False
+    input_format: str | None = None
+    dynamic_positions: tuple[tuple[int, int, int], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_names", tuple(self.input_names))
+        object.__setattr__(self, "input_shapes", tuple(tuple(int(d) for d in s)
+                                                       for s in self.input_shapes))
+        object.__setattr__(self, "gears", tuple(tuple(int(v) for v in g) for g in self.gears))
+        if self.mode not in MODES:
+            raise GearSpecError(f"mode {self.mode!r} is not one of {MODES}")
+        if len(self.input_names) != len(self.input_shapes):
+            raise GearSpecError(
+                f"{len(self.input_names)} input names but {len(self.input_shapes)} shapes")
+        object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
+        width = self.values_per_gear
+        for g in self.gears:
+            if len(g) != width:
+                raise GearSpecError(
+                    f"gear {g} has {len(g)} values, {self.mode} mode over this input_shape "
+                    f"needs {width}", code="E10037")
+
+    # ---- derived facts -------------------------------------------------------------------
+    @property
+    def gear_count(self) -> int:
+        return len(self.gears)
+
+    @property
+    def values_per_gear(self) -> int:
+        """Length of one gear tuple (and of the ``ascend_mbatch_shape_data`` buffer)."""
+        if not self.dynamic_positions:
+            return 0
+        return max(v for _, _, v in self.dynamic_positions) + 1
+
+    def shapes(self, i: int) -> dict[str, tuple[int, ...]]:
+        """Every input's full static shape in gear ``i`` (input order)."""
+        if not 0 <= i < len(self.gears):
+            raise IndexError(f"gear index {i} out of range: the spec has {len(self.gears)} gears")
+        gear = self.gears[i]
+        shapes = [list(s) for s in self.input_shapes]
+        for inp, axis, v in self.dynamic_positions:
+            shapes[inp][axis] = gear[v]
+        return {n: tuple(s) for n, s in zip(self.input_names, shapes, strict=True)}
+
+    def full_dims(self, i: int) -> tuple[int, ...]:
+        """Gear ``i`` as aclmdlGetInputDynamicDims gives it: all input shapes flattened."""
+        return tuple(d for s in self.shapes(i).values() for d in s)
+
+    def largest_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per input, the element-wise max over gears: what GE sizes the Data inputs to."""
+        out: dict[str, list[int]] = {n: list(s) for n, s in self.shapes(0).items()}
+        for i in range(1, len(self.gears)):
+            for n, s in self.shapes(i).items():
+                out[n] = [max(a, b) for a, b in zip(out[n], s, strict=True)]
+        return {n: tuple(s) for n, s in out.items()}
+
+    def gear_index(self, values: Sequence[int]) -> int | None:
+        """Index of the gear with exactly these dynamic values, or None (no fallback)."""
+        try:
+            return self.gears.index(tuple(int(v) for v in values))
+        except ValueError:
+            return None
+
+    # ---- constructors (parsers live in gear_runtime.spec.parse / .config) ----------------
+    @classmethod
+    def from_atc(cls, input_shape: str, dynamic_batch_size: str | None = None,
+                 dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
+                 input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
+                 ) -> GearSpec:
+        """Spec from ATC flag values, validated with GE's rules and codes."""
+        from gear_runtime.spec.parse import spec_from_atc
+
+        return spec_from_atc(input_shape, dynamic_batch_size=dynamic_batch_size,
+                             dynamic_image_size=dynamic_image_size, dynamic_dims=dynamic_dims,
+                             input_format=input_format, max_gears=max_gears)
+
+    @classmethod
+    def from_ge_options(cls, options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
+                        ) -> GearSpec:
+        """Spec from GE session/graph options (ge.inputShape, ge.dynamicDims, ...)."""
+        from gear_runtime.spec.parse import spec_from_ge_options
+
+        return spec_from_ge_options(options, max_gears=max_gears)
+
+    @classmethod
+    def from_config(cls, path: str, max_gears: int = DEFAULT_MAX_GEARS) -> GearSpec:
+        """Spec from an ATC / MindSpore Lite config file (see gear_runtime.spec.config)."""
+        from gear_runtime.spec.config import spec_from_config
+
+        return spec_from_config(path, max_gears=max_gears)
+
+    def to_atc(self) -> dict[str, str]:
+        """The ATC flags that give back this spec: ``GearSpec.from_atc(**spec.to_atc())``."""
+        from gear_runtime.spec.parse import spec_to_atc
+
+        return spec_to_atc(self)
+
+    def to_config(self) -> str:
+        """An ``[acl_build_options]`` config text that gives back this spec."""
+        from gear_runtime.spec.config import spec_to_config
+
+        return spec_to_config(self)
+
+
+def _dynamic_positions(spec: GearSpec) -> tuple[tuple[int, int, int], ...]:
+    """(input index, axis, index into the gear tuple) for every -1, in input_shape order.
+
+    dims mode: the k-th -1 takes value k (ParserDataToDynamicInfo). batch mode: every -1 is
+    the batch, value 0. image_size mode: in each input the first -1 is H (value 0), the
+    second W (value 1).
+    """
+    out: list[tuple[int, int, int]] = []
+    counter = 0
+    for i, shape in enumerate(spec.input_shapes):
+        seen_in_input = 0
+        for axis, d in enumerate(shape):
+            if d != -1:
+                continue
+            if spec.mode == "dims":
+                out.append((i, axis, counter))
+                counter += 1
+            elif spec.mode == "batch":
+                out.append((i, axis, 0))
+            else:
+                out.append((i, axis, min(seen_in_input, 1)))
+            seen_in_input += 1
+    return tuple(out)
