@@ -1,0 +1,106 @@
+"""The small interface every backend implements (one file per backend beside this one).
+
+A backend turns a model file into a :class:`BackendModel` (what the model is: its gears, its
+inputs and outputs, per-gear output shapes) that can create :class:`BackendSession` objects,
+one per executor. The executor owns the flow (dims, matching, staging through the C++ core);
+a session only owns device-side state and runs what was staged:
+
+    session.staging           # host buffer the core stages every input (and the dims) into
+    session.run_gear(g)       # move the merged region to the device in ONE copy, run gear g
+    session.run_dynamic(xs)   # hybrid mode: a miss runs the dynamic-shape graph
+    session.run_sink(xs)      # GetNext-sink mode: the device computes the dims, read back
+
+Every backend call that fails raises :class:`gear_runtime.errors.BackendError` naming the call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gear_runtime.errors import BackendError
+from gear_runtime.spec import GearSpec
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded gear model is, whatever the backend (DavinciModel's gear maps).
+
+    ``output_shapes[g][k]`` is output ``k``'s static shape in gear ``g``; it keys the executor's
+    output buffers and is checked against what the backend really produced.
+    """
+
+    spec: GearSpec
+    input_dtypes: tuple[np.dtype, ...]
+    output_names: tuple[str, ...]
+    output_dtypes: tuple[np.dtype, ...]
+    output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
+    hybrid: bool = False
+    sink: bool = False
+
+    def output_size(self, gear: int, index: int) -> int:
+        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo)."""
+        shape = self.output_shapes[gear][index]
+        return int(np.prod(shape, dtype=np.int64)) * self.output_dtypes[index].itemsize
+
+    def input_nbytes(self) -> list[list[int]]:
+        """[gear][input] bytes of every input in every gear: what the staging layout needs."""
+        out = []
+        for g in range(self.spec.gear_count):
+            shapes = self.spec.shapes(g)
+            out.append([int(np.prod(shapes[n], dtype=np.int64)) * dt.itemsize
+                        for n, dt in zip(self.spec.input_names, self.input_dtypes, strict=True)])
+        return out
+
+
+class BackendSession(ABC):
+    """Per-executor backend state: bindings, device buffers, preallocated outputs.
+
+    Not thread-safe on its own: one session belongs to one executor (one thread / stream).
+    """
+
+    #: Host staging buffer (uint8, C-contiguous, at least ``layout.total_bytes``); pinned where
+    #: the backend offers pinned memory. The C++ core writes inputs and dims into it.
+    staging: np.ndarray
+
+    @abstractmethod
+    def run_gear(self, gear: int) -> list[np.ndarray]:
+        """Run gear ``gear`` on what was staged for it; return its outputs.
+
+        The arrays have gear ``gear``'s output shapes and may be views of buffers the session
+        reuses: they are valid until the next run on this session.
+        """
+
+    def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss)."""
+        raise BackendError(f"backend {type(self).__name__} has no dynamic-shape graph")
+
+    def run_sink(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
+        """GetNext-sink mode: run with the dims computed on the device; return them read back."""
+        raise BackendError(f"backend {type(self).__name__} does not support GetNext-sink mode")
+
+    def close(self) -> None:
+        """Free device resources; idempotent."""
+
+
+class BackendModel(ABC):
+    """A model loaded on one backend. Thread-safe: sessions are created per executor."""
+
+    name: ClassVar[str]
+    info: ModelInfo
+
+    @abstractmethod
+    def create_session(self, layout: Any) -> BackendSession:
+        """A new session whose staging buffer fits ``layout`` (a ``gear_runtime.core.Layout``).
+
+        The session binds gear ``g``'s input ``i`` to ``layout.offset(g, i)`` of its staging
+        (or of the device buffer the merged span is copied to) and the dims buffer to
+        ``layout.dims_offset(g)``.
+        """
+
+    def close(self) -> None:
+        """Unload the model; idempotent."""
