@@ -12,6 +12,7 @@ the same mapping instead of re-deriving it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,15 +52,30 @@ class GearSpec:
     dynamic_positions: tuple[tuple[int, int, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "input_names", tuple(self.input_names))
-        object.__setattr__(self, "input_shapes", tuple(tuple(int(d) for d in s)
-                                                       for s in self.input_shapes))
-        object.__setattr__(self, "gears", tuple(tuple(int(v) for v in g) for g in self.gears))
+        # Cheap checks only (one pass over the values): what the parsers validate with GE's full
+        # rules is re-checked here just enough that a directly built spec cannot hold values
+        # that would break matching (negative or duplicate gears) or crash later stages.
         if self.mode not in MODES:
-            raise GearSpecError(f"mode {self.mode!r} is not one of {MODES}")
+            raise GearSpecError(f"mode {self.mode!r} is not one of {MODES}", code="E10001")
+        if isinstance(self.input_names, str) or not all(
+                isinstance(n, str) for n in _iter_or_fail(self.input_names, "input_names")):
+            raise GearSpecError(f"input_names must be a sequence of str, got {self.input_names!r}",
+                                code="E10001")
+        object.__setattr__(self, "input_names", tuple(self.input_names))
+        object.__setattr__(self, "input_shapes", _int_rows(self.input_shapes, "input_shapes"))
+        object.__setattr__(self, "gears", _int_rows(self.gears, "gears"))
+        object.__setattr__(self, "hybrid", bool(self.hybrid))
+        if self.input_format is not None and not isinstance(self.input_format, str):
+            raise GearSpecError(f"input_format must be a str or None, got {self.input_format!r}",
+                                code="E10001")
         if len(self.input_names) != len(self.input_shapes):
             raise GearSpecError(
-                f"{len(self.input_names)} input names but {len(self.input_shapes)} shapes")
+                f"{len(self.input_names)} input names but {len(self.input_shapes)} shapes",
+                code="E10001")
+        for name, shape in zip(self.input_names, self.input_shapes, strict=True):
+            if any(d < -1 for d in shape):
+                raise GearSpecError(f"input {name!r} shape {list(shape)}: dims must be >= 0 or "
+                                    "-1 (dynamic)", code="E10002")
         object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
         width = self.values_per_gear
         for g in self.gears:
@@ -67,6 +83,13 @@ class GearSpec:
                 raise GearSpecError(
                     f"gear {g} has {len(g)} values, {self.mode} mode over this input_shape "
                     f"needs {width}", code="E10037")
+            if any(v < 0 for v in g):
+                raise GearSpecError(f"gear {list(g)} has a negative value; gear values must be "
+                                    ">= 0", code="E10038")
+        if len(set(self.gears)) != len(self.gears):
+            dup = next(g for i, g in enumerate(self.gears) if g in self.gears[:i])
+            raise GearSpecError(f"gear {list(dup)} appears more than once; gears must be unique",
+                                code="E10039")
 
     # ---- derived facts -------------------------------------------------------------------
     @property
@@ -173,3 +196,21 @@ def _dynamic_positions(spec: GearSpec) -> tuple[tuple[int, int, int], ...]:
                 out.append((i, axis, min(seen_in_input, 1)))
             seen_in_input += 1
     return tuple(out)
+
+
+def _iter_or_fail(value: object, what: str) -> tuple[object, ...]:
+    try:
+        return tuple(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise GearSpecError(f"{what} must be a sequence, got {value!r}", code="E10001") from None
+
+
+def _int_rows(rows: object, what: str) -> tuple[tuple[int, ...], ...]:
+    """``rows`` as a tuple of tuples of int; operator.index so that 2.5 or "3" are refused
+    instead of silently truncated or parsed (numpy integers are fine)."""
+    try:
+        return tuple(tuple(operator.index(v) for v in row)
+                     for row in _iter_or_fail(rows, what))  # type: ignore[attr-defined]
+    except TypeError:
+        raise GearSpecError(f"{what} must be a sequence of sequences of integers, got {rows!r}",
+                            code="E10001") from None
