@@ -1,0 +1,290 @@
+"""Gear specs from ATC / MindSpore Lite config files, and back.
+
+Three sections are recognised (any others, e.g. ``[acl_init_options]``, are ignored):
+
+``[acl_build_options]`` (seed 004's config_prefill.ini) and ``[ge_graph_options]``
+    ATC or GE option names, values optionally in quotes::
+
+        input_format="ND"
+        input_shape="input_ids:1,-1;attention_mask:1,-1"
+        ge.dynamicDims="32,32;512,512"
+
+    Keys: ``input_shape`` / ``ge.inputShape``, ``dynamic_dims`` / ``ge.dynamicDims``,
+    ``dynamic_batch_size`` / ``ge.dynamicBatchSize``, ``dynamic_image_size`` /
+    ``ge.dynamicImageSize``, ``input_format`` / ``ge.inputFormat``, and the hybrid keys
+    ``ge.dynamicNodeType`` / ``ge.compileHybridMode``. They are read exactly as GE options
+    (:func:`gear_runtime.spec.parse.spec_from_ge_options`: an empty value is unset; hybrid
+    needs all four of inputShape, dynamicDims, dynamicNodeType="1", compileHybridMode="1").
+
+``[ascend_context]`` (MindSpore Lite converter)
+    ``input_shape=input.1:[-1,3,224,224]`` (brackets optional, inputs separated by ``;``) and
+    ``dynamic_dims=[1~4],[8],[16]``: each bracket group is one gear, ``a~b`` in a one-value
+    group expands to every integer of [a, b] as separate gears (that example is 6 gears).
+    For several -1 a group is ``[v1,v2,...]``; a range inside a multi-value group is REJECTED
+    (E10001): neither "zip" nor "product" is documented by MindSpore Lite, and guessing would
+    silently compile gears nobody asked for, so write such gears out. MindSpore Lite documents
+    ascend_context ``dynamic_dims`` as "dynamic BatchSize and dynamic resolution", so the mode
+    follows the shape: one value per gear with every -1 on dim 0 -> batch mode; two values per
+    gear with every dynamic input 4-D and -1 exactly on H, W (``input_format``, NCHW default)
+    -> image_size mode; anything else -> dims mode. ``dynamic_batch_size`` /
+    ``dynamic_image_size`` keys (MindSpore Lite's older acl options) take ATC syntax. A value
+    without any ``[`` is read as ATC syntax too.
+
+The file is read with configparser: interpolation off, keys case-preserving, ``=`` the only
+delimiter, duplicate sections/keys an error, ``[DEFAULT]`` an ordinary (ignored) section.
+Exactly one recognised section may carry gear options. Every GE rule of
+:func:`~gear_runtime.spec.parse.spec_from_atc` applies; every problem is a GearSpecError.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+from collections.abc import Mapping
+
+from gear_runtime.errors import GearSpecError
+from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec
+from gear_runtime.spec.parse import (
+    _check_max_gears,
+    _fail,
+    _pieces,
+    _q,
+    _to_int,
+    parse_input_shape,
+    spec_from_atc,
+    spec_from_ge_options,
+    spec_to_atc,
+)
+
+__all__ = ["SECTIONS", "spec_from_config", "spec_to_config"]
+
+#: The sections looked for, in this order.
+SECTIONS: tuple[str, ...] = ("acl_build_options", "ascend_context", "ge_graph_options")
+
+# ATC / GE spellings of the gear keys of [acl_build_options] / [ge_graph_options] -> GE key.
+_GE_KEYS: dict[str, str] = {
+    "input_shape": "ge.inputShape", "ge.inputShape": "ge.inputShape",
+    "dynamic_dims": "ge.dynamicDims", "ge.dynamicDims": "ge.dynamicDims",
+    "dynamic_batch_size": "ge.dynamicBatchSize", "ge.dynamicBatchSize": "ge.dynamicBatchSize",
+    "dynamic_image_size": "ge.dynamicImageSize", "ge.dynamicImageSize": "ge.dynamicImageSize",
+    "input_format": "ge.inputFormat", "ge.inputFormat": "ge.inputFormat",
+    "ge.dynamicNodeType": "ge.dynamicNodeType",
+    "ge.compileHybridMode": "ge.compileHybridMode",
+}
+_ASCEND_KEYS = ("input_shape", "dynamic_dims", "dynamic_batch_size", "dynamic_image_size",
+                "input_format")
+# Keys whose presence makes a section "carry gear options".
+_GEAR_KEYS = frozenset(k for k, v in _GE_KEYS.items()
+                       if v not in ("ge.inputFormat", "ge.dynamicNodeType",
+                                    "ge.compileHybridMode")) | frozenset(_ASCEND_KEYS[:4])
+
+_NO_DEFAULT_SECTION = "\x00gear_runtime: no DEFAULT section\x00"  # makes [DEFAULT] ordinary
+_GROUPS = re.compile(r"\s*\[[^\[\]]*\]\s*(?:,\s*\[[^\[\]]*\]\s*)*")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+# ---- reading ----------------------------------------------------------------------------------
+def _read(path: object) -> tuple[str, configparser.ConfigParser]:
+    """Read and ini-parse ``path``; GearSpecError for every way that can fail."""
+    try:
+        fspath = os.fspath(path)  # type: ignore[call-overload]
+    except TypeError:
+        _fail("E10001", f"config path must be a str or os.PathLike, got {_q(path)}")
+    name = os.fsdecode(fspath)
+    try:
+        with open(fspath, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        _fail("E10001", f"config file {_q(name)} does not exist")
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        _fail("E10001", f"config file {_q(name)} cannot be read: {e}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        _fail("E10001", f"config file {_q(name)} is not UTF-8 text: {e}")
+    parser = configparser.ConfigParser(interpolation=None, delimiters=("=",), strict=True,
+                                       default_section=_NO_DEFAULT_SECTION)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep key case
+    try:
+        parser.read_string(text, source=name)
+    except configparser.Error as e:
+        _fail("E10001", f"config file {_q(name)} is not a valid ini file: {e}")
+    return name, parser
+
+
+def _unquote(value: str | None) -> str:
+    """Strip surrounding whitespace and one pair of matching quotes (seed 004 quotes values)."""
+    v = (value or "").strip()
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+        v = v[1:-1]
+    return v.strip()
+
+
+def spec_from_config(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEARS,
+                     ) -> GearSpec:
+    """Spec from an ATC / MindSpore Lite config file (see the module docstring for the forms).
+
+    GearSpecError (with GE's code where GE has one, else E10001) when the file is missing or
+    unreadable, is not ini, has none of :data:`SECTIONS` (the message lists them), has gear
+    options in more than one of them, or holds gear options GE would reject.
+    """
+    _check_max_gears(max_gears)
+    name, parser = _read(path)
+    present = [s for s in SECTIONS if parser.has_section(s)]
+    if not present:
+        _fail("E10001", f"config file {_q(name)} has none of the sections {list(SECTIONS)} "
+                        f"(found {parser.sections()})")
+    carrying = [s for s in present if any(k in _GEAR_KEYS for k in parser[s])]
+    if not carrying:
+        _fail("E10001", f"config file {_q(name)}: section(s) {present} set none of "
+                        f"{sorted(_GEAR_KEYS)}")
+    if len(carrying) > 1:
+        _fail("E10009", f"config file {_q(name)}: sections {carrying} both set gear options; "
+                        "keep them in one section")
+    section = carrying[0]
+    items = {k: _unquote(v) for k, v in parser[section].items()}
+    try:
+        if section == "ascend_context":
+            return _from_ascend_context(items, max_gears)
+        return spec_from_ge_options(_ge_options(items), max_gears=max_gears)
+    except GearSpecError as e:
+        raise GearSpecError(f"config file {name!r} [{section}]: {e.message}",
+                            code=e.code) from None
+
+
+def _ge_options(items: Mapping[str, str]) -> dict[str, str]:
+    """[acl_build_options] / [ge_graph_options] keys -> GE options (both spellings accepted)."""
+    out: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for key, value in items.items():
+        ge_key = _GE_KEYS.get(key)
+        if ge_key is None:
+            continue  # precision_mode and every other option: not ours
+        if ge_key in out:
+            _fail("E10001", f"{key} and {source[ge_key]} both set {ge_key}; keep one")
+        out[ge_key], source[ge_key] = value, key
+    return out
+
+
+# ---- [ascend_context] -------------------------------------------------------------------------
+def _ascend_input_shape(text: str) -> str:
+    """``name:[d,...];...`` -> ATC ``name:d,...;...`` (entries without brackets kept)."""
+    entries = []
+    for entry in _pieces(text):
+        name, colon, dims = entry.rpartition(":")
+        dims = dims.strip()
+        if colon and len(dims) >= 2 and dims[0] == "[" and dims[-1] == "]":
+            dims = dims[1:-1]
+        entries.append(f"{name}{colon}{dims}")
+    return ";".join(entries)
+
+
+def _ascend_number(value: str, item: str) -> int:
+    n = _to_int(item) if _DIGITS.fullmatch(item) else None
+    if n is None:
+        _fail("E10001", f"dynamic_dims {_q(value)}: {_q(item)} is not a non-negative integer "
+                        "written in digits")
+    return n
+
+
+def _ascend_gears(value: str, max_gears: int) -> list[tuple[int, ...]]:
+    """``[1~4],[8],[16]`` / ``[64,64],[96,128]`` -> gears, ranges expanded (bounded first)."""
+    if not _GROUPS.fullmatch(value):
+        _fail("E10001", f"dynamic_dims {_q(value)} is not a list of bracket groups; expected "
+                        "e.g. \"[1~4],[8],[16]\" or \"[64,64],[96,128]\"")
+    gears: list[tuple[int, ...]] = []
+    for group in re.findall(r"\[([^\[\]]*)\]", value):
+        items = [s.strip() for s in group.split(",")]
+        ranged = [s for s in items if "~" in s]
+        if ranged and len(items) > 1:
+            _fail("E10001", f"dynamic_dims {_q(value)}: group {_q('[' + group + ']')} mixes a "
+                            "range with other values; a range a~b is only allowed alone in its "
+                            "group, write multi-value gears out one by one")
+        if not ranged:
+            gears.append(tuple(_ascend_number(value, s) for s in items))
+            continue
+        lo_text, _, hi_text = items[0].partition("~")
+        lo = _ascend_number(value, lo_text.strip())
+        hi = _ascend_number(value, hi_text.strip())
+        if lo > hi:
+            _fail("E10001", f"dynamic_dims {_q(value)}: range {_q(items[0])} is empty; expected "
+                            "a~b with a <= b")
+        if len(gears) + hi - lo + 1 > max_gears:  # bound BEFORE expanding ([1~10**18])
+            _fail("E10036", f"dynamic_dims {_q(value)}: range {_q(items[0])} expands to "
+                            f"{hi - lo + 1} gears; at most {max_gears} are supported "
+                            "(max_gears)")
+        gears.extend((v,) for v in range(lo, hi + 1))
+    return gears
+
+
+def _ascend_mode(shapes: tuple[tuple[int, ...], ...], width: int, input_format: str) -> str:
+    """MindSpore Lite's reading of ascend_context dynamic_dims: batch, image size or dims."""
+    dynamic = [s for s in shapes if -1 in s]
+    if width == 1 and all(d != -1 or axis == 0 for s in dynamic for axis, d in enumerate(s)):
+        return "batch"
+    hw = {"NCHW": (2, 3), "NHWC": (1, 2)}.get(input_format or "NCHW")
+    if width == 2 and hw is not None and all(
+            len(s) == 4 and s.count(-1) == 2 and s[hw[0]] == s[hw[1]] == -1 for s in dynamic):
+        return "image_size"
+    return "dims"
+
+
+def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> GearSpec:
+    args = {k: items[k] for k in _ASCEND_KEYS if items.get(k)}  # empty = unset, as in GE
+    shape = _ascend_input_shape(args.pop("input_shape", ""))
+    dims = args.get("dynamic_dims")
+    if dims is not None and "[" in dims:
+        others = [k for k in ("dynamic_batch_size", "dynamic_image_size") if k in args]
+        if others:  # same rule and code as spec_from_atc, before any further parsing
+            _fail("E10009", f"dynamic_dims and {others[0]} are both set; they are mutually "
+                            "exclusive")
+        gears = _ascend_gears(dims, max_gears)
+        if shape and "~" not in shape:  # else spec_from_atc reports E10004 / E10040 below
+            _, shapes = parse_input_shape(shape)
+            width = len(gears[0]) if gears else 0
+            mode = _ascend_mode(shapes, width, args.get("input_format", ""))
+            del args["dynamic_dims"]
+            if mode == "batch":
+                args["dynamic_batch_size"] = ",".join(str(g[0]) for g in gears)
+            else:
+                key = "dynamic_image_size" if mode == "image_size" else "dynamic_dims"
+                args[key] = ";".join(",".join(map(str, g)) for g in gears)
+    return spec_from_atc(shape, max_gears=max_gears, **args)
+
+
+# ---- writing ----------------------------------------------------------------------------------
+def spec_to_config(spec: GearSpec) -> str:
+    """Ini text that :func:`spec_from_config` reads back as ``spec`` (hybrid included; pass
+    ``max_gears`` when reading a spec of more than DEFAULT_MAX_GEARS gears).
+
+    A non-hybrid spec is written as ``[acl_build_options]`` in the seed's style (quoted
+    values, ``ge.dynamicDims`` for dims mode); a hybrid spec as ``[ge_graph_options]`` with
+    the two hybrid keys. GearSpecError when the spec cannot be written (see
+    :func:`~gear_runtime.spec.parse.spec_to_atc`; also names with non-printable characters,
+    which an ini line cannot hold, and hybrid outside dims mode, which GE cannot express).
+    """
+    atc = spec_to_atc(spec)  # validates names and the round trip of the values themselves
+    if not all(n.isprintable() for n in spec.input_names):
+        bad = next(n for n in spec.input_names if not n.isprintable())
+        _fail("E10001", f"input name {_q(bad)} has a non-printable character; a config line "
+                        "cannot hold it")
+    if spec.hybrid:
+        if spec.mode != "dims":
+            _fail("E10001", f"a hybrid spec must be in dims mode to be written (GE recognises "
+                            f"hybrid only with ge.dynamicDims), got mode {spec.mode!r}")
+        lines = ["[ge_graph_options]"]
+        if spec.input_format is not None:
+            lines.append(f'ge.inputFormat="{spec.input_format}"')
+        lines += [f'ge.inputShape="{atc["input_shape"]}"',
+                  f'ge.dynamicDims="{atc["dynamic_dims"]}"',
+                  'ge.dynamicNodeType="1"', 'ge.compileHybridMode="1"']
+    else:
+        key = {"batch": "dynamic_batch_size", "image_size": "dynamic_image_size",
+               "dims": "dynamic_dims"}[spec.mode]
+        written = "ge.dynamicDims" if key == "dynamic_dims" else key
+        lines = ["[acl_build_options]"]
+        if spec.input_format is not None:
+            lines.append(f'input_format="{spec.input_format}"')
+        lines += [f'input_shape="{atc["input_shape"]}"', f'{written}="{atc[key]}"']
+    return "\n".join(lines) + "\n"
