@@ -134,7 +134,7 @@ def build_prefill_model(hidden: int = HIDDEN, vocab: int = VOCAB, seed: int = 0,
                 value=numpy_helper.from_array(np.array([1.0], np.float32)))
     neg = g.const("neg", np.array(_NEG, np.float32))
     one = g.const("one", np.array(1.0, np.float32))
-    causal = g.op("Mul", [g.op("Sub", [g.op("Trilu", [ones], upper=0), one]), neg])  # [S, S]
+    causal = g.op("Mul", [g.op("Sub", [one, g.op("Trilu", [ones], upper=0)]), neg])  # [S, S]
     mask_f = g.op("Cast", [mask], to=TensorProto.FLOAT)  # [1, S]
     padding = g.op("Unsqueeze", [g.op("Mul", [g.op("Sub", [one, mask_f]), neg]),
                                  g.const("unsq1", np.array([1], np.int64))])  # [1, 1, S]
