@@ -1,0 +1,15 @@
+"""The gear compiler (issue #3): a dynamic ONNX model + a GearSpec -> one gear file.
+
+    from gear_runtime.compile import compile_model, describe
+    compile_model("model.onnx", spec, "model.gear.onnx", hybrid=False, sink=False)
+    print(describe("model.gear.onnx"))
+
+Modules by concern: ``check`` (spec vs model), ``branch`` (static clone per gear), ``outputs``
+(per-gear output shapes), ``route`` (GE Case structure / sink routing), ``compiler`` (the flow
+and the file), ``inspect`` (human description). The format itself: :mod:`gear_runtime.gearfile`.
+"""
+
+from gear_runtime.compile.compiler import CompileReport, compile_gears, compile_model
+from gear_runtime.compile.inspect import describe
+
+__all__ = ["CompileReport", "compile_gears", "compile_model", "describe"]

@@ -1,0 +1,178 @@
+"""Load the model and check the spec against it before anything is compiled.
+
+GE checks the same things in CheckSequenceOfData (multi_batch_options.cc): as many Data nodes
+as inputs in input_shape, equal ranks, every static dim of input_shape equal to the model's.
+We add: every -1 must sit on a dim the model leaves dynamic (a gear cannot change a dim the
+model fixes), and a name that is not a model input is GE's E10016 ("Opname ... specified in
+--input_shape is not found in the model").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from gear_runtime.errors import CompileError
+from gear_runtime.gearfile import RESERVED_PREFIX, subgraphs
+from gear_runtime.spec import GearSpec
+
+#: GE: an input_shape name not found in the model.
+E_UNKNOWN_INPUT = "E10016"
+#: GE reports CheckSequenceOfData failures (count, rank, static dims) as E19999/PARAM_INVALID.
+E_SEQUENCE = "E19999"
+
+#: A dim as read from a model: an int, a symbolic name, or None (unknown).
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: name, ONNX element type, dims (None = unknown rank)."""
+
+    name: str
+    elem_type: int
+    dims: tuple[Dim, ...] | None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type))
+
+    def shape_text(self) -> str:
+        if self.dims is None:
+            return "[unknown rank]"
+        return "[" + ",".join("?" if d is None else str(d) for d in self.dims) + "]"
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """What the compiler needs to know about the source model."""
+
+    inputs: tuple[TensorInfo, ...]        # non-initializer graph inputs, model order
+    outputs: tuple[TensorInfo, ...]
+    weights: frozenset[str]               # initializer names
+    opset: int                            # ai.onnx opset version
+
+    def input(self, name: str) -> TensorInfo | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+
+def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
+    """A private copy of ``model`` (a path, loaded with its external data, or a ModelProto)."""
+    if isinstance(model, onnx.ModelProto):
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise CompileError(f"model file {path!r} does not exist")
+        try:
+            out = onnx.load(path)
+        except Exception as exc:
+            raise CompileError(f"model file {path!r} is not a readable ONNX model: {exc}") from exc
+    for t in out.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise CompileError(f"weight {t.name!r} still points to external data: pass the model "
+                               f"path, or load the ModelProto with its external data")
+    if len(out.graph.sparse_initializer):
+        raise CompileError("sparse initializers are not supported: densify them first "
+                           "(onnx.numpy_helper / onnxruntime's tools)")
+    return out
+
+
+def _tensor_info(vi: onnx.ValueInfoProto, what: str) -> TensorInfo:
+    if not vi.type.HasField("tensor_type"):
+        raise CompileError(f"{what} {vi.name!r} is not a tensor (sequences, maps and optionals "
+                           f"cannot be gear inputs or outputs)")
+    tt = vi.type.tensor_type
+    dims: tuple[Dim, ...] | None = None
+    if tt.HasField("shape"):
+        dims = tuple(d.dim_value if d.HasField("dim_value")
+                     else (d.dim_param if d.HasField("dim_param") else None)
+                     for d in tt.shape.dim)
+    return TensorInfo(vi.name, tt.elem_type, dims)
+
+
+def inspect_model(model: onnx.ModelProto) -> GraphInfo:
+    """Inputs (initializers that are also listed as inputs count as weights), outputs,
+    weights and opset of ``model``; CompileError for what a gear file cannot hold."""
+    g = model.graph
+    weights = frozenset(t.name for t in g.initializer)
+    inputs = tuple(_tensor_info(vi, "model input") for vi in g.input if vi.name not in weights)
+    outputs = tuple(_tensor_info(vi, "model output") for vi in g.output)
+    names = [o.name for o in outputs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise CompileError(f"model output(s) {dup} are listed more than once")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise CompileError("the model imports no ai.onnx opset")
+    return GraphInfo(inputs, outputs, weights, int(opset))
+
+
+def check_reserved(model: onnx.ModelProto) -> None:
+    """Names the compiler adds contain ``ascend_mbatch_``: the model's names must not."""
+    for name in sorted(_all_names(model.graph)):
+        if RESERVED_PREFIX in name:
+            raise CompileError(f"the model uses the name {name!r}; names containing "
+                               f"{RESERVED_PREFIX!r} are reserved for the gear compiler")
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    names |= {t.name for t in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+        for sub in subgraphs(node):
+            names |= _all_names(sub)
+    names.discard("")
+    return names
+
+
+def check_spec(info: GraphInfo, spec: GearSpec) -> None:
+    """Raise CompileError unless ``spec`` fits the model (see the module docstring).
+
+    A model dim that is symbolic or unknown accepts any static value and any -1.
+    """
+    model_inputs = [t.name for t in info.inputs]
+    for name, shape in zip(spec.input_names, spec.input_shapes, strict=True):
+        t = info.input(name)
+        if t is None:
+            what = ("is a weight (initializer), not an input" if name in info.weights
+                    else "is not an input of the model")
+            raise CompileError(f"input_shape names {name!r}, which {what}; model inputs: "
+                               f"{', '.join(model_inputs)}", code=E_UNKNOWN_INPUT)
+        _check_dims(t, shape)
+    missing = [n for n in model_inputs if n not in spec.input_names]
+    if missing:
+        t = info.input(missing[0])
+        assert t is not None
+        raise CompileError(
+            f"model input {t.name!r} {t.shape_text()} is not in input_shape; like GE "
+            f"(CheckSequenceOfData: as many Data nodes as input_shape entries) every model "
+            f"input must be listed, static ones with their static shape; missing: "
+            f"{', '.join(missing)}", code=E_SEQUENCE)
+
+
+def _check_dims(t: TensorInfo, shape: tuple[int, ...]) -> None:
+    if t.dims is None:
+        return
+    if len(t.dims) != len(shape):
+        raise CompileError(
+            f"input {t.name!r}: input_shape gives {len(shape)} dims {list(shape)}, the model's "
+            f"input has {len(t.dims)} dims {t.shape_text()}", code=E_SEQUENCE)
+    for axis, (want, have) in enumerate(zip(shape, t.dims, strict=True)):
+        if not isinstance(have, int):
+            continue  # symbolic / unknown in the model: any value or -1 is fine
+        if want == -1:
+            raise CompileError(
+                f"input {t.name!r} axis {axis}: input_shape marks it dynamic (-1) but the "
+                f"model fixes it to {have}; only dims the model leaves dynamic can take gears",
+                code=E_SEQUENCE)
+        if want != have:
+            raise CompileError(
+                f"input {t.name!r} axis {axis}: input_shape says {want}, the model fixes it "
+                f"to {have}", code=E_SEQUENCE)

@@ -1,0 +1,68 @@
+"""``gear-runtime inspect FILE``: a human description of a gear file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from gear_runtime.gearfile import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK, read_gear_file
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def _shape(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in (header, *rows)]
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """What ``gear-runtime inspect FILE`` prints: mode, input order
+    (user_designate_shape_order), gears with per-gear input and output shapes (a table),
+    hybrid / sink flags, file size and weights size. GearFileError for a bad file."""
+    gf = read_gear_file(path)
+    spec = gf.spec
+    sink = gf.kind == KIND_SINK
+    lines = [
+        f"gear file   {gf.path}",
+        f"format      {FORMAT_VERSION}, kind {gf.kind}",
+        f"mode        {spec.mode} (dynamic_type {DYNAMIC_TYPES[spec.mode]}), "
+        f"{spec.gear_count} gears, {spec.values_per_gear} value(s) per gear",
+        f"hybrid      {'yes' if spec.hybrid else 'no'}"
+        f"{' (a miss runs the dynamic-shape graph)' if spec.hybrid else ''}",
+        f"sink        {'yes' if sink else 'no'}"
+        f"{' (runnable by stock ONNX Runtime; dims returned last)' if sink else ''}",
+    ]
+    if spec.input_format:
+        lines.append(f"format      input_format {spec.input_format}")
+    lines.append("inputs (user_designate_shape_order):")
+    lines += _table(["#", "name", "dtype", "input_shape"],
+                    [[str(i), n, str(dt), _shape(s)] for i, (n, dt, s) in
+                     enumerate(zip(spec.input_names, gf.input_dtypes, spec.input_shapes,
+                                   strict=True))])
+    lines.append("outputs:")
+    lines += _table(["#", "name", "dtype"],
+                    [[str(k), n, str(dt)] for k, (n, dt) in
+                     enumerate(zip(gf.output_names, gf.output_dtypes, strict=True))])
+    lines.append("gears:")
+    rows = []
+    for g in range(spec.gear_count):
+        ins = " ".join(f"{n}{_shape(s)}" for n, s in spec.shapes(g).items())
+        outs = " ".join(f"{n}{_shape(s)}" for n, s in
+                        zip(gf.output_names, gf.output_shapes[g], strict=True))
+        size = sum(gf.output_size(g, k) for k in range(len(gf.output_names)))
+        rows.append([str(g), ",".join(map(str, spec.gears[g])), ins, outs, str(size)])
+    lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
+    weight_bytes = sum(int(w.nbytes) for w in gf.weights.values())
+    lines.append(f"file size   {_bytes(os.path.getsize(gf.path))}")
+    lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(weight_bytes)}")
+    return "\n".join(lines)

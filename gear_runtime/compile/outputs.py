@@ -1,0 +1,86 @@
+"""Per-gear output shapes, known at compile time (GE's ATTR_NAME_DYNAMIC_OUTPUT_DIMS).
+
+First from static shape inference of the gear's branch; where inference leaves a dim unknown,
+from ONE real run of that branch on ONNX Runtime (CPU) with zero-filled inputs (zeros, not
+ones: a 1 can index past a small table in a Gather). An output whose shape still cannot be
+known is a CompileError: a gear file never holds an empty or guessed shape (GE's silent empty
+shape is the weakness we do not copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from gear_runtime.compile.check import GraphInfo
+from gear_runtime.errors import CompileError
+from gear_runtime.gearfile import DOMAIN
+
+
+def inferred_shapes(inferred: onnx.GraphProto,
+                    names: Sequence[str]) -> list[tuple[int, ...] | None]:
+    """Static shape of each output in ``names`` from an inferred graph; None when any dim
+    (or the rank) is unknown."""
+    by_name = {o.name: o for o in inferred.output}
+    out: list[tuple[int, ...] | None] = []
+    for n in names:
+        tt = by_name[n].type.tensor_type if n in by_name else None
+        if tt is None or not tt.HasField("shape") or not all(
+                d.HasField("dim_value") for d in tt.shape.dim):
+            out.append(None)
+        else:
+            out.append(tuple(int(d.dim_value) for d in tt.shape.dim))
+    return out
+
+
+def run_for_shapes(branch: onnx.GraphProto, source: onnx.ModelProto, info: GraphInfo,
+                   shapes: Mapping[str, Sequence[int]], gear: int) -> list[tuple[int, ...]]:
+    """Run ``branch`` once on ONNX Runtime (CPU) with zero inputs of ``shapes``; its real
+    output shapes. CompileError (naming the gear and the failure) when it cannot run."""
+    import onnxruntime as ort
+
+    g = onnx.GraphProto()
+    g.CopyFrom(branch)
+    g.initializer.extend(source.graph.initializer)
+    model = helper.make_model(
+        g, opset_imports=[o for o in source.opset_import if o.domain != DOMAIN])
+    model.ir_version = source.ir_version
+    feeds = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        results = sess.run([o.name for o in info.outputs], feeds)
+    except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
+        raise CompileError(
+            f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and the "
+            f"branch could not run on ONNX Runtime to find them: {exc}") from exc
+    return [tuple(int(d) for d in np.shape(r)) for r in results]
+
+
+def gear_output_shapes(inferred: onnx.GraphProto, branch: onnx.GraphProto,
+                       source: onnx.ModelProto, info: GraphInfo,
+                       shapes: Mapping[str, Sequence[int]],
+                       gear: int) -> tuple[list[tuple[int, ...]], bool]:
+    """Every output's static shape in this gear, and whether ORT had to be run for it."""
+    names = [o.name for o in info.outputs]
+    static = inferred_shapes(inferred, names)
+    if all(s is not None for s in static):
+        return [s for s in static if s is not None], False
+    real = run_for_shapes(branch, source, info, shapes, gear)
+    for k, (s, r) in enumerate(zip(static, real, strict=True)):
+        if s is not None and s != r:
+            raise CompileError(f"gear {gear}: output {names[k]!r} is {r} when run but shape "
+                               f"inference says {s}")
+    return real, True
+
+
+def output_value_info(info: GraphInfo, shapes: Sequence[tuple[int, ...]]
+                      ) -> list[onnx.ValueInfoProto]:
+    """Output declarations with one gear's static shapes."""
+    return [helper.make_tensor_value_info(t.name, t.elem_type, list(s))
+            for t, s in zip(info.outputs, shapes, strict=True)]

@@ -1,0 +1,342 @@
+"""The root graph around the branches: GE's Case structure, or the sink routing.
+
+``build_case_model``: GE's multi-batch structure (multi_batch_clone_pass.cc): Data inputs
+shaped to the largest gear + ``ascend_mbatch_shape_data`` -> MapIndex(dims, gear table) ->
+Case(index, inputs...) with GE's attributes. Custom domain; a description of the compiled
+model for backends that build their own executables per gear, not runnable by stock ORT.
+
+``build_sink_model``: GE's GetNext-sink mode, runnable by stock ONNX Runtime: the dims are
+computed from the inputs' shapes inside the graph (GetDynamicDims), matched against the gear
+table into a branch index (-1 on a miss), routed through a balanced tree of ``If`` nodes (depth
+ceil(log2 G) + 1) to the gear's branch, and returned as the LAST output
+``ascend_mbatch_shape_data`` (int32, like the ACL dims input; GE wires GetDynamicDims as the
+last input of NetOutput). A miss returns EMPTY outputs (the right dtype and rank, 0 on the
+first axis and on every axis that differs between gears; a rank-0 output becomes shape [0]
+since a scalar cannot be empty), so it is detectable and never runs a wrong gear; in hybrid
+mode a miss runs the dynamic-shape graph instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from gear_runtime.compile.branch import dynamic_inputs, static_inputs
+from gear_runtime.compile.check import GraphInfo, TensorInfo
+from gear_runtime.errors import CompileError
+from gear_runtime.gearfile import (
+    ACL_DYNAMIC_TENSOR_NAME,
+    ATTR_BATCH_NUM,
+    ATTR_BRANCHES,
+    ATTR_DYNAMIC_GRAPH,
+    ATTR_DYNAMIC_OUTPUT_DIMS,
+    ATTR_DYNAMIC_TYPE,
+    ATTR_INSERT_BY_MBATCH,
+    ATTR_PRED_VALUE,
+    ATTR_SHAPE_ORDER,
+    BRANCH_INDEX_NAME,
+    DOMAIN,
+    DOMAIN_VERSION,
+    DYNAMIC_TYPES,
+    GEAR_TABLE_NAME,
+    OP_CASE,
+    OP_MAP_INDEX,
+    PASSTHROUGH_PREFIX,
+    RESERVED_PREFIX,
+    format_output_dims,
+)
+from gear_runtime.spec import GearSpec
+
+Shapes = Sequence[Sequence[tuple[int, ...]]]   # [gear][output] static shape
+
+#: Lowest ai.onnx opset the sink routing is written for (int64 Less/Equal, If with outer scope).
+SINK_MIN_OPSET = 11
+#: First opset where the axes of ReduceSum / ReduceMin are an input instead of an attribute.
+_AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMin": 18}
+
+
+# ---- shared -----------------------------------------------------------------------------------
+def root_output_dims(info: GraphInfo, shapes: Shapes, hybrid: bool,
+                     zeroed: Sequence[Sequence[bool]] | None = None
+                     ) -> list[list[int | str] | None]:
+    """Declared dims of each root output: static where every gear agrees (and, hybrid, the
+    original model fixes that dim too; and, sink, a miss does not zero it), symbolic
+    otherwise (the original dim name when it had one). None: the rank varies by gear."""
+    out: list[list[int | str] | None] = []
+    for k, t in enumerate(info.outputs):
+        ranks = {len(s[k]) for s in shapes}
+        if len(ranks) != 1 or (zeroed is not None and len(zeroed[k]) != ranks.copy().pop()):
+            out.append(None)
+            continue
+        dims: list[int | str] = []
+        for axis in range(ranks.pop()):
+            values = {s[k][axis] for s in shapes}
+            orig = t.dims[axis] if t.dims is not None and axis < len(t.dims) else None
+            static = len(values) == 1
+            if hybrid and orig != next(iter(values)):
+                static = False
+            if zeroed is not None and zeroed[k][axis]:
+                static = False
+            if static:
+                dims.append(next(iter(values)))
+            else:
+                dims.append(orig if isinstance(orig, str) else f"{t.name}_dim{axis}")
+        out.append(dims)
+    return out
+
+
+def _make_model(source: onnx.ModelProto, graph: onnx.GraphProto, extra_domain: bool
+                ) -> onnx.ModelProto:
+    opsets = [o for o in source.opset_import if o.domain != DOMAIN]
+    if extra_domain:
+        opsets.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="gear_runtime")
+    # the weights are no longer listed as inputs (IR < 4 style): IR 4 allows that
+    model.ir_version = max(int(source.ir_version), 4)
+    model.doc_string = source.doc_string
+    model.metadata_props.extend(source.metadata_props)
+    return model
+
+
+def _root_graph(source: onnx.ModelProto) -> onnx.GraphProto:
+    g = onnx.GraphProto(name=source.graph.name or "gear_model")
+    g.initializer.extend(source.graph.initializer)
+    return g
+
+
+def _declare_outputs(info: GraphInfo, dims: Sequence[list[int | str] | None]
+                     ) -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(t.name, t.elem_type, d)
+            for t, d in zip(info.outputs, dims, strict=True)]
+
+
+# ---- kind "case" ------------------------------------------------------------------------------
+def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
+                     branches: Sequence[onnx.GraphProto], shapes: Shapes,
+                     dynamic: onnx.GraphProto | None) -> onnx.ModelProto:
+    """The GE-structured root model (see the module docstring)."""
+    g = _root_graph(source)
+    g.input.extend(static_inputs(info, spec.input_names, spec.largest_shapes()))
+    g.input.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
+                                                 [spec.values_per_gear]))
+    table = np.asarray(spec.gears, dtype=np.int32).reshape(-1)
+    g.initializer.append(numpy_helper.from_array(table, GEAR_TABLE_NAME))
+    g.node.append(helper.make_node(
+        OP_MAP_INDEX, [ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME], [BRANCH_INDEX_NAME],
+        name=f"{RESERVED_PREFIX}MapIndex", domain=DOMAIN))
+    attrs: dict[str, object] = {
+        ATTR_BATCH_NUM: spec.gear_count,
+        ATTR_SHAPE_ORDER: list(spec.input_names),
+        ATTR_DYNAMIC_TYPE: DYNAMIC_TYPES[spec.mode],
+        ATTR_INSERT_BY_MBATCH: 1,
+        ATTR_BRANCHES: list(branches),
+        ATTR_DYNAMIC_OUTPUT_DIMS: format_output_dims(shapes),
+    }
+    for i, gear in enumerate(spec.gears):
+        attrs[f"{ATTR_PRED_VALUE}{i}"] = list(gear)
+    if dynamic is not None:
+        attrs[ATTR_DYNAMIC_GRAPH] = dynamic
+    g.node.append(helper.make_node(
+        OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names], [t.name for t in info.outputs],
+        name=f"{RESERVED_PREFIX}Case", domain=DOMAIN, **attrs))
+    g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, dynamic is not None)))
+    return _make_model(source, g, extra_domain=True)
+
+
+# ---- kind "sink" ------------------------------------------------------------------------------
+def miss_shapes(shapes: Shapes, output_count: int) -> list[tuple[int, ...]]:
+    """The empty shape a miss returns per output: 0 on axis 0 and on every axis that differs
+    between gears, the common value elsewhere; rank 0 -> (0,)."""
+    out = []
+    for k in range(output_count):
+        first = shapes[0][k]
+        if not first:
+            out.append((0,))
+            continue
+        dims = [0 if axis == 0 or any(len(s[k]) <= axis or s[k][axis] != d for s in shapes)
+                else d for axis, d in enumerate(first)]
+        out.append(tuple(dims))
+    return out
+
+
+class _Names:
+    """Fresh reserved value names for the routing nodes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, what: str) -> str:
+        self.count += 1
+        return f"{RESERVED_PREFIX}{what}_{self.count}"
+
+
+def _const(names: _Names, what: str, value: np.ndarray) -> tuple[onnx.NodeProto, str]:
+    name = names(what)
+    return helper.make_node("Constant", [], [name], name=f"{name}_node",
+                            value=numpy_helper.from_array(value, name)), name
+
+
+def _reduce(op: str, x: str, out: str, axis: int, opset: int, names: _Names
+            ) -> list[onnx.NodeProto]:
+    if opset >= _AXES_AS_INPUT[op]:
+        node, axes = _const(names, "axes", np.asarray([axis], np.int64))
+        return [node, helper.make_node(op, [x, axes], [out], name=f"{out}_node", keepdims=0)]
+    return [helper.make_node(op, [x], [out], name=f"{out}_node", axes=[axis], keepdims=0)]
+
+
+def _dims_nodes(spec: GearSpec, opset: int, names: _Names) -> tuple[list[onnx.NodeProto], str]:
+    """GetDynamicDims: every dynamic position's dim, int64 [P], in dynamic_positions order."""
+    nodes: list[onnx.NodeProto] = []
+    parts = []
+    for i, name in enumerate(spec.input_names):
+        axes = [axis for inp, axis, _ in spec.dynamic_positions if inp == i]
+        if not axes:
+            continue
+        shape = names("shape_of")
+        nodes.append(helper.make_node("Shape", [name], [shape], name=f"{shape}_node"))
+        idx_node, idx = _const(names, "axes", np.asarray(axes, np.int64))
+        part = names("dims_of")
+        nodes += [idx_node, helper.make_node("Gather", [shape, idx], [part],
+                                             name=f"{part}_node", axis=0)]
+        parts.append(part)
+    dims = names("dims")
+    nodes.append(helper.make_node("Concat", parts, [dims], name=f"{dims}_node", axis=0))
+    return nodes, dims
+
+
+def _index_nodes(spec: GearSpec, dims: str, opset: int, names: _Names
+                 ) -> list[onnx.NodeProto]:
+    """dims -> BRANCH_INDEX_NAME (int64 scalar): the gear whose table row equals dims, -1 if
+    none. Gears are unique, so at most one row matches: index = sum(match * (g + 1)) - 1."""
+    table = np.asarray([[g[v] for _, _, v in spec.dynamic_positions] for g in spec.gears],
+                       dtype=np.int64)
+    nodes = [helper.make_node("Constant", [], [GEAR_TABLE_NAME], name=f"{GEAR_TABLE_NAME}_node",
+                              value=numpy_helper.from_array(table, GEAR_TABLE_NAME))]
+    eq, eq_i, match, ranked, total = (names(w) for w in
+                                      ("eq", "eq_i64", "match", "ranked", "ranked_sum"))
+    nodes += [helper.make_node("Equal", [GEAR_TABLE_NAME, dims], [eq], name=f"{eq}_node"),
+              helper.make_node("Cast", [eq], [eq_i], name=f"{eq_i}_node", to=TensorProto.INT64)]
+    nodes += _reduce("ReduceMin", eq_i, match, 1, opset, names)
+    rank_node, ranks = _const(names, "gear_rank", np.arange(1, spec.gear_count + 1,
+                                                             dtype=np.int64))
+    one_node, one = _const(names, "one", np.asarray(1, np.int64))
+    nodes += [rank_node, helper.make_node("Mul", [match, ranks], [ranked], name=f"{ranked}_node")]
+    nodes += _reduce("ReduceSum", ranked, total, 0, opset, names)
+    nodes += [one_node, helper.make_node("Sub", [total, one], [BRANCH_INDEX_NAME],
+                                         name=f"{BRANCH_INDEX_NAME}_node")]
+    return nodes
+
+
+def _dims_output_nodes(spec: GearSpec, dims: str, names: _Names) -> list[onnx.NodeProto]:
+    """The gear values (first position of each value index) as int32: the last output."""
+    first = []
+    for v in range(spec.values_per_gear):
+        first.append(next(p for p, (_, _, val) in enumerate(spec.dynamic_positions) if val == v))
+    idx_node, idx = _const(names, "value_pos", np.asarray(first, np.int64))
+    values = names("values")
+    return [idx_node,
+            helper.make_node("Gather", [dims, idx], [values], name=f"{values}_node", axis=0),
+            helper.make_node("Cast", [values], [ACL_DYNAMIC_TENSOR_NAME],
+                             name=f"{ACL_DYNAMIC_TENSOR_NAME}_node", to=TensorProto.INT32)]
+
+
+def as_if_branch(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """A branch graph as an If subgraph: no declared inputs (it reads the root inputs and
+    weights from the outer scope). An output that is an outer value itself gets an Identity
+    named ``ascend_mbatch_passthrough_...`` (a subgraph output must be produced inside it)."""
+    g = onnx.GraphProto()
+    g.CopyFrom(graph)
+    del g.input[:]
+    produced = {o for n in g.node for o in n.output}
+    for k, o in enumerate(g.output):
+        if o.name in produced:
+            continue
+        new = f"{PASSTHROUGH_PREFIX}{g.name}_{k}"
+        g.node.append(helper.make_node("Identity", [o.name], [new], name=new))
+        o.name = new
+    return g
+
+
+def _untyped_outputs(info: GraphInfo, names: Sequence[str]) -> list[onnx.ValueInfoProto]:
+    # no shapes on routing outputs: branches produce different shapes (ORT merges them)
+    return [helper.make_tensor_value_info(n, t.elem_type, None)
+            for n, t in zip(names, info.outputs, strict=True)]
+
+
+def _miss_graph(info: GraphInfo, empty: Sequence[tuple[int, ...]], tag: str) -> onnx.GraphProto:
+    nodes, outs = [], []
+    for t, shape in zip(info.outputs, empty, strict=True):
+        name = f"{RESERVED_PREFIX}miss_{tag}_{t.name}"
+        nodes.append(helper.make_node("Constant", [], [name], name=f"{name}_node",
+                                      value=_empty_tensor(t, shape, name)))
+        outs.append(name)
+    return helper.make_graph(nodes, f"{RESERVED_PREFIX}miss_{tag}", [],
+                             _untyped_outputs(info, outs))
+
+
+def _empty_tensor(t: TensorInfo, shape: tuple[int, ...], name: str) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.zeros(shape, dtype=t.dtype), name)
+
+
+def _route(lo: int, hi: int, out_names: Sequence[str], leaves: Sequence[onnx.GraphProto],
+           miss: onnx.GraphProto, empty: Sequence[tuple[int, ...]], info: GraphInfo,
+           names: _Names) -> list[onnx.NodeProto]:
+    """Nodes that set ``out_names`` to the outputs of gear ``BRANCH_INDEX_NAME`` when it lies
+    in [lo, hi); a leaf compares index == lo. A miss (-1) always reaches leaf 0, whose else
+    branch is ``miss``; the other leaves' else branches are unreachable and get small empty
+    constants (``empty`` shapes) so that the dynamic graph is stored once."""
+    if hi - lo == 1:
+        c_node, c = _const(names, f"gear_{lo}", np.asarray(lo, np.int64))
+        cond = names(f"is_gear_{lo}")
+        else_branch = miss if lo == 0 else _miss_graph(info, empty, str(lo))
+        return [c_node,
+                helper.make_node("Equal", [BRANCH_INDEX_NAME, c], [cond], name=f"{cond}_node"),
+                helper.make_node("If", [cond], list(out_names), name=f"{RESERVED_PREFIX}leaf_{lo}",
+                                 then_branch=leaves[lo], else_branch=else_branch)]
+    mid = (lo + hi) // 2
+    c_node, c = _const(names, f"below_{mid}", np.asarray(mid, np.int64))
+    cond = names(f"is_below_{mid}")
+    sides = []
+    for a, b in ((lo, mid), (mid, hi)):
+        sub_out = [f"{RESERVED_PREFIX}route_{a}_{b}_{k}" for k in range(len(out_names))]
+        sub_nodes = _route(a, b, sub_out, leaves, miss, empty, info, names)
+        sides.append(helper.make_graph(sub_nodes, f"{RESERVED_PREFIX}route_{a}_{b}", [],
+                                       _untyped_outputs(info, sub_out)))
+    return [c_node,
+            helper.make_node("Less", [BRANCH_INDEX_NAME, c], [cond], name=f"{cond}_node"),
+            helper.make_node("If", [cond], list(out_names),
+                             name=f"{RESERVED_PREFIX}route_{lo}_{hi}",
+                             then_branch=sides[0], else_branch=sides[1])]
+
+
+def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
+                     branches: Sequence[onnx.GraphProto], shapes: Shapes,
+                     dynamic: onnx.GraphProto | None) -> onnx.ModelProto:
+    """The stock-ORT-runnable root model (see the module docstring)."""
+    if info.opset < SINK_MIN_OPSET:
+        raise CompileError(f"sink mode needs ai.onnx opset >= {SINK_MIN_OPSET}, the model has "
+                           f"{info.opset}; convert it with onnx.version_converter first")
+    names = _Names()
+    g = _root_graph(source)
+    g.input.extend(dynamic_inputs(info, spec.input_names, spec.input_shapes))
+    dim_nodes, dims = _dims_nodes(spec, info.opset, names)
+    g.node.extend(dim_nodes)
+    g.node.extend(_index_nodes(spec, dims, info.opset, names))
+    g.node.extend(_dims_output_nodes(spec, dims, names))
+    empty = miss_shapes(shapes, len(info.outputs))
+    miss = (as_if_branch(dynamic) if dynamic is not None
+            else _miss_graph(info, empty, "0"))
+    leaves = [as_if_branch(b) for b in branches]
+    g.node.extend(_route(0, spec.gear_count, [t.name for t in info.outputs], leaves, miss, empty,
+                         info, names))
+    zeroed = None if dynamic is not None else [
+        [d == 0 and any(s[k][a] != 0 for s in shapes if len(s[k]) > a)
+         for a, d in enumerate(e)] for k, e in enumerate(empty)]
+    g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, dynamic is not None,
+                                                            zeroed)))
+    g.output.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
+                                                  [spec.values_per_gear]))
+    return _make_model(source, g, extra_domain=False)

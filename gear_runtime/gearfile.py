@@ -1,0 +1,554 @@
+"""The gear file: one ONNX file holding every gear of a model, and its reader.
+
+Two kinds, both written by :func:`gear_runtime.compile.compile_model`:
+
+``"case"`` (default; GE's multi-batch structure, multi_batch_clone_pass.cc, NOT runnable by
+stock ONNX Runtime): the root graph has the spec inputs shaped to the LARGEST gear plus the
+int32 input ``ascend_mbatch_shape_data`` ([values_per_gear]); the weights as root
+initializers (once) and the gear table (int32, flattened [gear_count * values_per_gear]);
+``MapIndex(ascend_mbatch_shape_data, gear_table) -> branch index`` and
+``Case(branch index, inputs...) -> outputs`` in the custom domain :data:`DOMAIN`. Case carries
+GE's attributes (``batch_num``, ``pred_value_<i>``, ``user_designate_shape_order``,
+``dynamic_type``, ``insert_by_mbatch``), the per-gear static graphs (``branches``, each named
+``Batch_<i>``, GE's batch_label), ``dynamic_output_dims`` (GE's ATTR_NAME_DYNAMIC_OUTPUT_DIMS:
+``"gearIdx,outIdx,dim0,dim1,..."``) and, in hybrid mode, ``dynamic_graph`` (the original
+dynamic-shape graph). Branch graphs declare their inputs (static gear shapes) and read the
+weights from the root graph by name (outer scope); they have no initializers of their own.
+
+``"sink"`` (GE's GetNext-sink mode, runnable by plain ``onnxruntime.InferenceSession``): the
+root inputs keep their dynamic dims; the graph computes the dims from the inputs' shapes
+(Shape -> Gather -> Concat, GE's GetDynamicDims), compares them with the gear table (the
+Constant ``ascend_mbatch_gear_table``, int64 [gear_count, dynamic positions]) into a branch
+index (-1 on a miss) and routes through a balanced tree of ``If`` nodes whose leaves run
+``Batch_<i>`` (no declared inputs: it reads the root inputs and weights from the outer scope).
+A miss gives EMPTY outputs (or, hybrid, runs the ``Dynamic`` graph). The dims, int32, are the
+LAST output, named ``ascend_mbatch_shape_data``. Per-gear output dims are stored in the
+metadata key :data:`META_OUTPUT_DIMS` (JSON list of the same strings).
+
+Both kinds carry ``metadata_props``: :data:`META_FORMAT` (= :data:`FORMAT_VERSION`),
+:data:`META_SPEC` (the spec as JSON), :data:`META_KIND`, :data:`META_HYBRID`.
+
+:func:`read_gear_file` turns either kind into a :class:`GearFile`: per gear a STANDALONE static
+ONNX model without the shared weights, plus the weights once, so a backend can build one
+session per gear sharing one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from gear_runtime.errors import GearFileError, GearSpecError, InputError
+from gear_runtime.spec import GearSpec
+
+# ---- names shared by the writer (gear_runtime.compile) and the reader -------------------------
+#: Custom operator domain of MapIndex and Case.
+DOMAIN = "ge.gear_runtime"
+DOMAIN_VERSION = 1
+#: Version of this file layout; the reader refuses any other.
+FORMAT_VERSION = "1"
+
+OP_MAP_INDEX = "MapIndex"
+OP_CASE = "Case"
+
+ATTR_BATCH_NUM = "batch_num"
+ATTR_PRED_VALUE = "pred_value_"          # + gear index
+ATTR_SHAPE_ORDER = "user_designate_shape_order"
+ATTR_DYNAMIC_TYPE = "dynamic_type"
+ATTR_INSERT_BY_MBATCH = "insert_by_mbatch"
+ATTR_BRANCHES = "branches"
+ATTR_DYNAMIC_OUTPUT_DIMS = "dynamic_output_dims"
+ATTR_DYNAMIC_GRAPH = "dynamic_graph"
+
+META_FORMAT = "gear_runtime.format"
+META_SPEC = "gear_runtime.spec"
+META_KIND = "gear_runtime.kind"
+META_HYBRID = "gear_runtime.hybrid"
+#: sink kind only: JSON list of the dynamic_output_dims strings (no Case node to carry them).
+META_OUTPUT_DIMS = "gear_runtime.dynamic_output_dims"
+
+KIND_CASE = "case"
+KIND_SINK = "sink"
+KINDS = (KIND_CASE, KIND_SINK)
+
+#: GE's ACL_DYNAMIC_TENSOR_NAME: the dims input (case) / last output (sink), int32.
+ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+#: Every name the compiler adds starts with this; models using it are refused.
+RESERVED_PREFIX = "ascend_mbatch_"
+GEAR_TABLE_NAME = "ascend_mbatch_gear_table"
+BRANCH_INDEX_NAME = "ascend_mbatch_branch_index"
+#: GE's batch_label of gear i's branch, used as the branch graph's name.
+BATCH_LABEL_PREFIX = "Batch_"
+#: Suffix of every node and intermediate value of gear i's branch (+ str(i)), GE's naming.
+BRANCH_SUFFIX = "_ascend_mbatch_batch_"
+DYNAMIC_GRAPH_NAME = "Dynamic"
+DYNAMIC_SUFFIX = "_ascend_mbatch_dynamic"
+#: Name prefix of the Identity nodes a sink leaf adds when a model output is directly an input
+#: or a weight (a subgraph output must be produced inside the subgraph); the reader drops them.
+PASSTHROUGH_PREFIX = "ascend_mbatch_passthrough_"
+
+#: spec.mode -> Case ``dynamic_type``.
+DYNAMIC_TYPES = {"batch": "batch", "image_size": "image_size", "dims": "dims"}
+
+
+def batch_label(gear: int) -> str:
+    """GE's batch_label of gear ``gear``: ``Batch_<gear>``."""
+    return f"{BATCH_LABEL_PREFIX}{gear}"
+
+
+def spec_to_json(spec: GearSpec) -> str:
+    """The spec as the JSON stored under :data:`META_SPEC`."""
+    return json.dumps({
+        "mode": spec.mode,
+        "input_names": list(spec.input_names),
+        "input_shapes": [list(s) for s in spec.input_shapes],
+        "gears": [list(g) for g in spec.gears],
+        "hybrid": bool(spec.hybrid),
+        "input_format": spec.input_format,
+    }, separators=(",", ":"))
+
+
+def spec_from_json(text: str) -> GearSpec:
+    """Inverse of :func:`spec_to_json`; GearSpecError / ValueError / KeyError on bad text."""
+    d = json.loads(text)
+    return GearSpec(mode=d["mode"], input_names=tuple(d["input_names"]),
+                    input_shapes=tuple(tuple(s) for s in d["input_shapes"]),
+                    gears=tuple(tuple(g) for g in d["gears"]), hybrid=bool(d["hybrid"]),
+                    input_format=d.get("input_format"))
+
+
+def format_output_dims(shapes: Sequence[Sequence[Sequence[int]]]) -> list[str]:
+    """``shapes[gear][output]`` -> GE's ``"gearIdx,outIdx,dim0,dim1,..."`` strings."""
+    return [",".join(str(v) for v in (g, k, *shape))
+            for g, outs in enumerate(shapes) for k, shape in enumerate(outs)]
+
+
+def parse_output_dims(items: Sequence[str], gear_count: int,
+                      output_count: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Inverse of :func:`format_output_dims`; ValueError unless every (gear, output) appears
+    exactly once with non-negative dims."""
+    table: dict[tuple[int, int], tuple[int, ...]] = {}
+    for item in items:
+        vals = [int(v) for v in item.split(",")] if item else []
+        if len(vals) < 2:
+            raise ValueError(f"output dims entry {item!r} has no gear and output index")
+        g, k, dims = vals[0], vals[1], tuple(vals[2:])
+        if not (0 <= g < gear_count and 0 <= k < output_count):
+            raise ValueError(f"output dims entry {item!r}: gear or output index out of range "
+                             f"({gear_count} gears, {output_count} outputs)")
+        if (g, k) in table:
+            raise ValueError(f"output dims entry {item!r}: gear {g} output {k} given twice")
+        if any(d < 0 for d in dims):
+            raise ValueError(f"output dims entry {item!r} has a negative dim")
+        table[(g, k)] = dims
+    missing = [(g, k) for g in range(gear_count) for k in range(output_count)
+               if (g, k) not in table]
+    if missing:
+        raise ValueError(f"output dims missing for (gear, output) {missing[:5]}")
+    return tuple(tuple(table[(g, k)] for k in range(output_count)) for g in range(gear_count))
+
+
+# ---- the reader ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GearFile:
+    """Everything a backend needs from a gear file.
+
+    Attributes:
+        path: the file read.
+        spec: the gears (``spec.hybrid`` tells hybrid mode).
+        kind: ``"case"`` or ``"sink"``.
+        input_dtypes: numpy dtype of every input, in ``spec.input_names`` order.
+        output_names / output_dtypes: the model's outputs (without the sink's dims output).
+        output_shapes: ``[gear][output]`` static shape.
+        branches: gear ``i`` as a STANDALONE static model: inputs ``spec.input_names`` with
+            exactly ``spec.shapes(i)``, outputs ``output_names``; the shared weights are NOT
+            in it (see :meth:`weight_names_of`; attach them as initializers, or declare them
+            and share them with ``SessionOptions.add_initializer``).
+        weights: every root weight, once (not the gear table).
+        dynamic: hybrid mode: the dynamic-shape model, same convention (dynamic input dims);
+            else None.
+        model_bytes: kind ``"sink"``: the whole file as-is (runnable by stock ONNX Runtime);
+            kind ``"case"``: None.
+    """
+
+    path: str
+    spec: GearSpec
+    kind: str
+    input_dtypes: tuple[np.dtype, ...]
+    output_names: tuple[str, ...]
+    output_dtypes: tuple[np.dtype, ...]
+    output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
+    branches: tuple[onnx.ModelProto, ...]
+    weights: dict[str, np.ndarray]
+    dynamic: onnx.ModelProto | None
+    model_bytes: bytes | None
+
+    @property
+    def gear_count(self) -> int:
+        return self.spec.gear_count
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.spec.input_names
+
+    @property
+    def hybrid(self) -> bool:
+        return self.spec.hybrid
+
+    def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
+        """Static shape of output ``index`` in gear ``gear``; InputError when out of range."""
+        self._check_index(gear, index)
+        return self.output_shapes[gear][index]
+
+    def output_size(self, gear: int, index: int) -> int:
+        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo)."""
+        shape = self.output_shape(gear, index)
+        return int(np.prod(shape, dtype=np.int64)) * self.output_dtypes[index].itemsize
+
+    def weight_names_of(self, model: onnx.ModelProto) -> tuple[str, ...]:
+        """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
+        return tuple(sorted(referenced_names(model.graph) & self.weights.keys()))
+
+    def _check_index(self, gear: int, index: int) -> None:
+        if not (isinstance(gear, int | np.integer) and 0 <= gear < self.gear_count):
+            raise InputError(f"gear {gear!r} is out of range: the model has {self.gear_count} "
+                             f"gears (0..{self.gear_count - 1})")
+        if not (isinstance(index, int | np.integer) and 0 <= index < len(self.output_names)):
+            raise InputError(f"output index {index!r} is out of range: the model has "
+                             f"{len(self.output_names)} outputs {list(self.output_names)}")
+
+
+def referenced_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of ``graph`` or of its subgraphs reads, plus graph outputs."""
+    names: set[str] = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        for sub in subgraphs(node):
+            names |= referenced_names(sub)
+    return names
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held by ``node``'s GRAPH / GRAPHS attributes."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
+    """Read and check a gear file written by :func:`gear_runtime.compile.compile_model`.
+
+    Walks the Case branches (or the If tree of a sink file) by their ``Batch_<i>`` labels and
+    checks that every gear 0..G-1 appears exactly once and agrees with ``pred_value_<i>`` /
+    the gear table. Any problem (missing file, not ONNX, not a gear file, another format
+    version, inconsistent attributes) raises GearFileError naming the path and what is wrong.
+    """
+    p = os.fspath(path)
+    try:
+        data = Path(p).read_bytes()
+    except OSError as exc:
+        raise GearFileError(f"gear file {p!r} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise GearFileError(f"{p!r} is not an ONNX model: {exc}") from exc
+    return _Reader(p, model, data).read()
+
+
+class _Reader:
+    """One read of one file; every check raises GearFileError naming the path."""
+
+    def __init__(self, path: str, model: onnx.ModelProto, data: bytes) -> None:
+        self.path = path
+        self.model = model
+        self.data = data
+
+    def fail(self, what: str) -> GearFileError:
+        return GearFileError(f"{self.path!r} is not a valid gear file: {what}")
+
+    def read(self) -> GearFile:
+        meta = {m.key: m.value for m in self.model.metadata_props}
+        if META_FORMAT not in meta:
+            raise GearFileError(
+                f"{self.path!r} is not a gear file: it has no {META_FORMAT!r} metadata "
+                f"(compile the model with gear_runtime.compile first)")
+        if meta[META_FORMAT] != FORMAT_VERSION:
+            raise self.fail(f"format version {meta[META_FORMAT]!r}, this reader reads "
+                            f"version {FORMAT_VERSION!r}")
+        try:
+            spec = spec_from_json(meta.get(META_SPEC, ""))
+        except (GearSpecError, ValueError, KeyError, TypeError) as exc:
+            raise self.fail(f"metadata {META_SPEC!r} is not a valid spec ({exc})") from exc
+        kind = meta.get(META_KIND)
+        if kind not in KINDS:
+            raise self.fail(f"metadata {META_KIND!r} is {kind!r}, expected one of {KINDS}")
+        hybrid = meta.get(META_HYBRID)
+        if hybrid not in ("0", "1") or (hybrid == "1") != spec.hybrid:
+            raise self.fail(f"metadata {META_HYBRID!r} is {hybrid!r} but the spec says "
+                            f"hybrid={spec.hybrid}")
+        self.spec = spec
+        self.opsets = [o for o in self.model.opset_import if o.domain != DOMAIN]
+        self.weights = self._weights()
+        if kind == KIND_CASE:
+            return self._read_case()
+        return self._read_sink(meta)
+
+    # ---- shared pieces ----------------------------------------------------------------------
+    def _weights(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for t in self.model.graph.initializer:
+            if t.name.startswith(RESERVED_PREFIX):
+                continue
+            try:
+                out[t.name] = numpy_helper.to_array(t)
+            except Exception as exc:
+                raise self.fail(f"weight {t.name!r} cannot be read ({exc})") from exc
+        return out
+
+    def _root_inputs(self) -> dict[str, onnx.ValueInfoProto]:
+        inputs = {vi.name: vi for vi in self.model.graph.input}
+        for name in self.spec.input_names:
+            if name not in inputs:
+                raise self.fail(f"spec input {name!r} is not an input of the root graph")
+        return inputs
+
+    def _dtype(self, vi: onnx.ValueInfoProto) -> np.dtype:
+        if not vi.type.HasField("tensor_type"):
+            raise self.fail(f"{vi.name!r} is not a tensor")
+        try:
+            return np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        except Exception as exc:
+            raise self.fail(f"{vi.name!r} has an unsupported element type ({exc})") from exc
+
+    def _standalone(self, graph: onnx.GraphProto, name: str,
+                    inputs: Sequence[onnx.ValueInfoProto],
+                    output_names: Sequence[str]) -> onnx.ModelProto:
+        """A model of ``graph`` with exactly ``inputs`` declared and the passthrough Identity
+        nodes of a sink leaf dropped (their outputs renamed back to the original names)."""
+        g = onnx.GraphProto()
+        g.CopyFrom(graph)
+        g.name = name
+        keep = [n for n in g.node if not n.name.startswith(PASSTHROUGH_PREFIX)]
+        rename = {n.output[0]: n.input[0] for n in g.node if n.name.startswith(PASSTHROUGH_PREFIX)}
+        del g.node[:]
+        g.node.extend(keep)
+        for o in g.output:
+            o.name = rename.get(o.name, o.name)
+        del g.input[:]
+        g.input.extend(inputs)
+        got = tuple(o.name for o in g.output)
+        if got != tuple(output_names):
+            raise self.fail(f"graph {name!r} has outputs {list(got)}, expected "
+                            f"{list(output_names)}")
+        m = helper.make_model(g, opset_imports=self.opsets, producer_name="gear_runtime")
+        m.ir_version = self.model.ir_version
+        return m
+
+    def _gear_inputs(self, gear: int, root: dict[str, onnx.ValueInfoProto]
+                     ) -> list[onnx.ValueInfoProto]:
+        shapes = self.spec.shapes(gear)
+        return [helper.make_tensor_value_info(n, root[n].type.tensor_type.elem_type,
+                                              list(shapes[n]))
+                for n in self.spec.input_names]
+
+    def _check_branch_outputs(self, model: onnx.ModelProto,
+                              shapes: tuple[tuple[int, ...], ...], gear: int) -> None:
+        """A branch output that declares a fully static shape must agree with the dims table."""
+        for k, o in enumerate(model.graph.output):
+            tt = o.type.tensor_type
+            if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim):
+                continue
+            declared = tuple(d.dim_value for d in tt.shape.dim)
+            if declared != shapes[k]:
+                raise self.fail(f"gear {gear} output {o.name!r}: the branch declares shape "
+                                f"{declared} but dynamic_output_dims says {shapes[k]}")
+
+    def _finish(self, kind: str, input_dtypes: tuple[np.dtype, ...], output_names: tuple[str, ...],
+                output_dtypes: tuple[np.dtype, ...], dims_items: Sequence[str],
+                branches: list[onnx.ModelProto], dynamic: onnx.ModelProto | None,
+                model_bytes: bytes | None) -> GearFile:
+        try:
+            shapes = parse_output_dims(dims_items, self.spec.gear_count, len(output_names))
+        except ValueError as exc:
+            raise self.fail(f"dynamic_output_dims: {exc}") from exc
+        for g, b in enumerate(branches):
+            self._check_branch_outputs(b, shapes[g], g)
+        if self.spec.hybrid and dynamic is None:
+            raise self.fail("the spec is hybrid but the file has no dynamic-shape graph")
+        return GearFile(path=self.path, spec=self.spec, kind=kind, input_dtypes=input_dtypes,
+                        output_names=output_names, output_dtypes=output_dtypes,
+                        output_shapes=shapes, branches=tuple(branches), weights=self.weights,
+                        dynamic=dynamic, model_bytes=model_bytes)
+
+    def _by_label(self, graphs: Sequence[onnx.GraphProto]) -> list[onnx.GraphProto]:
+        """Order branch graphs by their Batch_<i> labels; each gear exactly once."""
+        found: dict[int, onnx.GraphProto] = {}
+        for g in graphs:
+            if not g.name.startswith(BATCH_LABEL_PREFIX):
+                raise self.fail(f"branch graph {g.name!r} has no {BATCH_LABEL_PREFIX}<i> label")
+            try:
+                idx = int(g.name[len(BATCH_LABEL_PREFIX):])
+            except ValueError:
+                raise self.fail(f"branch graph label {g.name!r} is not "
+                                f"{BATCH_LABEL_PREFIX}<integer>") from None
+            if idx in found:
+                raise self.fail(f"gear {idx} ({g.name}) appears twice")
+            if not 0 <= idx < self.spec.gear_count:
+                raise self.fail(f"branch {g.name} but the spec has {self.spec.gear_count} gears")
+            found[idx] = g
+        missing = [i for i in range(self.spec.gear_count) if i not in found]
+        if missing:
+            raise self.fail(f"no branch for gear(s) {missing}")
+        return [found[i] for i in range(self.spec.gear_count)]
+
+    # ---- kind "case" ---------------------------------------------------------------------------
+    def _read_case(self) -> GearFile:
+        spec = self.spec
+        graph = self.model.graph
+        custom = [n for n in graph.node if n.domain == DOMAIN]
+        cases = [n for n in custom if n.op_type == OP_CASE]
+        maps = [n for n in custom if n.op_type == OP_MAP_INDEX]
+        if len(cases) != 1 or len(maps) != 1:
+            raise self.fail(f"expected one {OP_MAP_INDEX} and one {OP_CASE} node in domain "
+                            f"{DOMAIN!r}, found {len(maps)} and {len(cases)}")
+        case, mapi = cases[0], maps[0]
+        if list(mapi.input) != [ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]:
+            raise self.fail(f"{OP_MAP_INDEX} reads {list(mapi.input)}, expected "
+                            f"{[ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]}")
+        if list(case.input) != [mapi.output[0], *spec.input_names]:
+            raise self.fail(f"{OP_CASE} reads {list(case.input)}, expected the branch index "
+                            f"then {list(spec.input_names)}")
+        attrs = {a.name: helper.get_attribute_value(a) for a in case.attribute}
+        self._check_case_attrs(attrs)
+        tables = [t for t in graph.initializer if t.name == GEAR_TABLE_NAME]
+        if len(tables) != 1:
+            raise self.fail(f"expected one initializer {GEAR_TABLE_NAME!r}, found {len(tables)}")
+        self._check_table(numpy_helper.to_array(tables[0]))
+        root = self._root_inputs()
+        if ACL_DYNAMIC_TENSOR_NAME not in root:
+            raise self.fail(f"no {ACL_DYNAMIC_TENSOR_NAME!r} input")
+        output_names = tuple(case.output)
+        outs = {o.name: o for o in graph.output}
+        if tuple(outs) != output_names:
+            raise self.fail(f"root outputs {list(outs)} differ from {OP_CASE} outputs "
+                            f"{list(output_names)}")
+        branches = []
+        for i, g in enumerate(self._by_label(attrs.get(ATTR_BRANCHES, []))):
+            declared = [(vi.name, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                        for d in vi.type.tensor_type.shape.dim))
+                        for vi in g.input]
+            expected = list(spec.shapes(i).items())
+            if declared != expected:
+                raise self.fail(f"branch {g.name} declares inputs {declared}, the spec's gear "
+                                f"{i} is {expected}")
+            branches.append(self._standalone(g, g.name, list(g.input), output_names))
+        dynamic = None
+        if ATTR_DYNAMIC_GRAPH in attrs:
+            dg = attrs[ATTR_DYNAMIC_GRAPH]
+            dynamic = self._standalone(dg, DYNAMIC_GRAPH_NAME, list(dg.input), output_names)
+        dims = [s.decode() if isinstance(s, bytes) else s
+                for s in attrs.get(ATTR_DYNAMIC_OUTPUT_DIMS, [])]
+        return self._finish(
+            KIND_CASE, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
+            tuple(self._dtype(outs[n]) for n in output_names), dims, branches, dynamic, None)
+
+    def _check_case_attrs(self, attrs: dict[str, Any]) -> None:
+        spec = self.spec
+        if attrs.get(ATTR_BATCH_NUM) != spec.gear_count:
+            raise self.fail(f"{ATTR_BATCH_NUM} is {attrs.get(ATTR_BATCH_NUM)!r}, the spec has "
+                            f"{spec.gear_count} gears")
+        for i, gear in enumerate(spec.gears):
+            got = attrs.get(f"{ATTR_PRED_VALUE}{i}")
+            if got is None or tuple(got) != gear:
+                raise self.fail(f"{ATTR_PRED_VALUE}{i} is {got!r}, the spec's gear {i} is {gear}")
+        order = tuple(s.decode() for s in attrs.get(ATTR_SHAPE_ORDER, []))
+        if order != spec.input_names:
+            raise self.fail(f"{ATTR_SHAPE_ORDER} is {list(order)}, the spec's inputs are "
+                            f"{list(spec.input_names)}")
+        dtype = attrs.get(ATTR_DYNAMIC_TYPE, b"").decode()
+        if dtype != DYNAMIC_TYPES[spec.mode]:
+            raise self.fail(f"{ATTR_DYNAMIC_TYPE} is {dtype!r}, the spec's mode is {spec.mode!r}")
+        if len(attrs.get(ATTR_BRANCHES, [])) != spec.gear_count:
+            raise self.fail(f"{len(attrs.get(ATTR_BRANCHES, []))} branches for "
+                            f"{spec.gear_count} gears")
+
+    def _check_table(self, table: np.ndarray) -> None:
+        """The case gear table: int32 flattened gears."""
+        expected = np.asarray(self.spec.gears, dtype=np.int32).reshape(-1)
+        if table.shape != expected.shape or not np.array_equal(table, expected):
+            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec's "
+                            f"gears flattened are {expected.tolist()}")
+
+    # ---- kind "sink" ---------------------------------------------------------------------------
+    def _read_sink(self, meta: dict[str, str]) -> GearFile:
+        spec = self.spec
+        graph = self.model.graph
+        outs = list(graph.output)
+        if not outs or outs[-1].name != ACL_DYNAMIC_TENSOR_NAME:
+            raise self.fail(f"the last output is not {ACL_DYNAMIC_TENSOR_NAME!r}")
+        table = self._sink_table(graph)
+        expected = np.asarray([[g[v] for _, _, v in spec.dynamic_positions]
+                               for g in spec.gears], dtype=np.int64)
+        if table.shape != expected.shape or not np.array_equal(table, expected):
+            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec "
+                            f"gives {expected.tolist()}")
+        gears: list[onnx.GraphProto] = []
+        dynamic_graphs: list[onnx.GraphProto] = []
+        for sub in _walk_if_tree(graph):
+            if sub.name.startswith(BATCH_LABEL_PREFIX):
+                gears.append(sub)
+            elif sub.name == DYNAMIC_GRAPH_NAME:
+                dynamic_graphs.append(sub)
+        root = self._root_inputs()
+        output_names = tuple(o.name for o in outs[:-1])
+        branches = [self._standalone(g, g.name, self._gear_inputs(i, root), output_names)
+                    for i, g in enumerate(self._by_label(gears))]
+        dynamic = None
+        if dynamic_graphs:
+            if len(dynamic_graphs) != 1:
+                raise self.fail(f"{len(dynamic_graphs)} dynamic-shape graphs, expected one")
+            dyn_inputs = [root[n] for n in spec.input_names]
+            dynamic = self._standalone(dynamic_graphs[0], DYNAMIC_GRAPH_NAME, dyn_inputs,
+                                       output_names)
+        try:
+            dims = json.loads(meta.get(META_OUTPUT_DIMS, "null"))
+            if not isinstance(dims, list):
+                raise ValueError("not a list")
+        except ValueError as exc:
+            raise self.fail(f"metadata {META_OUTPUT_DIMS!r} is not a JSON list ({exc})") from exc
+        return self._finish(
+            KIND_SINK, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
+            tuple(self._dtype(o) for o in outs[:-1]), [str(s) for s in dims], branches,
+            dynamic, self.data)
+
+    def _sink_table(self, graph: onnx.GraphProto) -> np.ndarray:
+        for node in graph.node:
+            if node.op_type == "Constant" and list(node.output) == [GEAR_TABLE_NAME]:
+                for a in node.attribute:
+                    if a.name == "value":
+                        return numpy_helper.to_array(a.t)
+        raise self.fail(f"no Constant {GEAR_TABLE_NAME!r} in the root graph")
+
+
+def _walk_if_tree(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """Every branch graph of every ``If`` node reachable through If branches (sink routing),
+    without descending into the gear or dynamic graphs themselves (their own control flow is
+    the model's)."""
+    for node in graph.node:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        for sub in subgraphs(node):
+            if sub.name.startswith(BATCH_LABEL_PREFIX) or sub.name == DYNAMIC_GRAPH_NAME:
+                yield sub
+            else:
+                yield from _walk_if_tree(sub)
