@@ -246,10 +246,15 @@ def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> GearSpec:
             mode = _ascend_mode(shapes, width, args.get("input_format", ""))
             del args["dynamic_dims"]
             if mode == "batch":
-                args["dynamic_batch_size"] = ",".join(str(g[0]) for g in gears)
+                key, atc = "dynamic_batch_size", ",".join(str(g[0]) for g in gears)
             else:
                 key = "dynamic_image_size" if mode == "image_size" else "dynamic_dims"
-                args[key] = ";".join(",".join(map(str, g)) for g in gears)
+                atc = ";".join(",".join(map(str, g)) for g in gears)
+            try:
+                return spec_from_atc(shape, max_gears=max_gears, **args, **{key: atc})
+            except GearSpecError as e:  # quote what the user wrote, not only our translation
+                raise GearSpecError(f"dynamic_dims {_q(dims)}, read as {key}: {e.message}",
+                                    code=e.code) from None
     return spec_from_atc(shape, max_gears=max_gears, **args)
 
 
