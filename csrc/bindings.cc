@@ -1,0 +1,549 @@
+// Python bindings of the C++ core: the module gear_runtime._core.
+//
+// Everything Python-facing lives here: argument conversion (bad input becomes InputError,
+// never TypeError/IndexError), the ExecutorCore glue around GearTable / DimsExtractor / Stager,
+// and the ONE exception translator that turns gear_runtime::Error into the package's classes
+// via gear_runtime.errors.make_error. gear_runtime/core/reference.py is the pure-Python twin;
+// every message here must stay identical to it (tests/test_core_parity.py compares them).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dims.h"
+#include "errors.h"
+#include "gear_table.h"
+#include "layout.h"
+#include "staging.h"
+
+namespace py = pybind11;
+
+namespace gear_runtime {
+namespace {
+
+static_assert(sizeof(py::ssize_t) == sizeof(int64_t), "numpy dims are read as int64");
+
+// GE allows at most ACL_MAX_DIM_CNT = 128 dynamic values; DimsExtractor enforces it, so the
+// hot path keeps values on the stack.
+constexpr size_t kMaxValues = 128;
+
+std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
+}
+
+const py::detail::npy_api& npy() { return py::detail::npy_api::get(); }
+
+// ---- argument conversion ---------------------------------------------------------------------
+
+// A sequence as PySequence_Fast sees it (lists and tuples without a copy; any other iterable
+// is read into a list once). Not an iterable -> InputError "<what> must be a sequence".
+class Items {
+ public:
+  Items(py::handle obj, const std::string& what) {
+    PyObject* seq = PySequence_Fast(obj.ptr(), "");
+    if (seq == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+      PyErr_Clear();
+      throw_input(what + " must be a sequence, got " + type_name(obj));
+    }
+    seq_ = py::reinterpret_steal<py::object>(seq);
+  }
+  size_t size() const { return static_cast<size_t>(PySequence_Fast_GET_SIZE(seq_.ptr())); }
+  PyObject* operator[](size_t i) const {
+    return PySequence_Fast_GET_ITEM(seq_.ptr(), static_cast<py::ssize_t>(i));
+  }
+
+ private:
+  py::object seq_;
+};
+
+// operator.index(obj) as int64; `label` says what it is in messages ("dims_count",
+// "dynamic dims item 2"); a non-int -> "<label> is <type>, not an int".
+int64_t to_int64(PyObject* obj, const std::string& label) {
+  int overflow = 0;
+  long long value;
+  if (PyLong_CheckExact(obj)) {
+    value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  } else {
+    PyObject* index = PyNumber_Index(obj);
+    if (index == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+      PyErr_Clear();
+      throw_input(label + " is " + type_name(obj) + ", not an int");
+    }
+    value = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+  }
+  if (overflow != 0) throw_input(label + " does not fit in 64 bits");
+  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<int64_t>(value);
+}
+
+int64_t item_int(const Items& items, size_t j, const std::string& what) {
+  return to_int64(items[j], what + " item " + std::to_string(j));
+}
+
+std::vector<int64_t> to_int_vector(py::handle obj, const std::string& what) {
+  Items items(obj, what);
+  std::vector<int64_t> out(items.size());
+  for (size_t j = 0; j < out.size(); ++j) out[j] = item_int(items, j, what);
+  return out;
+}
+
+// Values of the gear tuple size: sequence -> length (145012) -> items. Writes into buf.
+void read_values(py::handle obj, const std::string& what, size_t expected, int64_t* buf) {
+  Items items(obj, what);
+  if (items.size() != expected) {
+    throw_length(what + " have " + std::to_string(items.size()) + " values, the model's gears have " +
+                 std::to_string(expected));
+  }
+  for (size_t j = 0; j < expected; ++j) buf[j] = item_int(items, j, what);
+}
+
+py::tuple to_tuple(const int64_t* values, size_t n) {
+  py::tuple out(n);
+  for (size_t j = 0; j < n; ++j) {
+    PyObject* v = PyLong_FromLongLong(values[j]);
+    if (v == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(out.ptr(), static_cast<py::ssize_t>(j), v);
+  }
+  return out;
+}
+
+// An index argument in [0, count): "<what> <v> out of range: the layout has <count> <unit>".
+size_t index_arg(py::handle obj, const char* what, size_t count, const char* unit) {
+  const int64_t v = to_int64(obj.ptr(), what);
+  if (v < 0 || static_cast<uint64_t>(v) >= count) {
+    throw_input(std::string(what) + " " + std::to_string(v) + " out of range: the layout has " +
+                std::to_string(count) + " " + unit);
+  }
+  return static_cast<size_t>(v);
+}
+
+// ---- plan_layout -------------------------------------------------------------------------------
+
+Layout plan_layout(py::handle input_nbytes, py::handle dims_count, py::handle fusion_size,
+                   py::handle alignment) {
+  Items rows(input_nbytes, "input_nbytes");
+  std::vector<std::vector<size_t>> table(rows.size());
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const std::string what = "input_nbytes[" + std::to_string(g) + "]";
+    const std::vector<int64_t> row = to_int_vector(rows[g], what);
+    table[g].resize(row.size());
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (row[i] < 0) {
+        throw_input(what + "[" + std::to_string(i) + "] is " + std::to_string(row[i]) +
+                    ", a byte count must be >= 0");
+      }
+      table[g][i] = static_cast<size_t>(row[i]);
+    }
+  }
+  const int64_t dims = to_int64(dims_count.ptr(), "dims_count");
+  if (dims < 0) throw_input("dims_count must be >= 0, got " + std::to_string(dims));
+  const int64_t fusion = to_int64(fusion_size.ptr(), "fusion_size");
+  const int64_t align = to_int64(alignment.ptr(), "alignment");
+  if (align <= 0) {
+    throw_input("alignment must be a power of two >= 1, got " + std::to_string(align));
+  }
+  return Layout::plan(table, static_cast<size_t>(dims), fusion, static_cast<size_t>(align));
+}
+
+py::tuple span_tuple(const Span& s) { return py::make_tuple(s.start, s.end); }
+
+// ---- ExecutorCore ------------------------------------------------------------------------------
+
+std::vector<std::string> to_names(py::handle obj) {
+  Items items(obj, "input_names");
+  std::vector<std::string> out(items.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    if (!PyUnicode_Check(items[j])) {
+      throw_input("input_names item " + std::to_string(j) + " is " + type_name(items[j]) +
+                  ", not a str");
+    }
+    out[j] = py::handle(items[j]).cast<std::string>();
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> to_int_matrix(py::handle obj, const std::string& what) {
+  Items rows(obj, what);
+  std::vector<std::vector<int64_t>> out(rows.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    out[j] = to_int_vector(rows[j], what + "[" + std::to_string(j) + "]");
+  }
+  return out;
+}
+
+std::vector<DynamicPosition> to_positions(py::handle obj) {
+  const std::vector<std::vector<int64_t>> rows = to_int_matrix(obj, "dynamic_positions");
+  std::vector<DynamicPosition> out(rows.size());
+  for (size_t p = 0; p < rows.size(); ++p) {
+    const std::string what = "dynamic_positions[" + std::to_string(p) + "]";
+    if (rows[p].size() != 3) {
+      throw_input(what + " must have 3 values (input, axis, value), got " +
+                  std::to_string(rows[p].size()));
+    }
+    for (int64_t v : rows[p]) {
+      if (v < 0) throw_input(what + " " + format_tuple(rows[p]) + " has a negative value");
+    }
+    out[p] = {static_cast<size_t>(rows[p][0]), static_cast<size_t>(rows[p][1]),
+              static_cast<size_t>(rows[p][2])};
+  }
+  return out;
+}
+
+// Resets a flag on scope exit: one stage() at a time per core.
+class BusyGuard {
+ public:
+  explicit BusyGuard(std::atomic<bool>& flag) : flag_(flag) {
+    if (flag_.exchange(true)) {
+      throw_input("ExecutorCore.stage is already running in another thread: use one executor "
+                  "per thread");
+    }
+  }
+  ~BusyGuard() { flag_.store(false); }
+  BusyGuard(const BusyGuard&) = delete;
+  BusyGuard& operator=(const BusyGuard&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+class ExecutorCore {
+ public:
+  ExecutorCore(py::handle input_names, py::handle input_shapes, py::handle dynamic_positions,
+               py::handle gears, py::handle input_dtypes, py::handle layout, py::handle staging)
+      : dims_(make_dims(input_names, input_shapes, dynamic_positions)),
+        table_(to_int_matrix(gears, "gears"), dims_.values_per_gear()) {
+    init_dtypes(input_dtypes);
+    init_staging(layout, staging);
+    const size_t n = dims_.input_count();
+    shapes_.resize(n);
+    sources_.resize(n);
+    keep_.resize(n);
+  }
+
+  size_t gear_count() const { return table_.gear_count(); }
+  size_t values_per_gear() const { return table_.values_per_gear(); }
+  const Layout& layout() const { return stager_->layout(); }
+
+  int64_t match(py::handle values) const {
+    int64_t buf[kMaxValues];
+    const size_t n = table_.values_per_gear();
+    read_values(values, "dynamic dims", n, buf);
+    return find_or_throw(buf);
+  }
+
+  py::tuple values_from_full_dims(py::handle full_dims) const {
+    const std::vector<int64_t> dims = to_int_vector(full_dims, "full dims");
+    int64_t buf[kMaxValues];
+    dims_.from_full_dims(dims.data(), dims.size(), buf);
+    return to_tuple(buf, table_.values_per_gear());
+  }
+
+  py::tuple extract(py::handle arrays) const {
+    Items items(arrays, "input arrays");
+    std::vector<ShapeRef> shapes(items.size());
+    read_shapes(items, shapes.data());
+    int64_t buf[kMaxValues];
+    dims_.extract(shapes.data(), shapes.size(), buf);
+    return to_tuple(buf, table_.values_per_gear());
+  }
+
+  int64_t stage(py::handle arrays, py::handle preset) {
+    BusyGuard busy(busy_);
+    // Clears the references taken below whatever happens (with the GIL held: it is, here).
+    struct Release {
+      std::vector<py::object>& keep;
+      ~Release() {
+        for (py::object& o : keep) o = py::object();
+      }
+    } release{keep_};
+    Items items(arrays, "input arrays");
+    read_shapes(items, shapes_.data());  // count, type and shape pointers
+    const size_t n = dims_.input_count();
+    const size_t width = table_.values_per_gear();
+    int64_t values[kMaxValues];
+    dims_.extract(shapes_.data(), n, values);
+    if (!preset.is_none()) {
+      int64_t set[kMaxValues];
+      read_values(preset, "preset dims", width, set);
+      if (std::memcmp(set, values, width * sizeof(int64_t)) != 0) {
+        throw_length("the inputs' shapes give dynamic dims " + format_tuple(values, width) +
+                     " but the dims set with set_dynamic_* are " + format_tuple(set, width));
+      }
+    }
+    const size_t gear = static_cast<size_t>(find_or_throw(values));
+    for (size_t i = 0; i < n; ++i) sources_[i] = source_of(i, items[i]);
+    stager_->check(gear, sources_.data(), n, values, width, names_.data());
+    {
+      py::gil_scoped_release no_gil;  // only memcpy in here: no Python object is touched
+      stager_->copy(gear, sources_.data(), n, values, width);
+    }
+    last_values_.assign(values, values + width);
+    return static_cast<int64_t>(gear);
+  }
+
+  py::tuple last_values() const { return to_tuple(last_values_.data(), last_values_.size()); }
+
+  py::list nearest(py::handle values, py::handle k) const {
+    int64_t buf[kMaxValues];
+    const size_t n = table_.values_per_gear();
+    read_values(values, "dynamic dims", n, buf);
+    const int64_t count = to_int64(k.ptr(), "k");
+    if (count < 0) throw_input("k must be >= 0, got " + std::to_string(count));
+    py::list out;
+    for (size_t g : table_.nearest(buf, n, static_cast<size_t>(count))) {
+      out.append(to_tuple(table_.gear(g), n));
+    }
+    return out;
+  }
+
+ private:
+  static DimsExtractor make_dims(py::handle names, py::handle shapes, py::handle positions) {
+    std::vector<std::string> n = to_names(names);
+    std::vector<std::vector<int64_t>> s = to_int_matrix(shapes, "input_shapes");
+    std::vector<DynamicPosition> p = to_positions(positions);
+    return DimsExtractor(std::move(n), std::move(s), p);
+  }
+
+  void init_dtypes(py::handle input_dtypes) {
+    Items items(input_dtypes, "input_dtypes");
+    const size_t n = dims_.input_count();
+    if (items.size() != n) {
+      throw_input(std::to_string(items.size()) + " input dtypes for " + std::to_string(n) +
+                  " inputs");
+    }
+    py::object dtype_type = py::module_::import("numpy").attr("dtype");
+    for (size_t i = 0; i < n; ++i) {
+      names_.push_back(dims_.name(i));
+      py::object dt;
+      try {
+        dt = dtype_type(py::handle(items[i]));
+      } catch (py::error_already_set&) {
+        throw_input("input_dtypes item " + std::to_string(i) + " is not a numpy dtype: " +
+                    py::repr(items[i]).cast<std::string>());
+      }
+      if (dt.attr("hasobject").cast<bool>()) {
+        throw_input("input '" + names_[i] + "' dtype " + py::str(dt).cast<std::string>() +
+                    " holds Python objects, which cannot be staged as bytes");
+      }
+      itemsizes_.push_back(dt.attr("itemsize").cast<size_t>());
+      dtypes_.push_back(std::move(dt));
+    }
+  }
+
+  void init_staging(py::handle layout_obj, py::handle staging) {
+    if (!py::isinstance<Layout>(layout_obj)) {
+      throw_input("layout must be a Layout from plan_layout, got " + type_name(layout_obj));
+    }
+    const Layout& layout = layout_obj.cast<const Layout&>();
+    const size_t n = dims_.input_count();
+    const size_t width = table_.values_per_gear();
+    if (layout.gear_count() != table_.gear_count()) {
+      throw_input("layout has " + std::to_string(layout.gear_count()) + " gears, the model has " +
+                  std::to_string(table_.gear_count()));
+    }
+    if (layout.input_count() != n) {
+      throw_input("layout has " + std::to_string(layout.input_count()) + " inputs, the model has " +
+                  std::to_string(n));
+    }
+    if (layout.dims_nbytes() != 4 * width) {
+      throw_input("layout dims buffer has " + std::to_string(layout.dims_nbytes()) +
+                  " bytes, the model's gears have " + std::to_string(width) + " values (" +
+                  std::to_string(4 * width) + " bytes as int32)");
+    }
+    for (size_t g = 0; g < table_.gear_count(); ++g) {
+      for (size_t i = 0; i < n; ++i) {
+        const std::vector<int64_t> shape = dims_.gear_shape(i, table_.gear(g));
+        unsigned __int128 need = itemsizes_[i];
+        for (int64_t d : shape) need *= static_cast<uint64_t>(d);
+        if (need > layout.nbytes_unchecked(g, i)) {
+          throw_input("layout slot of input '" + names_[i] + "' in gear " + std::to_string(g) +
+                      " has " + std::to_string(layout.nbytes_unchecked(g, i)) +
+                      " bytes, its shape " + format_tuple(shape) + " of " +
+                      py::str(dtypes_[i]).cast<std::string>() + " needs " +
+                      bytes_text(need));
+        }
+      }
+    }
+    if (!npy().PyArray_Check_(staging.ptr())) {
+      throw_input("staging must be a numpy.ndarray, got " + type_name(staging));
+    }
+    py::array arr = py::reinterpret_borrow<py::array>(staging);
+    if (!arr.dtype().is(py::dtype::of<uint8_t>()) &&
+        !npy().PyArray_EquivTypes_(arr.dtype().ptr(), py::dtype::of<uint8_t>().ptr())) {
+      throw_input("staging must have dtype uint8, got " + py::str(arr.dtype()).cast<std::string>());
+    }
+    const int flags = py::detail::array_proxy(arr.ptr())->flags;
+    if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) ||
+        !(flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_)) {
+      throw_input("staging must be C-contiguous and writable");
+    }
+    stager_ = std::make_unique<Stager>(layout, static_cast<uint8_t*>(arr.mutable_data()),
+                                       static_cast<size_t>(arr.nbytes()));
+    staging_ = std::move(arr);  // kept alive as long as the core
+  }
+
+  static std::string bytes_text(unsigned __int128 v) {
+    if (v == 0) return "0";
+    std::string s;
+    while (v > 0) {
+      s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+      v /= 10;
+    }
+    return s;
+  }
+
+  // Count, ndarray type and shape of every input, in input order, before any dim check.
+  void read_shapes(const Items& items, ShapeRef* shapes) const {
+    const size_t n = dims_.input_count();
+    if (items.size() != n) {
+      throw_input("expected " + std::to_string(n) + " input arrays (" + dims_.names_text() +
+                  "), got " + std::to_string(items.size()));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* a = items[i];
+      if (!npy().PyArray_Check_(a)) {
+        throw_input("input '" + dims_.name(i) + "' must be a numpy.ndarray, got " + type_name(a));
+      }
+      const py::detail::PyArray_Proxy* p = py::detail::array_proxy(a);
+      shapes[i] = {reinterpret_cast<const int64_t*>(p->dimensions), static_cast<size_t>(p->nd)};
+    }
+  }
+
+  int64_t find_or_throw(const int64_t* values) const {
+    const size_t n = table_.values_per_gear();
+    const int64_t gear = table_.find(values, n);
+    if (gear < 0) throw_mismatch(table_.mismatch_message(values, n, dims_.dynamic_axes_text()));
+    return gear;
+  }
+
+  // Input i's bytes: dtype must equal the model's; a non-C-contiguous array is copied first.
+  // Takes a reference (keep_) so the buffer outlives the GIL-free copy.
+  StageSource source_of(size_t i, PyObject* a) {
+    const py::detail::PyArray_Proxy* p = py::detail::array_proxy(a);
+    PyObject* expected = dtypes_[i].ptr();
+    if (p->descr != expected && !npy().PyArray_EquivTypes_(p->descr, expected)) {
+      throw_input("input '" + names_[i] + "' has dtype " +
+                  py::str(py::handle(p->descr)).cast<std::string>() +
+                  ", the model's input has " + py::str(dtypes_[i]).cast<std::string>());
+    }
+    if (p->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) {
+      keep_[i] = py::reinterpret_borrow<py::object>(a);
+    } else {
+      py::array copy = py::array::ensure(a, py::array::c_style);
+      if (!copy) throw_input("input '" + names_[i] + "' could not be made C-contiguous");
+      keep_[i] = std::move(copy);
+      p = py::detail::array_proxy(keep_[i].ptr());
+    }
+    size_t nbytes = itemsizes_[i];
+    for (int d = 0; d < p->nd; ++d) nbytes *= static_cast<size_t>(p->dimensions[d]);
+    return {p->data, nbytes};
+  }
+
+  DimsExtractor dims_;
+  GearTable table_;
+  std::vector<std::string> names_;
+  std::vector<py::object> dtypes_;  // numpy.dtype per input
+  std::vector<size_t> itemsizes_;
+  std::unique_ptr<Stager> stager_;
+  py::array staging_;
+  std::vector<int64_t> last_values_;
+  std::atomic<bool> busy_{false};
+  // Scratch of stage(), guarded by busy_ so that no call allocates.
+  std::vector<ShapeRef> shapes_;
+  std::vector<StageSource> sources_;
+  std::vector<py::object> keep_;
+};
+
+void translate(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const Error& e) {
+    try {
+      py::object make_error = py::module_::import("gear_runtime.errors").attr("make_error");
+      py::object code = e.code().empty() ? py::object(py::none()) : py::object(py::str(e.code()));
+      py::object exc = make_error(e.kind(), e.message(), code);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (py::error_already_set& err) {
+      err.restore();  // could not build the package's exception: raise why instead
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gear_runtime
+
+PYBIND11_MODULE(_core, m) {
+  using namespace gear_runtime;
+  m.doc() = "C++ hot path of gear_runtime (see gear_runtime.core for the documented API).";
+  py::register_exception_translator(&translate);
+
+  m.attr("DEFAULT_FUSION_SIZE") = kDefaultFusionSize;
+  m.attr("MAX_FUSION_SIZE") = kMaxFusionSize;
+  m.attr("DEFAULT_ALIGNMENT") = kDefaultAlignment;
+
+  py::class_<Layout>(m, "Layout", "Staging layout of every gear; built by plan_layout().")
+      .def_property_readonly("gear_count", &Layout::gear_count)
+      .def_property_readonly("input_count", &Layout::input_count)
+      .def_property_readonly("merged", &Layout::merged)
+      .def_property_readonly("dims_nbytes", &Layout::dims_nbytes)
+      .def_property_readonly("total_bytes", &Layout::total_bytes)
+      .def_property_readonly("alignment", &Layout::alignment)
+      .def("offset",
+           [](const Layout& l, py::handle g, py::handle i) {
+             return l.offset_unchecked(index_arg(g, "gear index", l.gear_count(), "gears"),
+                                       index_arg(i, "input index", l.input_count(), "inputs"));
+           })
+      .def("nbytes",
+           [](const Layout& l, py::handle g, py::handle i) {
+             return l.nbytes_unchecked(index_arg(g, "gear index", l.gear_count(), "gears"),
+                                       index_arg(i, "input index", l.input_count(), "inputs"));
+           })
+      .def("fused",
+           [](const Layout& l, py::handle i) {
+             return l.fused(index_arg(i, "input index", l.input_count(), "inputs"));
+           })
+      .def("dims_offset",
+           [](const Layout& l, py::handle g) {
+             return l.dims_offset(index_arg(g, "gear index", l.gear_count(), "gears"));
+           })
+      .def("merged_span",
+           [](const Layout& l, py::handle g) {
+             return span_tuple(l.merged_span(index_arg(g, "gear index", l.gear_count(), "gears")));
+           })
+      .def("separate",
+           [](const Layout& l, py::handle g) {
+             py::list out;
+             for (const Span& s : l.separate(index_arg(g, "gear index", l.gear_count(), "gears"))) {
+               out.append(span_tuple(s));
+             }
+             return out;
+           })
+      .def("__repr__", &Layout::repr);
+
+  m.def("plan_layout", &plan_layout, py::arg("input_nbytes"), py::arg("dims_count"),
+        py::arg("fusion_size") = kDefaultFusionSize, py::arg("alignment") = kDefaultAlignment,
+        "Plan the staging layout of every gear (see gear_runtime.core.reference.plan_layout).");
+
+  py::class_<ExecutorCore>(m, "ExecutorCore", "Gear matching and input staging for one executor.")
+      .def(py::init<py::handle, py::handle, py::handle, py::handle, py::handle, py::handle,
+                    py::handle>(),
+           py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
+           py::arg("gears"), py::arg("input_dtypes"), py::arg("layout"), py::arg("staging"))
+      .def_property_readonly("gear_count", &ExecutorCore::gear_count)
+      .def_property_readonly("values_per_gear", &ExecutorCore::values_per_gear)
+      .def_property_readonly("layout", &ExecutorCore::layout, py::return_value_policy::copy)
+      .def_property_readonly("last_values", &ExecutorCore::last_values)
+      .def("match", &ExecutorCore::match, py::arg("values"))
+      .def("values_from_full_dims", &ExecutorCore::values_from_full_dims, py::arg("full_dims"))
+      .def("extract", &ExecutorCore::extract, py::arg("arrays"))
+      .def("stage", &ExecutorCore::stage, py::arg("arrays"), py::arg("preset") = py::none())
+      .def("nearest", &ExecutorCore::nearest, py::arg("values"), py::arg("k") = 5);
+}

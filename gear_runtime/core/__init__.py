@@ -1,0 +1,90 @@
+"""The hot path of an executor: exact O(1) gear matching and merged input staging.
+
+Exports, from the C++ extension ``gear_runtime._core``:
+
+``plan_layout(input_nbytes, dims_count, fusion_size=131072, alignment=64) -> Layout``
+    Where each input and the int32 dims buffer sit in the host staging buffer per gear, and
+    which bytes GE's ONE merged host-to-device copy moves (rules in
+    :func:`gear_runtime.core.reference.plan_layout`). ``Layout`` is read-only:
+    ``gear_count``, ``input_count``, ``merged``, ``dims_nbytes``, ``total_bytes``,
+    ``alignment``, ``offset(g, i)``, ``nbytes(g, i)``, ``fused(i)``, ``dims_offset(g)``,
+    ``merged_span(g) -> (start, end)``, ``separate(g) -> [(start, end), ...]``.
+
+``ExecutorCore(input_names, input_shapes, dynamic_positions, gears, input_dtypes, layout,
+staging)``
+    One per executor (per thread). ``input_shapes`` has -1 on dynamic axes;
+    ``dynamic_positions`` is GearSpec's (input, axis, value index) list; ``gears`` the gear
+    tuples; ``staging`` a writable C-contiguous uint8 array of at least
+    ``layout.total_bytes`` bytes, kept alive by the core. Members:
+
+    * ``gear_count``, ``values_per_gear``, ``layout``, ``last_values`` (values of the last
+      successful ``stage``; ``()`` before any).
+    * ``match(values) -> int``: O(1) exact lookup; 145012 for a wrong count, 145013
+      (GearMismatchError) naming the inputs' dynamic axes and the legal gears nearest first.
+    * ``values_from_full_dims(full_dims) -> tuple``: aclmdlSetInputDynamicDims' full dims (all
+      inputs' shapes flattened) to gear values, with GE's 145012 checks; not matched.
+    * ``extract(arrays) -> tuple``: GetCurDynamicDims from the arrays' shapes (count:
+      InputError; rank, static dims, agreement of positions sharing a value: 145012).
+    * ``stage(arrays, preset=None) -> int``: the whole hot path in one call -- extract; compare
+      with ``preset`` (values from ``set_dynamic_*``; 145012 if they differ); match (145013);
+      dtype must equal the model's (InputError; non-C-contiguous arrays are copied first);
+      copy every input to ``layout.offset(g, i)`` with the GIL released, write the values as
+      int32 at ``layout.dims_offset(g)``; returns the gear index. An array already sitting in
+      its own slot of the staging buffer is not copied (zero copy); any other overlap with the
+      staging buffer is an InputError.
+    * ``nearest(values, k=5) -> list[tuple]``: legal gears by L1 distance, ties by index.
+
+Errors are the package's classes (gear_runtime.errors) with GE's codes; the C++ core and the
+pure-Python twin :mod:`gear_runtime.core.reference` raise the same class, code and message.
+
+With ``GEAR_RUNTIME_PURE_PYTHON=1`` in the environment this module exports the reference
+instead (slow; for debugging). Otherwise a missing extension is an ImportError: there is no
+silent fallback to the slow path.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: "native" (the C++ extension) or "reference" (GEAR_RUNTIME_PURE_PYTHON=1).
+IMPLEMENTATION: str
+
+if os.environ.get("GEAR_RUNTIME_PURE_PYTHON") == "1":
+    from gear_runtime.core.reference import (
+        DEFAULT_ALIGNMENT,
+        DEFAULT_FUSION_SIZE,
+        MAX_FUSION_SIZE,
+        ExecutorCore,
+        Layout,
+        plan_layout,
+    )
+
+    IMPLEMENTATION = "reference"
+else:
+    try:
+        from gear_runtime._core import (
+            DEFAULT_ALIGNMENT,
+            DEFAULT_FUSION_SIZE,
+            MAX_FUSION_SIZE,
+            ExecutorCore,
+            Layout,
+            plan_layout,
+        )
+    except ImportError as exc:
+        raise ImportError(
+            "gear_runtime._core, the C++ hot path, is not built: install the package with "
+            "`pip install .` (or build it in a checkout with `python setup.py build_ext "
+            "--inplace`); GEAR_RUNTIME_PURE_PYTHON=1 selects the slow pure-Python reference "
+            f"for debugging ({exc})") from exc
+
+    IMPLEMENTATION = "native"
+
+__all__ = [
+    "DEFAULT_ALIGNMENT",
+    "DEFAULT_FUSION_SIZE",
+    "IMPLEMENTATION",
+    "MAX_FUSION_SIZE",
+    "ExecutorCore",
+    "Layout",
+    "plan_layout",
+]
