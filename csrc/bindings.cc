@@ -274,8 +274,8 @@ class ExecutorCore {
       int64_t set[kMaxValues];
       read_values(preset, "preset dims", width, set);
       if (std::memcmp(set, values, width * sizeof(int64_t)) != 0) {
-        throw_length("the inputs' shapes give dynamic dims " + format_tuple(values, width) +
-                     " but the dims set with set_dynamic_* are " + format_tuple(set, width));
+        throw_length("the inputs' dynamic dims " + format_tuple(values, width) +
+                     " disagree with the dims set with set_dynamic_* " + format_tuple(set, width));
       }
     }
     const size_t gear = static_cast<size_t>(find_or_throw(values));

@@ -610,8 +610,8 @@ class ExecutorCore:
         if preset is not None:
             wanted = _read_values(preset, "preset dims", width)
             if wanted != values:
-                raise _length(f"the inputs' shapes give dynamic dims {_tuple_text(values)} but "
-                              f"the dims set with set_dynamic_* are {_tuple_text(wanted)}")
+                raise _length(f"the inputs' dynamic dims {_tuple_text(values)} disagree with "
+                              f"the dims set with set_dynamic_* {_tuple_text(wanted)}")
         gear = self._find_or_raise(values)
         sources = [self._source(i, a) for i, a in enumerate(items)]
         self._check_sources(gear, sources, values)
