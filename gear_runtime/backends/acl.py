@@ -1,0 +1,657 @@
+"""Ascend backend through pyACL: run ``.om`` models that ATC compiled with dynamic gears.
+
+Written to the documented pyACL API (CANN "pyACL API reference", aclpythondevg pages on
+hiascend.com, cited at each call) and tested against the double in
+``tests/doubles/fake_acl.py``; it has NOT been run on Ascend hardware here (docs/ascend.md).
+
+Load (:func:`open_model`): ``acl.init`` once per process, ``acl.rt.set_device``, a context,
+``acl.mdl.load_from_file``, the model description, and the gears read back from it:
+``get_dynamic_batch`` / ``get_input_dynamic_gear_count`` + ``get_input_dynamic_dims`` /
+``get_dynamic_hw`` (mmdeploy's Ascend wrapper checks them in this order on hardware). They
+become a :class:`GearSpec`, so the executor applies the same O(1) gear table and the same
+errors as on every backend: an out-of-gear request fails before any ACL call. Per-gear output
+shapes come from ``get_cur_output_dims`` after setting each gear once at load (a table, so
+runs never query the model-global "current gear", which two executors would race on).
+
+Memory, one session per executor (:class:`AclSession`)::
+
+    pinned host staging (malloc_host, layout.total_bytes)    <- the C++ core stages here
+        | ONE acl.rt.memcpy H2D of layout.merged_span(g)     (+ one per layout.separate(g))
+        v
+    device region (malloc, layout.total_bytes), same offsets <- gear g's dataset points into it
+        set_* writes the dims into ascend_mbatch_shape_data, acl.mdl.execute
+    device outputs (malloc, largest gear) --one D2H memcpy per output--> pinned host outputs
+
+The device region mirrors the staging byte for byte, so the merged span is a single copy, as
+in GE's CopyInputDataWithMergeH2D. Datasets (one per gear: the offsets differ per gear) are
+built once per session; a run is memcpy(s), one ``set_*``, ``execute``, output memcpys.
+Every non-zero ``ret`` raises :class:`BackendError` naming the call, with ``.code = str(ret)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    GearFileError,
+    GearSpecError,
+    InputError,
+)
+from gear_runtime.spec import GearSpec
+
+INSTALL_HINT = ("pyACL ships with the CANN toolkit: install Ascend-cann-toolkit (and the NPU "
+                "driver), then `source /usr/local/Ascend/ascend-toolkit/set_env.sh` so that "
+                "`import acl` works")
+
+#: ACL_DYNAMIC_TENSOR_NAME (acl_mdl.h): GE's extra input carrying the current gear's dims.
+ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+#: aclrtMemMallocPolicy 0: huge pages above 1 MB, normal pages otherwise (pyACL "malloc",
+#: hiascend.com/document/detail/zh/canncommercial/800/apiref/appdevgapi/aclpythondevg_01_0110.html)
+ACL_MEM_MALLOC_HUGE_FIRST = 0
+#: aclrtMemcpyKind (pyACL "memcpy", .../aclpythondevg_01_0120.html)
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+#: acl.init returns it when the process already initialised ACL (another library did);
+#: mmdeploy's wrapper treats it as success too (mmdeploy/backend/ascend/wrapper.py).
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+
+#: aclDataType (inc/external/acl/acl_base.h) -> numpy. bf16 (27) and the 4/6/8-bit types
+#: have no numpy dtype: such a model is refused at load with a clear error.
+ACL_DTYPES: dict[int, np.dtype] = {
+    0: np.dtype(np.float32), 1: np.dtype(np.float16), 2: np.dtype(np.int8),
+    3: np.dtype(np.int32), 4: np.dtype(np.uint8), 6: np.dtype(np.int16),
+    7: np.dtype(np.uint16), 8: np.dtype(np.uint32), 9: np.dtype(np.int64),
+    10: np.dtype(np.uint64), 11: np.dtype(np.float64), 12: np.dtype(np.bool_),
+}
+
+_ALIGN = 64  # aclrtMallocHost / aclrtMalloc start addresses are 64-byte aligned
+
+
+def open_model(path: str, *, device_id: int = 0) -> AclModel:
+    """Load the ``.om`` at ``path`` on NPU ``device_id`` and read its gears.
+
+    Raises BackendUnavailableError (what to install) when pyACL is missing, GearFileError when
+    the file is missing or not a dynamic-gear model, BackendError when an ACL call fails.
+    """
+    return AclModel(_import_acl(), path, device_id)
+
+
+def _import_acl() -> Any:
+    try:
+        import acl  # type: ignore[import-not-found]  # lazy: only on machines with CANN
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend 'acl' needs pyACL (Python module 'acl'), which cannot be imported here "
+            f"({exc}); {INSTALL_HINT}") from exc
+    return acl
+
+
+# ---- small helpers ---------------------------------------------------------------------------
+def _check(ret: Any, call: str, context: str = "") -> None:
+    """Raise BackendError naming ``call`` unless ``ret`` is 0 (ACL_SUCCESS)."""
+    if ret != 0:
+        raise BackendError(f"{call} failed with ACL error {ret}{context}", code=str(ret))
+
+
+def _handle(value: Any, call: str) -> int:
+    """Handle constructors (create_desc, create_dataset, create_data_buffer) return 0 on
+    failure and no ret (pyACL reference); turn that into a BackendError."""
+    if not value:
+        raise BackendError(f"{call} returned a null handle", code="")
+    return int(value)
+
+
+def _np_dtype(acl_type: int, what: str) -> np.dtype:
+    try:
+        return ACL_DTYPES[int(acl_type)]
+    except (KeyError, TypeError, ValueError):
+        raise GearFileError(f"{what} has aclDataType {acl_type}, which has no numpy dtype "
+                            f"(supported: {sorted(ACL_DTYPES)})") from None
+
+
+def _host_array(ptr: int, nbytes: int) -> np.ndarray:
+    """A zero-copy uint8 numpy view of ``nbytes`` of host memory at ``ptr``.
+
+    ctypes rather than ``acl.util.ptr_to_numpy``, which the pyACL reference marks as "to be
+    deprecated" (aclpythondevg_01_0054.html) and whose replacement ``ptr_to_bytes`` copies.
+    """
+    return np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(ptr))
+
+
+def _span(value: Any) -> tuple[int, int]:
+    """A layout span as (start, end): a pybind Span (.start/.end) or a pair."""
+    if hasattr(value, "start") and hasattr(value, "end"):
+        return int(value.start), int(value.end)
+    start, end = value
+    return int(start), int(end)
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _dims_of(d: Any, what: str) -> tuple[int, ...]:
+    """The dims of an aclmdlIODims dict ({'name', 'dimCount', 'dims'})."""
+    try:
+        return tuple(int(x) for x in list(d["dims"])[: int(d["dimCount"])])
+    except (KeyError, TypeError, ValueError):
+        raise BackendError(f"{what}: pyACL returned {d!r}, not an aclmdlIODims dict") from None
+
+
+_init_lock = threading.Lock()
+#: the acl modules this process initialised (id -> module; kept alive so ids stay unique)
+_initialized: dict[int, Any] = {}
+
+
+def _ensure_initialized(acl: Any) -> None:
+    """acl.init once per process (CANN allows one aclInit / aclFinalize pair per process)."""
+    with _init_lock:
+        if id(acl) in _initialized:
+            return
+        ret = acl.init()
+        if ret != ACL_ERROR_REPEAT_INITIALIZE:
+            _check(ret, "acl.init")
+            atexit.register(acl.finalize)  # only when we were the ones to initialise
+        _initialized[id(acl)] = acl
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """What the description says about the user inputs or the outputs, in model order."""
+
+    names: tuple[str, ...]
+    dims: tuple[tuple[int, ...], ...]  # -1 on dynamic axes (inputs), largest gear (outputs)
+    dtypes: tuple[np.dtype, ...]
+    sizes: tuple[int, ...]  # bytes; for inputs and outputs: the largest gear
+
+
+# ---- the model -------------------------------------------------------------------------------
+class AclModel(BackendModel):
+    """An ``.om`` loaded on one NPU: model id, description, gears and output-shape table."""
+
+    name = "acl"
+
+    def __init__(self, acl: Any, path: str, device_id: int = 0) -> None:
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise InputError(f"device_id must be a non-negative int, got {device_id!r}")
+        if not os.path.isfile(path):
+            raise GearFileError(f"model file {path!r} does not exist or is not a file")
+        self.acl, self.path, self.device_id = acl, path, device_id
+        self.context: int | None = None
+        self.model_id: int | None = None
+        self.desc: int | None = None
+        self._device_set = False
+        self._closed = False
+        self._sessions: weakref.WeakSet[AclSession] = weakref.WeakSet()
+        try:
+            self._open()
+        except BaseException:
+            self._release(strict=False)
+            raise
+
+    def _open(self) -> None:
+        acl = self.acl
+        _ensure_initialized(acl)
+        _check(acl.rt.set_device(self.device_id), "acl.rt.set_device",
+               f" (device {self.device_id})")
+        self._device_set = True
+        context, ret = acl.rt.create_context(self.device_id)
+        _check(ret, "acl.rt.create_context")
+        self.context = context
+        model_id, ret = acl.mdl.load_from_file(self.path)
+        _check(ret, "acl.mdl.load_from_file", f" ({self.path!r})")
+        self.model_id = model_id
+        self.desc = _handle(acl.mdl.create_desc(), "acl.mdl.create_desc")
+        _check(acl.mdl.get_desc(self.desc, self.model_id), "acl.mdl.get_desc")
+        self._read_description()
+        spec = self._discover_spec()
+        self.info = ModelInfo(spec, self.inputs.dtypes, self.outputs.names, self.outputs.dtypes,
+                              self._output_shapes(spec))
+
+    # ---- reading the description ---------------------------------------------------------
+    def _read_description(self) -> None:
+        """Inputs (without the dims input), outputs and the dims input's index and size."""
+        acl, desc = self.acl, self.desc
+        n = int(acl.mdl.get_num_inputs(desc))
+        index, ret = acl.mdl.get_input_index_by_name(desc, ACL_DYNAMIC_TENSOR_NAME)
+        if ret != 0:
+            raise GearFileError(
+                f"{self.path!r} has no {ACL_DYNAMIC_TENSOR_NAME!r} input (ret {ret}): it was "
+                "not compiled with dynamic gears (ATC --dynamic_batch_size, "
+                "--dynamic_image_size or --dynamic_dims)", code=str(ret))
+        self.dims_index = int(index)
+        self.dims_nbytes = int(acl.mdl.get_input_size_by_index(desc, self.dims_index))
+        #: model input index of each user input, in spec (= model) order
+        self.input_indices = tuple(j for j in range(n) if j != self.dims_index)
+        self.inputs = self._tensors(
+            self.input_indices, acl.mdl.get_input_name_by_index, acl.mdl.get_input_dims,
+            acl.mdl.get_input_data_type, acl.mdl.get_input_size_by_index, "input")
+        m = int(acl.mdl.get_num_outputs(desc))
+        self.outputs = self._tensors(
+            range(m), acl.mdl.get_output_name_by_index, acl.mdl.get_output_dims,
+            acl.mdl.get_output_data_type, acl.mdl.get_output_size_by_index, "output")
+        if not self.inputs.names or not self.outputs.names:
+            raise GearFileError(f"{self.path!r} reports {len(self.inputs.names)} inputs and "
+                                f"{len(self.outputs.names)} outputs besides the dims input")
+
+    def _tensors(self, indices: Sequence[int], name_of: Callable[..., Any],
+                 dims_of: Callable[..., Any], type_of: Callable[..., Any],
+                 size_of: Callable[..., Any], kind: str) -> _Tensors:
+        names, dims, dtypes, sizes = [], [], [], []
+        for j in indices:
+            name = str(name_of(self.desc, j))
+            d, ret = dims_of(self.desc, j)
+            _check(ret, f"acl.mdl.get_{kind}_dims", f" ({kind} {j} {name!r})")
+            names.append(name)
+            dims.append(_dims_of(d, f"acl.mdl.get_{kind}_dims({kind} {j})"))
+            dtypes.append(_np_dtype(type_of(self.desc, j), f"{kind} {name!r}"))
+            sizes.append(int(size_of(self.desc, j)))
+        return _Tensors(tuple(names), tuple(dims), tuple(dtypes), tuple(sizes))
+
+    # ---- gears -----------------------------------------------------------------------------
+    def _discover_spec(self) -> GearSpec:
+        """The gears the description lists, as a GearSpec (mode from which list is filled).
+
+        ``get_dynamic_batch`` -> {'batchCount', 'batch'} (aclpythondevg_01_0212),
+        ``get_input_dynamic_gear_count(desc, -1)`` -> count (aclpythondevg_01_0216),
+        ``get_input_dynamic_dims(desc, -1, count)`` -> one aclmdlIODims dict per gear with the
+        FULL flattened dims of all inputs (aclpythondevg_01_0217),
+        ``get_dynamic_hw(desc, -1)`` -> {'hwCount', 'hw'}, index 0 = H, 1 = W
+        (aclpythondevg_01_0213). The gear order is the model's: never sorted.
+        """
+        acl, desc = self.acl, self.desc
+        batch, ret = acl.mdl.get_dynamic_batch(desc)
+        _check(ret, "acl.mdl.get_dynamic_batch")
+        batches = list(batch.get("batch", []))[: int(batch.get("batchCount", 0))]
+        if batches:
+            return self._spec("batch", [(int(b),) for b in batches])
+        count, ret = acl.mdl.get_input_dynamic_gear_count(desc, -1)
+        _check(ret, "acl.mdl.get_input_dynamic_gear_count")
+        if int(count) > 0:
+            gears, ret = acl.mdl.get_input_dynamic_dims(desc, -1, int(count))
+            _check(ret, "acl.mdl.get_input_dynamic_dims")
+            return self._dims_spec([_dims_of(d, "acl.mdl.get_input_dynamic_dims")
+                                    for d in list(gears)[: int(count)]])
+        hw, ret = acl.mdl.get_dynamic_hw(desc, -1)
+        _check(ret, "acl.mdl.get_dynamic_hw")
+        pairs = self._hw_pairs(hw)
+        if pairs:
+            return self._spec("image_size", pairs)
+        raise GearFileError(f"{self.path!r} has a {ACL_DYNAMIC_TENSOR_NAME!r} input but lists no "
+                            "batch, image-size or dims gears")
+
+    def _hw_pairs(self, hw: dict[str, Any]) -> list[tuple[int, int]]:
+        """aclmdlHW's ``hw[128][2]``: pyACL gives a list of [h, w] (a flat list is accepted)."""
+        count, raw = int(hw.get("hwCount", 0)), list(hw.get("hw", []))
+        if count and raw and isinstance(raw[0], list | tuple):
+            return [(int(p[0]), int(p[1])) for p in raw[:count]]
+        if len(raw) < 2 * count:
+            raise GearFileError(f"acl.mdl.get_dynamic_hw reports {count} gears but gives {raw!r}")
+        return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(count)]
+
+    def _spec(self, mode: str, gears: Sequence[tuple[int, ...]]) -> GearSpec:
+        """Batch / image-size spec: the -1 dims of get_input_dims mark the dynamic axes."""
+        dims = self.inputs.dims
+        if not any(-1 in d for d in dims):
+            raise GearFileError(f"{self.path!r} lists {mode} gears {list(gears)} but no input "
+                                f"has a -1 dim: {dict(zip(self.inputs.names, dims, strict=True))}")
+        if mode == "batch" and any(-1 in d[1:] for d in dims):
+            raise GearFileError(f"dynamic batch model {self.path!r} has -1 beyond dim 0: "
+                                f"{dict(zip(self.inputs.names, dims, strict=True))}")
+        return self._make_spec(mode, dims, gears)
+
+    def _dims_spec(self, full: list[tuple[int, ...]]) -> GearSpec:
+        """Dims spec from each gear's full flattened dims: a position is dynamic when the
+        description says -1 there or the gears disagree on it."""
+        names, dims = self.inputs.names, self.inputs.dims
+        flat = [d for s in dims for d in s]
+        for g, f in enumerate(full):
+            if len(f) != len(flat):
+                raise GearFileError(
+                    f"gear {g} of {self.path!r} has {len(f)} dims {list(f)}, but its inputs "
+                    f"have {len(flat)} ({dict(zip(names, dims, strict=True))})")
+        dynamic = [p for p in range(len(flat))
+                   if flat[p] == -1 or len({f[p] for f in full}) > 1]
+        for p in range(len(flat)):
+            if p not in dynamic and flat[p] != full[0][p]:
+                raise GearFileError(f"static dim {p} of {self.path!r} is {flat[p]} in the "
+                                    f"description but {full[0][p]} in its gears")
+        marked = [-1 if p in dynamic else d for p, d in enumerate(flat)]
+        shapes, at = [], 0
+        for d in dims:
+            shapes.append(tuple(marked[at:at + len(d)]))
+            at += len(d)
+        spec = self._make_spec("dims", shapes, [tuple(f[p] for p in dynamic) for f in full])
+        for g, f in enumerate(full):
+            if spec.full_dims(g) != tuple(f):  # the inputs' order is not the dims' order
+                raise GearFileError(f"gear {g} of {self.path!r}: full dims {list(f)} do not "
+                                    f"follow the input order {list(names)}")
+        return spec
+
+    def _make_spec(self, mode: str, shapes: Sequence[Sequence[int]],
+                   gears: Sequence[tuple[int, ...]]) -> GearSpec:
+        try:
+            return GearSpec(mode, self.inputs.names, tuple(tuple(s) for s in shapes),  # type: ignore[arg-type]
+                            tuple(gears))
+        except GearSpecError as exc:
+            raise GearFileError(f"{self.path!r}: the gears it lists do not form a valid spec: "
+                                f"{exc.message}", code=exc.code) from exc
+
+    def dims_call(self, spec: GearSpec, dataset: int,
+                  gear: int) -> tuple[str, Callable[..., Any], tuple[Any, ...]]:
+        """The ACL call that selects ``gear`` on ``dataset``: (name, function, arguments).
+
+        dims mode: ``set_input_dynamic_dims(model_id, dataset, index, {'name': '', 'dimCount':
+        n, 'dims': full dims of all inputs})`` (aclpythondevg_01_0159, "name" unused);
+        batch: ``set_dynamic_batch_size(model_id, dataset, index, batch)``;
+        image size: ``set_dynamic_hw_size(model_id, dataset, index, h, w)``.
+        ``index`` is get_input_index_by_name(desc, "ascend_mbatch_shape_data").
+        """
+        mdl, values = self.acl.mdl, spec.gears[gear]
+        head = (self.model_id, dataset, self.dims_index)
+        if spec.mode == "batch":
+            return "acl.mdl.set_dynamic_batch_size", mdl.set_dynamic_batch_size, (*head, values[0])
+        if spec.mode == "image_size":
+            return "acl.mdl.set_dynamic_hw_size", mdl.set_dynamic_hw_size, (*head, *values)
+        full = list(spec.full_dims(gear))
+        return ("acl.mdl.set_input_dynamic_dims", mdl.set_input_dynamic_dims,
+                (*head, {"name": "", "dimCount": len(full), "dims": full}))
+
+    def _output_shapes(self, spec: GearSpec) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Per gear, per output: its shape (GE's gear -> output shape map).
+
+        aclmdlGetCurOutputDims gives the shapes of the gear last set with set_* (the largest
+        gear when none was): set each gear once, here, on a scratch dataset. Without
+        get_cur_output_dims (old pyACL) every gear gets the description's output dims, which
+        are the largest gear's: correct for outputs whose shape does not follow the gear.
+        """
+        if not hasattr(self.acl.mdl, "get_cur_output_dims"):
+            return tuple(self._checked_shapes(self.outputs.dims, g)
+                         for g in range(spec.gear_count))
+        scratch = _Scratch(self.acl)
+        try:
+            dataset = scratch.dataset()
+            for j in range(len(self.input_indices) + 1):
+                scratch.add(dataset, scratch.device(self._model_input_size(j)),
+                            self._model_input_size(j))
+            shapes = []
+            for g in range(spec.gear_count):
+                call, fn, args = self.dims_call(spec, dataset, g)
+                _check(fn(*args), call, f" (gear {spec.gears[g]} while reading output shapes)")
+                dims = []
+                for k in range(len(self.outputs.names)):
+                    d, ret = self.acl.mdl.get_cur_output_dims(self.desc, k)
+                    _check(ret, "acl.mdl.get_cur_output_dims", f" (output {k}, gear {g})")
+                    dims.append(_dims_of(d, "acl.mdl.get_cur_output_dims"))
+                shapes.append(self._checked_shapes(dims, g))
+            return tuple(shapes)
+        finally:
+            scratch.release(strict=False)
+
+    def _model_input_size(self, j: int) -> int:
+        """Bytes of model input ``j`` (model order, dims input included), at least 1."""
+        size = self.dims_nbytes if j == self.dims_index else \
+            self.inputs.sizes[self.input_indices.index(j)]
+        return max(int(size), 1)
+
+    def _checked_shapes(self, dims: Sequence[tuple[int, ...]],
+                        gear: int) -> tuple[tuple[int, ...], ...]:
+        for k, shape in enumerate(dims):
+            nbytes = int(np.prod(shape, dtype=np.int64)) * self.outputs.dtypes[k].itemsize
+            if any(d < 0 for d in shape) or nbytes > self.outputs.sizes[k]:
+                raise GearFileError(
+                    f"output {self.outputs.names[k]!r} of gear {gear} has shape {shape} "
+                    f"({nbytes} bytes); the model's output buffer is {self.outputs.sizes[k]} "
+                    "bytes")
+        return tuple(tuple(s) for s in dims)
+
+    # ---- sessions and lifetime -----------------------------------------------------------
+    def activate(self) -> None:
+        """Make this model's context current on the calling thread (ACL contexts are per
+        thread: an executor used from a new thread needs it)."""
+        _check(self.acl.rt.set_context(self.context), "acl.rt.set_context")
+
+    def create_session(self, layout: Any) -> AclSession:
+        if self._closed:
+            raise BackendError(f"acl model {self.path!r} is closed")
+        session = AclSession(self, layout)
+        self._sessions.add(session)
+        return session
+
+    def close(self) -> None:
+        """Close the sessions, unload, destroy the description and the context; idempotent."""
+        self._release(strict=True)
+
+    def _release(self, strict: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._sessions):
+            session.close()
+        acl, failures = self.acl, []
+        if self.context is not None:
+            failures.append(("acl.rt.set_context", acl.rt.set_context(self.context)))
+        if self.desc is not None:
+            failures.append(("acl.mdl.destroy_desc", acl.mdl.destroy_desc(self.desc)))
+        if self.model_id is not None:
+            failures.append(("acl.mdl.unload", acl.mdl.unload(self.model_id)))
+        if self.context is not None:
+            failures.append(("acl.rt.destroy_context", acl.rt.destroy_context(self.context)))
+        if self._device_set:
+            failures.append(("acl.rt.reset_device", acl.rt.reset_device(self.device_id)))
+        if strict:
+            for call, ret in failures:
+                _check(ret, call, " (while closing)")
+
+
+class _Scratch:
+    """Device buffers / data buffers / datasets that are freed together (best effort)."""
+
+    def __init__(self, acl: Any) -> None:
+        self.acl = acl
+        self.device_ptrs: list[int] = []
+        self.host_ptrs: list[int] = []
+        self.buffers: list[int] = []
+        self.datasets: list[int] = []
+
+    def device(self, nbytes: int) -> int:
+        # acl.rt.malloc(size, policy) -> (dev_ptr, ret); size must not be 0 (aclpythondevg_01_0110)
+        ptr, ret = self.acl.rt.malloc(max(int(nbytes), 1), ACL_MEM_MALLOC_HUGE_FIRST)
+        _check(ret, "acl.rt.malloc", f" ({nbytes} bytes)")
+        self.device_ptrs.append(ptr)
+        return int(ptr)
+
+    def host(self, nbytes: int) -> int:
+        # acl.rt.malloc_host(size) -> (host_ptr, ret): pinned, 64-byte aligned
+        # (aclpythondevg_01_0116)
+        ptr, ret = self.acl.rt.malloc_host(max(int(nbytes), 1))
+        _check(ret, "acl.rt.malloc_host", f" ({nbytes} bytes)")
+        self.host_ptrs.append(ptr)
+        return int(ptr)
+
+    def dataset(self) -> int:
+        ds = _handle(self.acl.mdl.create_dataset(), "acl.mdl.create_dataset")
+        self.datasets.append(ds)
+        return ds
+
+    def add(self, dataset: int, ptr: int, nbytes: int) -> None:
+        # acl.create_data_buffer(data, size) -> handle; acl.mdl.add_dataset_buffer(dataset,
+        # data_buffer) -> (dataset, ret) (aclpythondevg_01_0188)
+        buf = _handle(self.acl.create_data_buffer(ptr, int(nbytes)), "acl.create_data_buffer")
+        self.buffers.append(buf)
+        _, ret = self.acl.mdl.add_dataset_buffer(dataset, buf)
+        _check(ret, "acl.mdl.add_dataset_buffer")
+
+    def release(self, strict: bool) -> None:
+        """Destroy datasets (which do not own their buffers), buffers, then memory."""
+        acl, failures = self.acl, []
+        failures += [("acl.mdl.destroy_dataset", acl.mdl.destroy_dataset(d)) for d in self.datasets]
+        failures += [("acl.destroy_data_buffer", acl.destroy_data_buffer(b)) for b in self.buffers]
+        failures += [("acl.rt.free", acl.rt.free(p)) for p in self.device_ptrs]
+        failures += [("acl.rt.free_host", acl.rt.free_host(p)) for p in self.host_ptrs]
+        self.datasets, self.buffers, self.device_ptrs, self.host_ptrs = [], [], [], []
+        if strict:
+            for call, ret in failures:
+                _check(ret, call, " (while closing)")
+
+
+# ---- a session -------------------------------------------------------------------------------
+class AclSession(BackendSession):
+    """One executor's buffers and datasets on the NPU (see the module docstring's picture)."""
+
+    def __init__(self, model: AclModel, layout: Any) -> None:
+        self._model, self._acl, self._layout = model, model.acl, layout
+        self._mem = _Scratch(model.acl)
+        self._closed = False
+        self._thread: int | None = None
+        self.staging = np.empty(0, dtype=np.uint8)
+        try:
+            self._build()
+        except BaseException:
+            self._mem.release(strict=False)
+            self._closed = True
+            raise
+        # An executor dropped without close() still frees its NPU memory when collected
+        # (not at interpreter exit: ACL may be finalised by then, and exit frees it anyway).
+        self._finalizer = weakref.finalize(self, self._mem.release, False)
+        self._finalizer.atexit = False
+
+    def _build(self) -> None:
+        model, layout, mem = self._model, self._layout, self._mem
+        info = model.info
+        spec = info.spec
+        self._bind_thread()
+        self._check_layout()
+        self._total = int(layout.total_bytes)
+        self._host = mem.host(self._total)
+        self.staging = _host_array(self._host, max(self._total, 1))[: self._total]
+        self._device = mem.device(self._total)
+        # The dims input gets its own data buffer (ACL writes the dims into it in set_*). It
+        # points at the layout's dims slot when that slot is large enough for the model's
+        # dims input; else (an int64 dims input) at a session buffer of the model's size.
+        if int(layout.dims_nbytes) >= model.dims_nbytes:
+            dims_at = [self._device + int(layout.dims_offset(g)) for g in range(spec.gear_count)]
+        else:
+            dims_at = [mem.device(model.dims_nbytes)] * spec.gear_count
+        self._build_outputs()
+        self._in_datasets, self._set_dims = [], []
+        for g in range(spec.gear_count):
+            ds = mem.dataset()
+            for j in range(len(model.input_indices) + 1):  # model input order
+                if j == model.dims_index:
+                    mem.add(ds, dims_at[g], model.dims_nbytes)
+                else:
+                    i = model.input_indices.index(j)
+                    mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
+            self._in_datasets.append(ds)
+            self._set_dims.append(model.dims_call(spec, ds, g))
+        self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
+        self._separate = [[_span(s) for s in layout.separate(g)] for g in range(spec.gear_count)]
+
+    def _check_layout(self) -> None:
+        """The layout must place exactly each input's bytes (it was planned from info)."""
+        layout, info = self._layout, self._model.info
+        expected = info.input_nbytes()
+        names = info.spec.input_names
+        for g, row in enumerate(expected):
+            for i, nbytes in enumerate(row):
+                got = int(layout.nbytes(g, i))
+                end = int(layout.offset(g, i)) + got
+                if got != nbytes or end > int(layout.total_bytes):
+                    raise BackendError(
+                        f"staging layout does not fit the model: input {names[i]!r} of gear {g} "
+                        f"gets {got} bytes ending at {end} of {layout.total_bytes}, it needs "
+                        f"{nbytes}")
+
+    def _build_outputs(self) -> None:
+        """Device output buffers sized for the largest gear (the model's output sizes), one
+        output dataset shared by every gear, and pinned host buffers the results land in."""
+        model, mem = self._model, self._mem
+        info = model.info
+        sizes = [max(int(s), 1) for s in model.outputs.sizes]
+        offsets = np.cumsum([0] + [_aligned(s) for s in sizes]).tolist()
+        host = mem.host(offsets[-1])
+        host_bytes = _host_array(host, offsets[-1])
+        self._out_dataset = mem.dataset()
+        devices = []
+        for size in sizes:
+            devices.append(mem.device(size))
+            mem.add(self._out_dataset, devices[-1], size)
+        self._out_copies: list[list[tuple[int, int, int, int]]] = []
+        self._out_views: list[list[np.ndarray]] = []
+        for g in range(info.spec.gear_count):
+            copies, views = [], []
+            for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
+                nbytes = info.output_size(g, k)
+                copies.append((host + offsets[k], size, dev, nbytes))
+                view = host_bytes[offsets[k]:offsets[k] + nbytes].view(info.output_dtypes[k])
+                views.append(view.reshape(info.output_shapes[g][k]))
+            self._out_copies.append(copies)
+            self._out_views.append(views)
+
+    def _bind_thread(self) -> None:
+        ident = threading.get_ident()
+        if ident != self._thread:
+            self._model.activate()
+            self._thread = ident
+
+    def _memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int,
+                what: str) -> None:
+        # acl.rt.memcpy(dst, dest_max, src, count, kind) -> ret (aclpythondevg_01_0120)
+        _check(self._acl.rt.memcpy(dst, dest_max, src, count, kind), "acl.rt.memcpy",
+               f" ({what}, {count} bytes)")
+
+    def run_gear(self, gear: int) -> list[np.ndarray]:
+        """Copy gear ``gear``'s staged inputs to the device (ONE memcpy for the merged span,
+        one per separate span), select the gear, execute, copy the outputs back."""
+        if self._closed:
+            raise BackendError("this acl session is closed")
+        if not 0 <= gear < len(self._in_datasets):
+            raise InputError(f"gear index {gear} is out of range: the model has "
+                             f"{len(self._in_datasets)} gears")
+        self._bind_thread()
+        h2d, d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
+        start, end = self._merged[gear]
+        if end > start:
+            self._memcpy(self._device + start, self._total - start, self._host + start,
+                         end - start, h2d, "merged inputs, host to device")
+        for start, end in self._separate[gear]:
+            if end > start:
+                self._memcpy(self._device + start, self._total - start, self._host + start,
+                             end - start, h2d, "separate input, host to device")
+        # After the copies: set_* writes the dims into ascend_mbatch_shape_data in the
+        # model's own width, overwriting the int32 dims the merged copy may have carried.
+        call, fn, args = self._set_dims[gear]
+        values = self._model.info.spec.gears[gear]
+        _check(fn(*args), call, f" (gear {gear}: {values})")
+        _check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[gear],
+                                     self._out_dataset),
+               "acl.mdl.execute", f" (gear {gear}: {values})")
+        for host, cap, dev, nbytes in self._out_copies[gear]:
+            if nbytes:
+                self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
+        return list(self._out_views[gear])
+
+    def close(self) -> None:
+        """Destroy the datasets and free the buffers; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.staging = np.empty(0, dtype=np.uint8)
+        self._out_views = []
+        self._finalizer.detach()
+        if self._model.context is not None:
+            self._acl.rt.set_context(self._model.context)
+        self._mem.release(strict=True)

@@ -1,0 +1,376 @@
+"""The acl backend against the pyACL double (tests/doubles/fake_acl.py); no NPU involved.
+
+What is shown: load and gear discovery for the three modes (the spec equals what the fake
+model declares), the per-gear output-shape table, runs of every gear with checkable outputs,
+exactly ONE host-to-device memcpy of the merged span per run (plus one per separate span),
+the dims call per mode, an int64 dims input, failing ACL calls -> BackendError with the call
+and the code, release of every resource, the error when pyACL is missing, and (once the C++
+core is built) the whole path through ``gr.load(..., backend="acl")``, where an out-of-gear
+request fails before any ACL call.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+from doubles import fake_acl
+from doubles.layout import plan_layout, real_core, stage
+
+import gear_runtime as gr
+from gear_runtime.backends import acl as acl_backend
+from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError
+
+# The seed 000 / ACL documentation example: three inputs, four -1 dims, three gears.
+DIMS_INPUTS = [("data", [1, 1, 40, -1], "float32"), ("label", [1, -1], "float32"),
+               ("mask", [-1, -1], "int32")]
+DIMS_GEARS = [(20, 20, 1, 1), (40, 40, 2, 2), (80, 60, 4, 4)]
+BATCH_INPUTS = [("x", [-1, 3, 4], "float32"), ("ids", [-1, 2], "int64")]
+BATCH_GEARS = [(1,), (4,), (8,)]
+HW_INPUTS = [("img", [1, 3, -1, -1], "float16")]
+HW_GEARS = [(8, 8), (16, 24)]
+
+MODELS = {
+    "dims": (DIMS_INPUTS, DIMS_GEARS),
+    "batch": (BATCH_INPUTS, BATCH_GEARS),
+    "image_size": (HW_INPUTS, HW_GEARS),
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> fake_acl.FakeAcl:
+    double = fake_acl.FakeAcl()
+    monkeypatch.setitem(sys.modules, "acl", double.module)
+    return double
+
+
+def write(tmp_path, mode: str, dims_dtype: str = "int32") -> str:
+    inputs, gears = MODELS[mode]
+    return fake_acl.write_om(tmp_path / f"{mode}.om", inputs, mode, gears, dims_dtype)
+
+
+def expected_outputs(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The fake model's rule, written out independently of the double."""
+    return [arrays[0].astype(np.float32) * 2 + 1,
+            np.concatenate([a.astype(np.float32).ravel() for a in arrays])]
+
+
+def inputs_for(spec: gr.GearSpec, dtypes, gear: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * 10).astype(dt)
+            for s, dt in zip(spec.shapes(gear).values(), dtypes, strict=True)]
+
+
+def session_for(model: acl_backend.AclModel, fusion_size: int = 131072):
+    info = model.info
+    layout = plan_layout(info.input_nbytes(), info.spec.values_per_gear, fusion_size)
+    return layout, model.create_session(layout)
+
+
+def run(model, layout, session, gear: int, seed: int = 0) -> tuple[list, list]:
+    info = model.info
+    arrays = inputs_for(info.spec, info.input_dtypes, gear, seed)
+    stage(session.staging, layout, info.spec, info.input_dtypes, gear, arrays)
+    return arrays, session.run_gear(gear)
+
+
+# ---- load and discovery ----------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["dims", "batch", "image_size"])
+def test_discovered_spec_is_what_the_model_declares(fake, tmp_path, mode):
+    inputs, gears = MODELS[mode]
+    model = acl_backend.open_model(write(tmp_path, mode))
+    spec = model.info.spec
+    assert spec.mode == mode
+    assert spec.input_names == tuple(n for n, _, _ in inputs)
+    assert spec.input_shapes == tuple(tuple(s) for _, s, _ in inputs)
+    assert spec.gears == tuple(gears)
+    assert model.info.input_dtypes == tuple(np.dtype(d) for _, _, d in inputs)
+    assert model.info.output_names == ("y", "cat")
+    model.close()
+
+
+def test_dims_spec_matches_the_documented_example(fake, tmp_path):
+    """ACL docs: data(1,1,40,-1) label(1,-1) mask(-1,-1), gear 0 = 1,1,40,20,1,20,1,1."""
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    assert model.info.spec.full_dims(0) == (1, 1, 40, 20, 1, 20, 1, 1)
+    assert model.info.spec == gr.GearSpec.from_atc(
+        input_shape="data:1,1,40,-1;label:1,-1;mask:-1,-1",
+        dynamic_dims="20,20,1,1;40,40,2,2;80,60,4,4")
+    model.close()
+
+
+@pytest.mark.parametrize("mode", ["dims", "batch", "image_size"])
+def test_output_shapes_per_gear(fake, tmp_path, mode):
+    model = acl_backend.open_model(write(tmp_path, mode))
+    spec = model.info.spec
+    for g in range(spec.gear_count):
+        shapes = list(spec.shapes(g).values())
+        total = sum(int(np.prod(s)) for s in shapes)
+        assert model.info.output_shapes[g] == (shapes[0], (total,))
+    # read with get_cur_output_dims after setting each gear once, on a scratch dataset
+    assert len(fake.state.calls_named("mdl.get_cur_output_dims")) == 2 * spec.gear_count
+    model.close()
+
+
+def test_missing_file_and_static_model_are_file_errors(fake, tmp_path):
+    with pytest.raises(GearFileError, match="does not exist"):
+        acl_backend.open_model(str(tmp_path / "nope.om"))
+    bad = tmp_path / "bad.om"
+    bad.write_text("not json")
+    with pytest.raises(BackendError, match=r"acl\.mdl\.load_from_file") as info:
+        acl_backend.open_model(str(bad))
+    assert info.value.code == str(fake_acl.ACL_ERROR_INVALID_FILE)
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+
+
+# ---- running ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["dims", "batch", "image_size"])
+def test_every_gear_runs_with_one_merged_memcpy(fake, tmp_path, mode):
+    model = acl_backend.open_model(write(tmp_path, mode))
+    layout, session = session_for(model)
+    for g in range(model.info.spec.gear_count):
+        before = len(fake.state.memcpys)
+        arrays, outputs = run(model, layout, session, g, seed=g)
+        for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert tuple(o.shape for o in outputs) == model.info.output_shapes[g]
+        copies = fake.state.memcpys[before:]
+        h2d = [c for c in copies if c.kind == fake_acl.ACL_MEMCPY_HOST_TO_DEVICE]
+        start, end = layout.merged_span(g)
+        assert layout.separate(g) == []  # every buffer is small: all fused
+        assert len(h2d) == 1 and h2d[0].count == end - start > 0
+        d2h = [c for c in copies if c.kind == fake_acl.ACL_MEMCPY_DEVICE_TO_HOST]
+        assert len(d2h) == 2  # one per output
+        assert fake.state.executions[-1] == (model.model_id, g)
+    session.close()
+    model.close()
+
+
+def test_the_dims_call_of_each_mode(fake, tmp_path):
+    calls = {}
+    for mode in MODELS:
+        model = acl_backend.open_model(write(tmp_path, mode))
+        layout, session = session_for(model)
+        n = len(fake.state.calls)
+        run(model, layout, session, 1)
+        calls[mode] = [(name, args[2:]) for name, args in fake.state.calls[n:]
+                       if name.startswith("mdl.set_")]
+        model.close()
+    dims_index = len(DIMS_INPUTS)  # the dims input is the model's last input
+    assert calls["dims"] == [("mdl.set_input_dynamic_dims", (dims_index, {
+        "name": "", "dimCount": 8, "dims": [1, 1, 40, 40, 1, 40, 2, 2]}))]
+    assert calls["batch"] == [("mdl.set_dynamic_batch_size", (len(BATCH_INPUTS), 4))]
+    assert calls["image_size"] == [("mdl.set_dynamic_hw_size", (len(HW_INPUTS), 16, 24))]
+
+
+def test_separate_inputs_get_one_memcpy_each(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    # a fusion size below the data input's size: it is copied on its own
+    layout, session = session_for(model, fusion_size=256)
+    g = 2
+    before = len(fake.state.memcpys)
+    arrays, outputs = run(model, layout, session, g)
+    np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+    h2d = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_HOST_TO_DEVICE]
+    start, end = layout.merged_span(g)
+    spans = [(start, end)] if end > start else []
+    spans += [tuple(s) for s in layout.separate(g)]
+    assert len(layout.separate(g)) >= 1
+    assert sorted(c.count for c in h2d) == sorted(e - s for s, e in spans)
+    model.close()
+
+
+def test_int64_dims_input_gets_its_own_buffer(fake, tmp_path):
+    """A model whose ascend_mbatch_shape_data is int64 (wider than the layout's int32 slot):
+    set_* must write it after the input copies, or execute would read garbage dims."""
+    model = acl_backend.open_model(write(tmp_path, "batch", dims_dtype="int64"))
+    assert model.dims_nbytes == 8
+    layout, session = session_for(model)
+    for g in (2, 0, 1):
+        arrays, outputs = run(model, layout, session, g, seed=g)
+        np.testing.assert_array_equal(outputs[0], expected_outputs(arrays)[0])
+        assert fake.state.executions[-1][1] == g
+    model.close()
+
+
+def test_outputs_are_reused_views_until_the_next_run(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    layout, session = session_for(model)
+    _, first = run(model, layout, session, 0, seed=1)
+    kept = first[0].copy()
+    _, again = run(model, layout, session, 0, seed=2)
+    assert np.shares_memory(first[0], again[0])
+    assert not np.array_equal(kept, again[0])
+    model.close()
+
+
+def test_a_session_used_from_another_thread_sets_the_context(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    layout, session = session_for(model)
+    run(model, layout, session, 0)
+    n = len(fake.state.calls_named("rt.set_context"))
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=run(model, layout, session, 1)))
+    worker.start()
+    worker.join()
+    assert len(fake.state.calls_named("rt.set_context")) == n + 1
+    arrays, outputs = result["out"]
+    np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+    model.close()
+
+
+# ---- failures and lifetime -------------------------------------------------------------------
+@pytest.mark.parametrize(("call", "name"), [
+    ("mdl.execute", "acl.mdl.execute"),
+    ("rt.memcpy", "acl.rt.memcpy"),
+    ("mdl.set_input_dynamic_dims", "acl.mdl.set_input_dynamic_dims"),
+])
+def test_a_failing_call_is_a_backend_error_with_call_and_code(fake, tmp_path, call, name):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    layout, session = session_for(model)
+    fake.state.fail[call] = 507011
+    with pytest.raises(BackendError, match=name.replace(".", r"\.")) as info:
+        run(model, layout, session, 0)
+    assert info.value.code == "507011"
+    assert "507011" in str(info.value)
+    del fake.state.fail[call]
+    arrays, outputs = run(model, layout, session, 0)  # the session still works afterwards
+    np.testing.assert_array_equal(outputs[0], expected_outputs(arrays)[0])
+    model.close()
+
+
+@pytest.mark.parametrize("call", ["rt.set_device", "mdl.load_from_file", "mdl.get_dynamic_batch",
+                                  "mdl.get_cur_output_dims", "rt.malloc"])
+def test_a_failure_while_loading_releases_everything(fake, tmp_path, call):
+    fake.state.fail[call] = 100000
+    with pytest.raises(BackendError, match=r"acl\." + call.replace(".", r"\.")) as info:
+        acl_backend.open_model(write(tmp_path, "dims"))
+    assert info.value.code == "100000"
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+
+
+def test_a_failure_while_creating_a_session_releases_its_memory(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    loaded = fake.state.leaks()
+    fake.state.fail["mdl.add_dataset_buffer"] = 100000
+    with pytest.raises(BackendError, match=r"acl\.mdl\.add_dataset_buffer"):
+        session_for(model)
+    assert fake.state.leaks() == loaded
+    model.close()
+
+
+def test_close_releases_everything_and_is_idempotent(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "image_size"))
+    layout, session = session_for(model)
+    _, second = session_for(model)  # left open: model.close() closes it
+    run(model, layout, session, 1)
+    session.close()
+    session.close()
+    model.close()
+    model.close()
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+    for closed in (session, second):
+        with pytest.raises(BackendError, match="closed"):
+            closed.run_gear(0)
+
+
+def test_a_dropped_session_frees_its_memory(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    loaded = fake.state.leaks()
+    session_for(model)  # never closed, dropped at once
+    gc.collect()
+    assert fake.state.leaks() == loaded
+    model.close()
+
+
+def test_acl_init_once_per_process(fake, tmp_path):
+    path = write(tmp_path, "batch")
+    acl_backend.open_model(path).close()
+    acl_backend.open_model(path).close()
+    assert len(fake.state.calls_named("init")) == 1
+
+
+def test_no_pyacl_is_backend_unavailable_naming_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "acl", None)  # `import acl` raises ImportError
+    import gear_runtime  # noqa: F401  (works without pyACL)
+
+    path = fake_acl.write_om(tmp_path / "m.om", *MODELS["batch"][:1], "batch", BATCH_GEARS)
+    with pytest.raises(BackendUnavailableError, match="CANN") as info:
+        gr.load(path, backend="acl")
+    assert "pyACL" in str(info.value) and "set_env.sh" in str(info.value)
+    with pytest.raises(ImportError):  # also an ImportError, for `except ImportError` users
+        acl_backend.open_model(path)
+
+
+# ---- the double rejects what pyACL rejects ---------------------------------------------------
+def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
+    acl = fake.module
+    assert acl.rt.malloc(16, 0) == (0, fake_acl.ACL_ERROR_UNINITIALIZE)  # before acl.init
+    assert acl.init() == 0 and acl.init() == fake_acl.ACL_ERROR_REPEAT_INITIALIZE
+    path = write(tmp_path, "dims")
+    assert acl.mdl.load_from_file(path)[1] == fake_acl.ACL_ERROR_RT_CONTEXT_NULL  # no device
+    assert acl.rt.set_device(0) == 0
+    model_id, ret = acl.mdl.load_from_file(path)
+    assert ret == 0
+    dims_ptr, _ = acl.rt.malloc(16, 0)
+    ds = acl.mdl.create_dataset()
+    for _ in range(len(DIMS_INPUTS)):
+        acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(dims_ptr, 16))
+    acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(dims_ptr, 16))
+    index = len(DIMS_INPUTS)
+
+    def set_dims(dims, count=None):
+        return acl.mdl.set_input_dynamic_dims(model_id, ds, index, {
+            "name": "", "dimCount": len(dims) if count is None else count, "dims": dims})
+
+    assert set_dims([1, 1, 40, 20, 1, 20, 1, 1]) == 0
+    assert set_dims([], 0) == fake_acl.ACL_ERROR_INVALID_PARAM  # dimCount 0
+    assert set_dims([1, 1, 40, 20, 1, 20, 1, 1], 7) == fake_acl.ACL_ERROR_INVALID_PARAM
+    assert set_dims([1, 1, 40, 20, 1, 20, 1]) == fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+    assert set_dims([2, 1, 40, 20, 1, 20, 1, 1]) == \
+        fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID  # a static dim differs
+    assert set_dims([1, 1, 40, 30, 1, 20, 1, 1]) == fake_acl.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    assert acl.mdl.set_dynamic_batch_size(model_id, ds, index, 0) == \
+        fake_acl.ACL_ERROR_INVALID_PARAM  # batch 0
+    host, _ = acl.rt.malloc_host(8)
+    assert acl.rt.memcpy(dims_ptr, 16, host, 32, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # > max
+    assert acl.rt.memcpy(host, 8, dims_ptr, 8, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # kind
+    assert acl.rt.free(dims_ptr) == 0
+    assert acl.rt.memcpy(dims_ptr, 8, host, 8, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # freed
+
+
+# ---- through gr.load and the executor (needs the C++ core) -----------------------------------
+needs_core = pytest.mark.skipif(real_core() is None, reason="the C++ core is not built yet")
+
+
+@needs_core
+def test_through_gr_load_and_the_executor(fake, tmp_path):
+    model = gr.load(write(tmp_path, "dims"), backend="acl", device_id=0)
+    assert model.backend == "acl" and model.gears == DIMS_GEARS
+    ex = model.create_executor()
+    for g in range(model.gear_count):
+        arrays = inputs_for(model.spec, model.info.input_dtypes, g, seed=g)
+        outputs = ex.execute(dict(zip(model.input_names, arrays, strict=True)))
+        for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert fake.state.executions[-1][1] == g
+    model.close()
+
+
+@needs_core
+def test_an_out_of_gear_request_fails_before_any_acl_call(fake, tmp_path):
+    model = gr.load(write(tmp_path, "dims"), backend="acl")
+    ex = model.create_executor()
+    n = len(fake.state.calls)
+    bad = [np.zeros((1, 1, 40, 30), np.float32), np.zeros((1, 20), np.float32),
+           np.zeros((1, 1), np.int32)]
+    with pytest.raises(gr.GearMismatchError) as info:
+        ex.execute(bad)
+    assert info.value.code == "145013"
+    with pytest.raises(gr.GearMismatchError):
+        ex.set_dynamic_dims([1, 1, 40, 30, 1, 20, 1, 1])
+    assert fake.state.calls[n:] == []  # no memcpy, no set_*, no execute
+    model.close()
