@@ -1,0 +1,96 @@
+"""Run every benchmark of the project and print ONE table of ratios with PASS/FAIL.
+
+    python benchmarks/run_all.py [--quick]
+
+Scripts: ``bench_core.py`` (the C++ hot path; run as a subprocess, PASS when it exits 0, its
+own report printed above the table), ``bench_gears.py`` (per gear: gear executor vs ONNX
+Runtime on the original dynamic model vs the naive per-input ``session.run``, on the built-in
+example) and ``bench_memory.py`` (resident memory of an 8-gear weight-heavy model vs its
+1-gear version, each load in a fresh process). Each script also runs alone.
+
+A row is a dict: ``bench``, ``metric``, ``value``, ``unit``, ``target`` (text or None) and
+``status``: ``"PASS"`` / ``"FAIL"`` against the target, ``"info"`` without one, ``"SKIP"``.
+Exit code 0 when no row FAILed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # so that `import bench_gears` works from anywhere
+    sys.path.insert(0, str(HERE))
+
+Row = dict[str, Any]
+
+
+def row(bench: str, metric: str, value: float | None, unit: str, target: str | None = None,
+        passed: bool | None = None, status: str | None = None) -> Row:
+    """One table row; ``passed`` None means no target (status "info") unless ``status``."""
+    if status is None:
+        status = "info" if passed is None else ("PASS" if passed else "FAIL")
+    return {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target,
+            "status": status}
+
+
+def format_rows(rows: Sequence[Row]) -> str:
+    """The rows as one fixed-width table."""
+    cells = [["bench", "metric", "value", "target", "status"]]
+    for r in rows:
+        v = r["value"]
+        value = "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+        cells.append([r["bench"], r["metric"], f"{value} {r['unit']}".strip(),
+                      r["target"] or "", r["status"]])
+    widths = [max(len(c[i]) for c in cells) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+             for line in cells]
+    lines.insert(1, "-" * max(len(x) for x in lines))
+    return "\n".join(lines)
+
+
+def run_core(quick: bool) -> list[Row]:
+    """bench_core.py (another helper's) as a subprocess: its report, PASS iff it exits 0."""
+    script = HERE / "bench_core.py"
+    if not script.is_file():
+        return [row("core", "bench_core.py not found", None, "", "exit 0", status="SKIP")]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=HERE.parent, timeout=900)
+    print("---- bench_core.py ----")
+    print(proc.stdout.rstrip())
+    if proc.returncode != 0:
+        print(proc.stderr.rstrip()[-3000:], file=sys.stderr)
+    return [row("core", "bench_core.py exit code", proc.returncode, "", "0",
+                proc.returncode == 0),
+            row("core", "bench_core.py wall time", time.perf_counter() - start, "s")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    args = parser.parse_args(argv)
+
+    import bench_gears
+    import bench_memory
+
+    rows: list[Row] = []
+    rows += run_core(args.quick)
+    print("---- bench_gears.py ----")
+    rows += bench_gears.run(iterations=50 if args.quick else 200, verbose=True)
+    print("---- bench_memory.py ----")
+    rows += bench_memory.run(verbose=True)
+    print("\n==== all benchmarks ====")
+    print(format_rows(rows))
+    failed = [r for r in rows if r["status"] == "FAIL"]
+    print(f"\n{len(failed)} FAILED" if failed else "\nall targets met")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

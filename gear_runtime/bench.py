@@ -1,0 +1,515 @@
+"""Per-gear benchmark engine (``gear-runtime bench`` and the demo use it).
+
+For every gear it measures, in the same run and on the same inputs:
+
+* ``execute``: what a service calls: ``Executor.execute(inputs)`` (dims derived from the
+  inputs' shapes, exact match, merged staging, run, outputs copied out);
+* ``bare``: the backend's own run of the same gear's branch on the executor's pre-bound
+  buffers (no staging, no matching, no output copy). ``execute - bare`` is the runtime's own
+  overhead per call;
+* ``naive``: the naive way to serve a gear: ``session.run(None, feeds)`` on that gear's branch
+  session, each input fed separately from Python;
+* ``dynamic``: ONNX Runtime running the ORIGINAL dynamic-shape model on the same inputs (when
+  it is known: ``reference=`` or the gear file's hybrid graph). ``dynamic / execute`` is the
+  gear executor's speed-up.
+
+The four runs of one iteration are interleaved (execute, bare, naive, dynamic), so slow
+drifts of the machine (frequency, other processes) hit every column alike; the overhead is
+the median of the per-iteration differences ``execute_i - bare_i``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gear_runtime.errors import BackendUnavailableError, InputError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from gear_runtime.executor import Executor
+    from gear_runtime.model import GearModel
+
+InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
+
+
+# ---- statistics -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stats:
+    """Latency statistics of one runner on one gear, in milliseconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    min: float
+
+    @classmethod
+    def of_ns(cls, samples_ns: Sequence[int]) -> Stats:
+        """Stats of per-call durations in nanoseconds (at least one sample)."""
+        ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
+        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+        return cls(float(p50), float(p90), float(p99), float(ms.mean()), float(ms.min()))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "mean": self.mean,
+                "min": self.min}
+
+
+@dataclass(frozen=True)
+class GearBench:
+    """One gear's results. Times in ms; ``overhead_us`` in microseconds; bytes for memory."""
+
+    gear: int
+    dims: tuple[int, ...]
+    shapes: dict[str, tuple[int, ...]]
+    #: items per run (the batch) in dynamic batch mode; None where no batch dim exists.
+    items: int | None
+    execute: Stats
+    bare: Stats | None
+    overhead_us: float | None
+    naive: Stats | None
+    dynamic: Stats | None
+    #: bytes this gear stages (its inputs + the dims buffer) and returns (its outputs).
+    input_bytes: int
+    output_bytes: int
+
+    @property
+    def throughput(self) -> float:
+        """Items/s in batch mode, else runs/s (from the mean latency of ``execute``)."""
+        return (self.items or 1) * 1e3 / self.execute.mean
+
+    @property
+    def throughput_unit(self) -> str:
+        return "items/s" if self.items is not None else "runs/s"
+
+    @property
+    def speedup_vs_dynamic(self) -> float | None:
+        """p50 of the original dynamic model / p50 of execute (> 1: the gear is faster)."""
+        return self.dynamic.p50 / self.execute.p50 if self.dynamic is not None else None
+
+    @property
+    def speedup_vs_naive(self) -> float | None:
+        """p50 of the naive per-input session.run / p50 of execute."""
+        return self.naive.p50 / self.execute.p50 if self.naive is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def opt(s: Stats | None) -> dict[str, float] | None:
+            return s.to_dict() if s is not None else None
+
+        return {
+            "gear": self.gear,
+            "dims": list(self.dims),
+            "shapes": {n: list(s) for n, s in self.shapes.items()},
+            "items": self.items,
+            **self.execute.to_dict(),  # p50/p90/p99 of execute at the top level: the headline
+            "latency_ms": self.execute.to_dict(),
+            "throughput": {"value": self.throughput, "unit": self.throughput_unit},
+            "bare_ms": opt(self.bare),
+            "overhead_us": self.overhead_us,
+            "naive_ms": opt(self.naive),
+            "dynamic_ms": opt(self.dynamic),
+            "speedup_vs_dynamic": self.speedup_vs_dynamic,
+            "speedup_vs_naive": self.speedup_vs_naive,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+        }
+
+
+@dataclass
+class BenchReport:
+    """A whole benchmark run: the setup, memory, and one :class:`GearBench` per gear."""
+
+    model: str
+    backend: str
+    mode: str
+    iterations: int
+    warmup: int
+    threads: int | None
+    #: where the dynamic column came from: a file path, "hybrid graph", or None.
+    reference: str | None
+    rss_after_load_bytes: int | None
+    staging_bytes: int
+    output_buffer_bytes: int
+    gears: list[GearBench] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "backend": self.backend, "mode": self.mode,
+            "iterations": self.iterations, "warmup": self.warmup, "threads": self.threads,
+            "reference": self.reference,
+            "memory": {"rss_after_load_bytes": self.rss_after_load_bytes,
+                       "executor_staging_bytes": self.staging_bytes,
+                       "executor_output_bytes": self.output_buffer_bytes},
+            "gears": [g.to_dict() for g in self.gears],
+        }
+
+    def table(self) -> str:
+        """The human table: one row per gear, then the memory and setup lines."""
+        return format_table(self)
+
+
+# ---- the one place that reaches into backend internals ----------------------------------------
+@dataclass
+class _Handles:
+    """What the comparison columns need from the backend; None where it has no such thing."""
+
+    bare_run: Callable[[int], Any] | None
+    branch_session: Callable[[int], Any] | None
+    dynamic_session: Any | None
+    staging_bytes: int
+    output_buffer_bytes: int
+
+
+def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
+    """Private access, kept in this ONE function: the ORT backend's sessions and bindings.
+
+    ``bare_run(g)`` re-runs gear g's pre-bound IOBinding of THIS executor through ORT's C
+    binding (the same call ``run_gear`` makes, without the executor around it).
+    Other backends get no bare / naive / hybrid columns.
+    """
+    session = getattr(executor, "_session", None)
+    staging = getattr(session, "staging", None)
+    staging_bytes = int(staging.nbytes) if isinstance(staging, np.ndarray) else int(
+        getattr(model.layout, "total_bytes", 0))
+    out_bufs = getattr(session, "_out_buffers", None)
+    if out_bufs is not None:
+        output_bytes = int(sum(b.nbytes for b in out_bufs))
+    else:  # what any backend must hold at least: each output at its largest gear
+        output_bytes = sum(max(model.output_size(g, k) for g in range(model.gear_count))
+                           for k in range(len(model.output_names)))
+    backend = getattr(model, "_backend", None)
+    if model.backend != "onnxruntime" or session is None or backend is None:
+        return _Handles(None, None, None, staging_bytes, output_bytes)
+
+    sessions = getattr(session, "_sessions", None)
+    bindings = getattr(session, "_bindings", None)
+    run_options = getattr(session, "_run_options", None)
+    bare_run = None
+    if sessions and bindings and run_options is not None:
+        def bare_run(g: int) -> Any:
+            return sessions[g]._sess.run_with_iobinding(bindings[g]._iobinding, run_options)
+
+    branch_sessions = list(getattr(backend, "sessions", None) or [])
+    branch_session = (lambda g: branch_sessions[g]) if branch_sessions else None
+    return _Handles(bare_run, branch_session, getattr(backend, "dynamic_session", None),
+                    staging_bytes, output_bytes)
+
+
+# ---- inputs and memory ------------------------------------------------------------------------
+def default_inputs(model: GearModel, gear: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Generic valid-looking inputs for any gear model: floats standard normal (seeded),
+    integers 1 (a valid index into any table of two or more rows, and a mask of ones),
+    bools True. Pass ``inputs=`` to :func:`bench_model` for models that need real data.
+    """
+    rng = np.random.default_rng(seed + gear)
+    shapes = model.spec.shapes(gear)
+    out: dict[str, np.ndarray] = {}
+    for name, dtype in zip(model.input_names, model.info.input_dtypes, strict=True):
+        dt = np.dtype(dtype)
+        if np.issubdtype(dt, np.floating):
+            out[name] = rng.standard_normal(shapes[name]).astype(dt)
+        else:  # ints and bools
+            out[name] = np.ones(shapes[name], dtype=dt)
+    return out
+
+
+def rss_bytes() -> int | None:
+    """Resident set size of this process (psutil when installed, else /proc), or None."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        return int(psutil.Process().memory_info().rss)
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
+                       names: Sequence[str], threads: int | None) -> Any:
+    """An ORT session of the original dynamic model, checked to take the gear model's inputs."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if isinstance(reference, str | os.PathLike):
+        if not Path(reference).is_file():
+            raise InputError(f"reference model {os.fspath(reference)!r} does not exist")
+        source: Any = os.fspath(reference)
+    else:
+        source = reference.SerializeToString()
+    try:
+        sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT's own exception types: one message naming the file
+        raise InputError(f"reference model could not be loaded by onnxruntime: {exc}") from None
+    ref_inputs = [i.name for i in sess.get_inputs()]
+    if sorted(ref_inputs) != sorted(names):
+        raise InputError(f"reference model inputs {ref_inputs} differ from the gear model's "
+                         f"inputs {list(names)}")
+    return sess
+
+
+def parse_gears(text: str | Sequence[int] | None, gear_count: int) -> list[int]:
+    """``"all"`` / None -> every gear; ``"0,2"`` or ``[0, 2]`` -> those (checked, in order)."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "all"):
+        return list(range(gear_count))
+    items = ([p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str)
+             else list(text))
+    gears: list[int] = []
+    for item in items:
+        try:
+            g = int(item)
+        except (TypeError, ValueError):
+            raise InputError(f"gears: {item!r} is not a gear index; expected 'all' or indices "
+                             f"like 0,2 in 0..{gear_count - 1}") from None
+        if not 0 <= g < gear_count:
+            raise InputError(f"gears: index {g} is out of range: the model has {gear_count} "
+                             f"gears (0..{gear_count - 1})")
+        if g not in gears:
+            gears.append(g)
+    if not gears:
+        raise InputError(f"gears: no gear given in {text!r}; expected 'all' or indices like 0,2")
+    return gears
+
+
+# ---- the engine -------------------------------------------------------------------------------
+def bench_model(model: GearModel | str | os.PathLike[str], *,
+                gears: str | Sequence[int] | None = None, iterations: int = 100,
+                warmup: int = 10, threads: int | None = None,
+                reference: str | os.PathLike[str] | onnx.ModelProto | None = None,
+                inputs: InputsFn | None = None, backend: str = "onnxruntime",
+                progress: bool = True, seed: int = 0) -> BenchReport:
+    """Benchmark every selected gear of ``model`` (a GearModel or a gear file path).
+
+    ``threads`` sets ORT's intra-op threads of every session involved (when the model is
+    loaded here and for the reference). ``reference``: the original dynamic ONNX model; by
+    default the gear file's hybrid graph is used when there is one. ``inputs(model, gear)``
+    gives the inputs of a gear (default :func:`default_inputs`). Raises InputError for bad
+    arguments and when the inputs do not select the gear they were made for.
+    """
+    if not isinstance(iterations, int) or iterations < 1:
+        raise InputError(f"iterations must be an integer >= 1, got {iterations!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise InputError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise InputError(f"threads must be an integer >= 1, got {threads!r}")
+
+    if isinstance(model, str | os.PathLike):
+        from gear_runtime.model import load
+
+        path = os.fspath(model)
+        options: dict[str, Any] = {}
+        if threads is not None and backend == "onnxruntime":
+            options["intra_op_num_threads"] = threads
+        model = load(path, backend=backend, **options)
+    else:
+        path = repr(model)
+    rss = rss_bytes()
+    selected = parse_gears(gears, model.gear_count)
+    executor = model.create_executor()
+    handles = _backend_handles(model, executor)
+
+    ref_session, ref_name = None, None
+    if reference is not None:
+        ref_session = _reference_session(reference, model.input_names, threads)
+        ref_name = os.fspath(reference) if isinstance(reference, str | os.PathLike) else "proto"
+    elif handles.dynamic_session is not None:
+        ref_session, ref_name = handles.dynamic_session, "hybrid graph"
+
+    report = BenchReport(model=path, backend=model.backend, mode=model.mode,
+                         iterations=iterations, warmup=warmup, threads=threads,
+                         reference=ref_name, rss_after_load_bytes=rss,
+                         staging_bytes=handles.staging_bytes,
+                         output_buffer_bytes=handles.output_buffer_bytes)
+    make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed))
+    from tqdm import tqdm
+
+    with tqdm(total=len(selected) * (warmup + iterations), desc="bench", unit="it",
+              file=sys.stderr, disable=not progress, leave=False) as bar:
+        for g in selected:
+            report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
+                                            dict(make_inputs(model, g)), iterations, warmup,
+                                            bar))
+    return report
+
+
+def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,
+                g: int, feeds: dict[str, np.ndarray], iterations: int, warmup: int,
+                bar: Any) -> GearBench:
+    """Time one gear: execute / bare / naive / dynamic interleaved per iteration."""
+    executor.execute(feeds)
+    if executor.last_gear != g:  # the inputs must select this gear, or the row would lie
+        raise InputError(f"the inputs given for gear {g} {model.gears[g]} selected gear "
+                         f"{executor.last_gear}; give inputs with gear {g}'s shapes "
+                         f"{model.spec.shapes(g)}")
+    runners: list[tuple[str, Callable[[], Any]]] = [("execute", lambda: executor.execute(feeds))]
+    if handles.bare_run is not None:
+        bare_run = handles.bare_run
+        runners.append(("bare", lambda: bare_run(g)))
+    if handles.branch_session is not None:
+        branch = handles.branch_session(g)
+        runners.append(("naive", lambda: branch.run(None, feeds)))
+    if ref_session is not None:
+        runners.append(("dynamic", lambda: ref_session.run(None, feeds)))
+
+    clock = time.perf_counter_ns
+    samples: dict[str, list[int]] = {name: [] for name, _ in runners}
+    for i in range(warmup + iterations):
+        # "bare" runs right after "execute", on the inputs execute has just staged (nothing
+        # else writes this executor's staging), so it computes the same thing.
+        for name, run in runners:
+            t0 = clock()
+            run()
+            t1 = clock()
+            if i >= warmup:
+                samples[name].append(t1 - t0)
+        bar.update(1)
+
+    def stats(name: str) -> Stats | None:
+        return Stats.of_ns(samples[name]) if name in samples else None
+
+    overhead = None
+    if "bare" in samples:
+        diffs = np.subtract(samples["execute"], samples["bare"])
+        overhead = float(np.median(diffs)) / 1e3
+    shapes = model.spec.shapes(g)
+    input_bytes = sum(int(v.nbytes) for v in feeds.values()) + 4 * model.spec.values_per_gear
+    output_bytes = sum(model.output_size(g, k) for k in range(len(model.output_names)))
+    items = model.gears[g][0] if model.mode == "batch" else None
+    return GearBench(gear=g, dims=tuple(model.gears[g]), shapes=shapes, items=items,
+                     execute=Stats.of_ns(samples["execute"]), bare=stats("bare"),
+                     overhead_us=overhead, naive=stats("naive"), dynamic=stats("dynamic"),
+                     input_bytes=input_bytes, output_bytes=output_bytes)
+
+
+# ---- output -------------------------------------------------------------------------------------
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def format_table(report: BenchReport) -> str:
+    """Fixed-width table: latency percentiles, throughput, overhead, comparison columns."""
+    header = ["gear", "dims", "p50 ms", "p90 ms", "p99 ms", "throughput", "bare p50",
+              "overhead us", "naive p50", "x naive", "dynamic p50", "x dynamic"]
+    rows = [header]
+    for r in report.gears:
+        rows.append([
+            str(r.gear), ",".join(map(str, r.dims)),
+            _fmt(r.execute.p50, ".3f"), _fmt(r.execute.p90, ".3f"), _fmt(r.execute.p99, ".3f"),
+            f"{r.throughput:,.0f} {r.throughput_unit}",
+            _fmt(r.bare.p50 if r.bare else None, ".3f"), _fmt(r.overhead_us, ".1f"),
+            _fmt(r.naive.p50 if r.naive else None, ".3f"), _fmt(r.speedup_vs_naive, ".2f"),
+            _fmt(r.dynamic.p50 if r.dynamic else None, ".3f"),
+            _fmt(r.speedup_vs_dynamic, ".2f"),
+        ])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) if c >= 2 else cell.ljust(w)
+                       for c, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    threads = report.threads if report.threads is not None else "ORT default"
+    lines += [
+        "",
+        f"model: {report.model} ({report.backend}, {report.mode} mode), "
+        f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
+        "bare = the backend's run of the same branch on the executor's pre-bound buffers; "
+        "overhead = median(execute - bare)",
+        "naive = session.run(None, feeds) on the gear's branch; dynamic = ONNX Runtime on the "
+        f"original dynamic model ({report.reference or 'not known: pass --reference'}); "
+        "x = their p50 / execute p50",
+        f"memory: process RSS after load {_size(report.rss_after_load_bytes)}; executor "
+        f"staging {_size(report.staging_bytes)} + outputs {_size(report.output_buffer_bytes)}",
+    ]
+    return "\n".join(lines)
+
+
+def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
+    """Write a PNG of p50 latency per gear (p90/p99 as whiskers) and the comparison runners.
+
+    Raises BackendUnavailableError naming the package when matplotlib is not installed.
+    """
+    plt = _pyplot()
+    labels = [f"{r.gear}: {','.join(map(str, r.dims))}" for r in report.gears]
+    series = [("execute", [r.execute for r in report.gears])]
+    for name in ("bare", "naive", "dynamic"):
+        values = [getattr(r, name) for r in report.gears]
+        if all(v is not None for v in values):
+            series.append((name, values))
+    x = np.arange(len(labels))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(labels)), 4.0))
+    for k, (name, stats) in enumerate(series):
+        p50 = np.array([s.p50 for s in stats])
+        err = np.array([[0.0] * len(stats), [s.p99 - s.p50 for s in stats]])
+        ax.bar(x + (k - (len(series) - 1) / 2) * width, p50, width, yerr=err, capsize=3,
+               label=name)
+    ax.set_xticks(x, labels, rotation=20)
+    ax.set_xlabel("gear: dynamic dims")
+    ax.set_ylabel("latency ms (p50, whisker to p99)")
+    ax.set_title(f"gear-runtime bench: {Path(report.model).name}")
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    try:
+        fig.savefig(out, format="png", dpi=100)
+    except OSError as exc:
+        raise InputError(f"cannot write the plot to {os.fspath(out)!r}: {exc}") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or a clear error naming what to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise BackendUnavailableError(
+            "--plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(or pip install 'gear_runtime[plot]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def check_plotting() -> None:
+    """Raise the missing-matplotlib error now (before a long benchmark), else nothing."""
+    _pyplot()
+
+
+__all__ = [
+    "BenchReport",
+    "GearBench",
+    "Stats",
+    "bench_model",
+    "check_plotting",
+    "default_inputs",
+    "format_table",
+    "parse_gears",
+    "plot_report",
+    "rss_bytes",
+]

@@ -1,0 +1,355 @@
+"""The ``gear-runtime`` command: compile, inspect, run, bench, demo.
+
+    gear-runtime compile MODEL.onnx --input-shape S --dynamic-dims V -o OUT   (or --config FILE)
+    gear-runtime inspect FILE
+    gear-runtime run FILE --input NAME=file.npy ... [--dynamic-dims D] [--output-dir DIR]
+    gear-runtime bench FILE [--gears 0,2|all] [--iterations N] [--json OUT] [--plot OUT.png]
+    gear-runtime demo [--workdir DIR] [--iterations N] [--quick]
+
+Exit codes: 0 success; 2 usage errors and bad input (missing file, wrong gear, bad --input,
+a spec GE would reject); 1 failed checks (demo) and failures while running (backend errors).
+Every error is ONE line on stderr, ``gear-runtime: error: [code] message``; never a traceback
+for a user error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+from gear_runtime.errors import (
+    BackendError,
+    GearFileError,
+    GearRuntimeError,
+    InputError,
+)
+
+PROG = "gear-runtime"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _UsageError(Exception):
+    """Raised by the parser instead of printing usage and exiting (one-line errors)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line and raises instead of calling sys.exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see '{self.prog} -h')")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(f"{what} {text!r} must be integers separated by ','") from None
+    if not values:
+        raise InputError(f"{what} is empty; give integers separated by ','")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gear_runtime import __version__
+
+    parser = _Parser(prog=PROG, description="Run models compiled with dynamic gears (CANN GE "
+                     "dynamic batch / image size / dims) on ONNX Runtime or Ascend.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("compile", help="compile a dynamic ONNX model into one gear file",
+                       description="Compile MODEL.onnx for the gears of an ATC-style spec "
+                       "(--input-shape + one gear flag) or a config file (--config).")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--input-shape", metavar="S",
+                   help='ATC --input_shape, e.g. "data:-1,3,224,224" or "x:1,-1;m:-1,-1"')
+    gears = p.add_mutually_exclusive_group()
+    gears.add_argument("--dynamic-batch-size", metavar="V", help='e.g. "1,8,16"')
+    gears.add_argument("--dynamic-image-size", metavar="V", help='e.g. "224,224;448,448"')
+    gears.add_argument("--dynamic-dims", metavar="V", help='e.g. "20,1,1;40,2,2"')
+    p.add_argument("--config", metavar="FILE",
+                   help="ATC / MindSpore Lite config ([acl_build_options], [ascend_context], "
+                   "[ge_graph_options]) instead of the flags")
+    p.add_argument("--input-format", metavar="F", help="NCHW, NHWC or ND")
+    p.add_argument("--hybrid", action="store_true",
+                   help="also store the dynamic-shape graph: a miss runs it (GE hybrid mode)")
+    p.add_argument("--sink", action="store_true",
+                   help="GetNext-sink kind: the graph computes the dims from its inputs")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="gear file to write")
+
+    p = sub.add_parser("inspect", help="describe a gear file")
+    p.add_argument("file", metavar="FILE")
+
+    p = sub.add_parser("run", help="execute a gear file once on .npy inputs",
+                       description="Execute once; outputs are saved as <output name>.npy.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input (repeat for every input)")
+    dims = p.add_mutually_exclusive_group()
+    dims.add_argument("--dynamic-dims", metavar="D",
+                      help="full dims of all inputs flattened, or the gear's dynamic values")
+    dims.add_argument("--dynamic-batch-size", metavar="N", type=int)
+    dims.add_argument("--dynamic-image-size", metavar="H,W")
+    p.add_argument("--output-dir", default=".", metavar="DIR")
+    p.add_argument("--backend", default="onnxruntime", metavar="B")
+
+    p = sub.add_parser("bench", help="per-gear latency, throughput, overhead and memory",
+                       description="Benchmark every gear: execute vs the backend's bare run, "
+                       "the naive per-input session.run and the original dynamic model.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--gears", default="all", metavar="0,2|all")
+    p.add_argument("--iterations", type=_positive_int, default=100, metavar="N")
+    p.add_argument("--warmup", type=_non_negative_int, default=10, metavar="N")
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="ORT intra-op threads of every session (default: ORT's)")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a latency plot (needs matplotlib)")
+    p.add_argument("--reference", metavar="ORIGINAL.onnx",
+                   help="the original dynamic model, for the dynamic-model comparison")
+    p.add_argument("--backend", default="onnxruntime", metavar="B")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("demo", help="build, compile, run, check and benchmark the example")
+    p.add_argument("--workdir", metavar="DIR", help="keep the files here (default: a temp dir)")
+    p.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
+                   help="benchmark iterations per gear (default 100; 20 with --quick)")
+    p.add_argument("--quick", action="store_true", help="fewer benchmark iterations")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def _existing_file(path: str, what: str) -> str:
+    if not os.path.exists(path):
+        raise GearFileError(f"{what} {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise GearFileError(f"{what} {path!r} is not a file")
+    return path
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import gear_runtime as gr
+
+    # compile_model, not gr.compile: importing the gear_runtime.compile subpackage rebinds
+    # the package attribute ``compile`` to the module (see the report of issue #6).
+    from gear_runtime.compile import compile_model
+
+    _existing_file(args.model, "model")
+    gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
+                  "dynamic_image_size": args.dynamic_image_size,
+                  "dynamic_dims": args.dynamic_dims}
+    if args.config is not None:
+        if args.input_shape is not None or any(v is not None for v in gear_flags.values()):
+            raise _UsageError("--config excludes --input-shape and the --dynamic-* flags")
+        _existing_file(args.config, "config file")
+        spec = gr.GearSpec.from_config(args.config)
+        if args.input_format is not None:
+            spec = dataclasses.replace(spec, input_format=args.input_format)
+    elif args.input_shape is not None:
+        if all(v is None for v in gear_flags.values()):
+            raise _UsageError("--input-shape needs one of --dynamic-batch-size, "
+                              "--dynamic-image-size, --dynamic-dims")
+        spec = gr.GearSpec.from_atc(args.input_shape, input_format=args.input_format,
+                                    **{k: v for k, v in gear_flags.items() if v is not None})
+    else:
+        raise _UsageError("give --input-shape with a --dynamic-* flag, or --config FILE")
+    hybrid = bool(args.hybrid or spec.hybrid)
+    out = compile_model(args.model, spec, args.output, hybrid=hybrid, sink=args.sink)
+    kind = "sink" if args.sink else "case"
+    print(f"wrote {out or args.output}: {spec.gear_count} gears ({spec.mode} mode, "
+          f"{kind}{', hybrid' if hybrid else ''}): "
+          + "; ".join(",".join(map(str, g)) for g in spec.gears))
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from gear_runtime.compile.inspect import describe
+
+    print(describe(_existing_file(args.file, "gear file")))
+    return EXIT_OK
+
+
+def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
+    """``NAME=FILE.npy`` items -> (name, path), checked before the model is loaded."""
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. input_ids=ids.npy)")
+        if any(name == n for n, _ in pairs):
+            raise InputError(f"--input {name!r} is given twice")
+        if not os.path.isfile(path):
+            raise InputError(f"--input {item!r}: file {path!r} does not exist")
+        pairs.append((name, path))
+    return pairs
+
+
+def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Load the checked (name, path) pairs for a model with inputs ``names``; InputError on an
+    unknown or missing name or a file that is not one .npy array."""
+    unknown = [n for n, _ in pairs if n not in names]
+    if unknown:
+        raise InputError(f"--input: the model has no input {unknown[0]!r}; its inputs are "
+                         f"{', '.join(names)}")
+    missing = [n for n in names if all(n != m for m, _ in pairs)]
+    if missing:
+        raise InputError(f"missing --input for {', '.join(missing)}; the model's inputs are "
+                         f"{', '.join(names)}")
+    feeds: dict[str, np.ndarray] = {}
+    for name, path in pairs:
+        try:
+            value = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}={path}: not a readable .npy file ({exc})") from None
+        if not isinstance(value, np.ndarray):  # np.load gives an NpzFile for .npz archives
+            raise InputError(f"--input {name}={path}: an .npz archive; give one .npy array "
+                             "per input")
+        feeds[name] = value
+    return feeds
+
+
+def _safe_filename(name: str) -> str:
+    """An output name as a file name: path separators and odd characters become '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "output"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import gear_runtime as gr
+
+    _existing_file(args.file, "gear file")
+    pairs = _parse_input_args(args.input)  # syntax and files first: no load for a typo
+    model = gr.load(args.file, backend=args.backend)
+    feeds = _read_inputs(pairs, model.input_names)
+    ex = model.create_executor()
+    if args.dynamic_dims is not None:
+        ex.set_dynamic_dims(_int_list(args.dynamic_dims, "--dynamic-dims"))
+    elif args.dynamic_batch_size is not None:
+        ex.set_dynamic_batch_size(args.dynamic_batch_size)
+    elif args.dynamic_image_size is not None:
+        hw = _int_list(args.dynamic_image_size, "--dynamic-image-size")
+        if len(hw) != 2:
+            raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
+        ex.set_dynamic_image_size(*hw)
+    outputs = ex.execute(feeds)
+    out_dir = Path(args.output_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--output-dir {args.output_dir!r} cannot be created: {exc}") from None
+    if ex.last_gear is not None:
+        print(f"gear {ex.last_gear}: dims {','.join(map(str, model.gears[ex.last_gear]))}")
+    else:
+        print(f"no gear matched: dims {ex.last_dynamic_dims} ran on the dynamic-shape graph "
+              "(hybrid)")
+    for name, value in zip(model.output_names, outputs, strict=True):
+        path = out_dir / f"{_safe_filename(name)}.npy"
+        np.save(path, value)
+        print(f"  {name}: {value.dtype} {list(value.shape)} -> {path}")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from gear_runtime import bench
+
+    _existing_file(args.file, "gear file")
+    if args.reference is not None:
+        _existing_file(args.reference, "reference model")
+    if args.plot is not None:
+        bench.check_plotting()  # fail now, not after the benchmark
+    report = bench.bench_model(args.file, gears=args.gears, iterations=args.iterations,
+                               warmup=args.warmup, threads=args.threads,
+                               reference=args.reference, backend=args.backend,
+                               progress=not args.no_progress)
+    print(report.table())
+    if args.json is not None:
+        try:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n",
+                                       encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--json {args.json!r} cannot be written: {exc}") from None
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        print(f"wrote {bench.plot_report(report, args.plot)}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gear_runtime.demo import run_demo
+
+    return run_demo(args.workdir, iterations=args.iterations, quick=args.quick,
+                    progress=not args.no_progress)
+
+
+COMMANDS = {"compile": cmd_compile, "inspect": cmd_inspect, "run": cmd_run,
+            "bench": cmd_bench, "demo": cmd_demo}
+
+
+# ---- entry point ------------------------------------------------------------------------------
+def _error(message: str, code: str = "") -> None:
+    line = " ".join(message.split())  # one line, whatever the message holds
+    prefix = f"[{code}] " if code and not line.startswith(f"[{code}]") else ""
+    print(f"{PROG}: error: {prefix}{line}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except _UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help / --version print and exit 0
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.command](args)
+    except _UsageError as exc:
+        _error(f"{args.command}: {exc}")
+        return EXIT_USAGE
+    except BackendError as exc:  # the input was fine; running it failed
+        _error(exc.message, exc.code)
+        return EXIT_FAILED
+    except GearRuntimeError as exc:  # spec, file, input, gear errors: bad input
+        _error(exc.message, exc.code)
+        return EXIT_USAGE
+    except OSError as exc:  # a path the user gave cannot be read or written
+        _error(f"{exc.strerror or exc}" + (f": {exc.filename!r}" if exc.filename else ""))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

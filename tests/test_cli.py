@@ -1,0 +1,262 @@
+"""The ``gear-runtime`` command line: exit codes, one-line errors, run/inspect/bench/demo.
+
+Everything runs ``cli.main([...])`` in process, except ONE test of the installed console
+script (skipped when the package is not installed in this environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import gear_runtime as gr
+from gear_runtime import cli
+from gear_runtime.examples import prefill
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gear-runtime: error:"), err
+    for f in fragments:
+        assert f in lines[0], (f, err)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> SimpleNamespace:
+    """The example compiled through the CLI itself, and .npy inputs of gear 1 (seq 64)."""
+    d = tmp_path_factory.mktemp("cli")
+    model_path, config_path = prefill.write_example(d)
+    gear = d / "prefill.gear.onnx"
+    assert cli.main(["compile", str(model_path), "--config", str(config_path),
+                     "-o", str(gear)]) == 0
+    spec = gr.GearSpec.from_config(str(config_path))
+    feeds = prefill.example_inputs(spec, 1, seed=1)
+    args = []
+    for name, value in feeds.items():
+        np.save(d / f"{name}.npy", value)
+        args += ["--input", f"{name}={d / (name + '.npy')}"]
+    return SimpleNamespace(dir=d, model=model_path, config=config_path, gear=gear, spec=spec,
+                           feeds=feeds, input_args=args)
+
+
+# ---- usage errors -----------------------------------------------------------------------------
+def test_bad_subcommand(capsys) -> None:
+    code, out, err = run_cli(capsys, "frobnicate")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "invalid choice", "frobnicate")
+
+
+def test_no_subcommand(capsys) -> None:
+    code, _, err = run_cli(capsys)
+    assert code == 2
+    assert_one_line_error(err, "COMMAND")
+
+
+def test_help_exits_zero(capsys) -> None:
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and "compile" in out and "demo" in out
+
+
+def test_bad_option_value(capsys, example) -> None:
+    code, _, err = run_cli(capsys, "bench", example.gear, "--iterations", "0")
+    assert code == 2
+    assert_one_line_error(err, "--iterations", "must be >= 1")
+
+
+@pytest.mark.parametrize("command", ["inspect", "run", "bench"])
+def test_missing_file(capsys, tmp_path, command) -> None:
+    missing = tmp_path / "nope.gear.onnx"
+    code, _, err = run_cli(capsys, command, missing)
+    assert code == 2
+    assert_one_line_error(err, "[145002]", str(missing), "does not exist")
+
+
+def test_compile_missing_model(capsys, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "compile", tmp_path / "m.onnx", "--input-shape", "x:-1,2",
+                           "--dynamic-batch-size", "1,2", "-o", tmp_path / "o.onnx")
+    assert code == 2
+    assert_one_line_error(err, "m.onnx", "does not exist")
+
+
+def test_compile_needs_a_spec(capsys, example, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "compile", example.model, "-o", tmp_path / "o.onnx")
+    assert code == 2
+    assert_one_line_error(err, "--input-shape", "--config")
+    code, _, err = run_cli(capsys, "compile", example.model, "--input-shape", "x:-1,2",
+                           "-o", tmp_path / "o.onnx")
+    assert code == 2
+    assert_one_line_error(err, "--dynamic-batch-size")
+
+
+def test_compile_spec_rejected_with_ge_code(capsys, example, tmp_path) -> None:
+    code, _, err = run_cli(
+        capsys, "compile", example.model, "-o", tmp_path / "o.onnx", "--input-shape",
+        "input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;image_embeds:-1,64",
+        "--dynamic-dims", "32,32,32,16")  # one gear: GE wants at least two
+    assert code == 2
+    assert_one_line_error(err, "[E10035]")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+# ---- compile / inspect ------------------------------------------------------------------------
+def test_compile_from_flags_and_inspect(capsys, example, tmp_path) -> None:
+    out_path = tmp_path / "flags.gear.onnx"
+    code, out, _ = run_cli(
+        capsys, "compile", example.model, "-o", out_path, "--input-shape",
+        "input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;image_embeds:-1,64",
+        "--dynamic-dims", "32,32,32,16;64,64,64,16")
+    assert code == 0 and out_path.is_file()
+    assert "2 gears" in out and "32,32,32,16; 64,64,64,16" in out
+    code, out, _ = run_cli(capsys, "inspect", out_path)
+    assert code == 0
+    assert "32,32,32,16" in out and "64,64,64,16" in out
+
+
+def test_inspect_prints_the_gears(capsys, example) -> None:
+    code, out, err = run_cli(capsys, "inspect", example.gear)
+    assert code == 0 and err == ""
+    for g in example.spec.gears:
+        assert ",".join(map(str, g)) in out
+
+
+# ---- run --------------------------------------------------------------------------------------
+def test_run_writes_outputs_with_the_gear_shapes(capsys, example, tmp_path) -> None:
+    code, out, _ = run_cli(capsys, "run", example.gear, *example.input_args,
+                           "--dynamic-dims", "64,64,64,16", "--output-dir", tmp_path / "out")
+    assert code == 0
+    assert "gear 1" in out and "64,64,64,16" in out
+    logits = np.load(tmp_path / "out" / "logits.npy")
+    next_token = np.load(tmp_path / "out" / "next_token.npy")
+    assert logits.shape == (1, 64, prefill.VOCAB) and next_token.shape == (1, 64)
+    assert next_token.dtype == np.int64
+    np.testing.assert_array_equal(next_token, logits.argmax(-1))
+    assert "[1, 64, 512]" in out
+
+
+def test_run_derives_the_gear_from_the_inputs(capsys, example, tmp_path) -> None:
+    code, out, _ = run_cli(capsys, "run", example.gear, *example.input_args,
+                           "--output-dir", tmp_path)
+    assert code == 0 and "gear 1" in out
+
+
+def test_run_out_of_gear_dims(capsys, example, tmp_path) -> None:
+    code, out, err = run_cli(capsys, "run", example.gear, *example.input_args,
+                             "--dynamic-dims", "100,100,100,16", "--output-dir", tmp_path)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "[145013]")
+    assert not list(tmp_path.glob("*.npy"))
+
+
+def test_run_dims_that_are_not_integers(capsys, example, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "run", example.gear, *example.input_args,
+                           "--dynamic-dims", "64,x", "--output-dir", tmp_path)
+    assert code == 2
+    assert_one_line_error(err, "--dynamic-dims", "integers")
+
+
+def test_run_batch_size_on_a_dims_model(capsys, example, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "run", example.gear, *example.input_args,
+                           "--dynamic-batch-size", "4", "--output-dir", tmp_path)
+    assert code == 2
+    assert_one_line_error(err, "set_dynamic_batch_size")
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("input_ids", "must be NAME=FILE.npy"),
+    ("input_ids=/nonexistent/ids.npy", "does not exist"),
+    ("pixel_values={dir}/input_ids.npy", "no input 'pixel_values'"),
+])
+def test_run_bad_input(capsys, example, bad, fragment) -> None:
+    args = [arg for name in example.feeds if name != "input_ids"
+            for arg in ("--input", f"{name}={example.dir / (name + '.npy')}")]
+    code, out, err = run_cli(capsys, "run", example.gear, *args, "--input",
+                             bad.format(dir=example.dir))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "[145000]", fragment)
+
+
+def test_run_missing_input(capsys, example) -> None:
+    code, _, err = run_cli(capsys, "run", example.gear, *example.input_args[:2])
+    assert code == 2
+    assert_one_line_error(err, "missing --input", "attention_mask")
+
+
+def test_run_file_that_is_not_npy(capsys, example, tmp_path) -> None:
+    bad = tmp_path / "bad.npy"
+    bad.write_text("not numpy")
+    args = [*example.input_args[2:], "--input", f"input_ids={bad}"]
+    code, _, err = run_cli(capsys, "run", example.gear, *args)
+    assert code == 2
+    assert_one_line_error(err, "not a readable .npy")
+
+
+# ---- bench ------------------------------------------------------------------------------------
+def test_bench_json_has_every_gear(capsys, example, tmp_path) -> None:
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code, out, _ = run_cli(capsys, "bench", example.gear, "--iterations", "3", "--warmup", "1",
+                           "--threads", "1", "--reference", example.model, "--json", out_json,
+                           "--plot", out_png, "--no-progress")
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    assert [g["gear"] for g in data["gears"]] == [0, 1, 2, 3]
+    for g in data["gears"]:
+        assert g["p50"] <= g["p90"] <= g["p99"]
+        assert g["dynamic_ms"] is not None and g["naive_ms"] is not None
+    assert out.splitlines()[0].startswith("gear")
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_bad_gears(capsys, example) -> None:
+    code, _, err = run_cli(capsys, "bench", example.gear, "--gears", "0,9")
+    assert code == 2
+    assert_one_line_error(err, "index 9 is out of range")
+
+
+# ---- demo -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_quick(capsys, tmp_path) -> None:
+    code, out, _ = run_cli(capsys, "demo", "--quick", "--iterations", "5", "--workdir", tmp_path,
+                           "--no-progress")
+    assert code == 0, out
+    assert "FAIL" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("demo: all ") and last.endswith(" checks passed")
+    assert int(last.split()[2]) >= 10
+    assert "[145013]" in out  # the refused out-of-gear request and its message
+    assert "x dynamic" in out and "overhead us" in out  # the benchmark table
+    assert (tmp_path / "prefill.gear.onnx").is_file()
+    assert (tmp_path / "prefill.hybrid.onnx").is_file()
+
+
+# ---- the installed console script ---------------------------------------------------------------
+def _console_script() -> str | None:
+    here = Path(sys.executable).with_name("gear-runtime")
+    return str(here) if here.exists() else shutil.which("gear-runtime")
+
+
+@pytest.mark.skipif(_console_script() is None,
+                    reason="the gear-runtime console script is not installed (pip install -e .)")
+def test_installed_entry_point(example) -> None:
+    script = _console_script()
+    ok = subprocess.run([script, "inspect", str(example.gear)], capture_output=True, text=True,
+                        timeout=60, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert ok.returncode == 0 and "32,32,32,16" in ok.stdout
+    bad = subprocess.run([script, "run", str(example.gear), "--input", "nonsense"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("gear-runtime: error:") and "Traceback" not in bad.stderr
