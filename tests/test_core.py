@@ -1,0 +1,411 @@
+"""gear_runtime.core: the C++ hot path (and its pure-Python twin) against the contract.
+
+Most tests run on both implementations (the ``impl`` fixture); tests/test_core_parity.py
+compares the two on random inputs. Expected values here are written out by hand from the
+rules (GE-NOTES.md sections 2 and 3, csrc/layout.h), not computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import weakref
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gear_runtime as gr
+import gear_runtime.core as native
+from gear_runtime.core import reference
+from gear_runtime.spec.gearspec import GearSpec
+
+
+@pytest.fixture(params=["native", "reference"])
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    return native if request.param == "native" else reference
+
+
+def build(mod: ModuleType, spec: GearSpec, dtypes: list[Any] | None = None,
+          fusion_size: int = 131072, alignment: int = 64, extra: int = 0,
+          ) -> tuple[Any, np.ndarray]:
+    """An ExecutorCore for ``spec`` with a zeroed staging buffer ``extra`` bytes too long."""
+    dtypes = [np.dtype(d) for d in (dtypes or [np.float32] * len(spec.input_names))]
+    nbytes = [[int(np.prod(s, dtype=np.int64)) * dt.itemsize
+               for s, dt in zip(spec.shapes(g).values(), dtypes, strict=True)]
+              for g in range(spec.gear_count)]
+    layout = mod.plan_layout(nbytes, spec.values_per_gear, fusion_size, alignment)
+    staging = np.zeros(layout.total_bytes + extra, np.uint8)
+    core = mod.ExecutorCore(list(spec.input_names), [list(s) for s in spec.input_shapes],
+                            list(spec.dynamic_positions), [list(g) for g in spec.gears],
+                            dtypes, layout, staging)
+    return core, staging
+
+
+def expected_staging(layout: Any, gear: int, arrays: list[np.ndarray], values: tuple[int, ...],
+                     size: int) -> np.ndarray:
+    """What the staging buffer must hold after staging ``arrays`` into a zeroed buffer."""
+    out = np.zeros(size, np.uint8)
+    for i, a in enumerate(arrays):
+        raw = np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8)
+        out[layout.offset(gear, i):layout.offset(gear, i) + raw.size] = raw
+    dims = np.frombuffer(np.asarray(values, "<i4").tobytes(), np.uint8)
+    out[layout.dims_offset(gear):layout.dims_offset(gear) + dims.size] = dims
+    return out
+
+
+BATCH = GearSpec.from_atc(input_shape="data:-1,3,4,4", dynamic_batch_size="1,8,16")
+DIMS = GearSpec.from_atc(input_shape="x:1,-1;mask:-1,4", dynamic_dims="20,1;40,2")
+IMAGE = GearSpec.from_atc(input_shape="img:1,3,-1,-1", dynamic_image_size="8,8;16,24")
+TWO_BATCH = GearSpec.from_atc(input_shape="a:-1,3;b:-1,2", dynamic_batch_size="2,4")
+
+
+# ---- import contract ------------------------------------------------------------------------
+def test_native_is_the_default() -> None:
+    assert native.IMPLEMENTATION == "native"
+    assert native.ExecutorCore.__module__ == "gear_runtime._core"
+
+
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60, check=False)
+
+
+def test_pure_python_switch_and_no_silent_fallback() -> None:
+    done = _run_python("import gear_runtime.core as c; print(c.IMPLEMENTATION, "
+                       "c.ExecutorCore.__module__)", GEAR_RUNTIME_PURE_PYTHON="1")
+    assert done.stdout.split() == ["reference", "gear_runtime.core.reference"], done.stderr
+    # _core missing (blocked in sys.modules): ImportError that says how to build it.
+    done = _run_python("import sys; sys.modules['gear_runtime._core'] = None\n"
+                       "import gear_runtime.core", GEAR_RUNTIME_PURE_PYTHON="0")
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr and "pip install ." in done.stderr
+
+
+# ---- layout ---------------------------------------------------------------------------------
+def test_layout_packs_fused_inputs_then_dims_then_the_rest(impl: ModuleType) -> None:
+    lay = impl.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64)
+    assert lay.merged and lay.gear_count == 2 and lay.input_count == 3
+    assert [lay.fused(i) for i in range(3)] == [True, True, False]
+    assert (lay.offset(1, 0), lay.offset(1, 1), lay.dims_offset(1)) == (0, 256, 320)
+    assert lay.merged_span(1) == (0, 332)
+    assert lay.offset(1, 2) == 384 and lay.nbytes(1, 2) == 9000
+    assert lay.separate(1) == [(384, 9384)]
+    assert lay.total_bytes == 9384 and lay.dims_nbytes == 12 and lay.alignment == 64
+
+
+def test_layout_merges_only_two_or_more_buffers(impl: ModuleType) -> None:
+    alone = impl.plan_layout([[16], [32]], 0)
+    assert not alone.merged and not alone.fused(0)
+    assert alone.merged_span(1) == (0, 0) and alone.separate(1) == [(0, 32)]
+    with_dims = impl.plan_layout([[16], [32]], 1)
+    assert with_dims.merged and with_dims.merged_span(1) == (0, 68)
+    off = impl.plan_layout([[16, 16]], 2, -1)
+    assert not off.merged
+    assert off.separate(0) == [(0, 8), (64, 80), (128, 144)]  # dims first, then the inputs
+
+
+def test_layout_fusion_size_is_capped_at_32_mib(impl: ModuleType) -> None:
+    mib = 1 << 20
+    lay = impl.plan_layout([[32 * mib, 32 * mib + 1]], 1, 1 << 40)
+    assert lay.fused(0) and not lay.fused(1)
+    limits = impl.MAX_FUSION_SIZE, impl.DEFAULT_FUSION_SIZE
+    assert limits == (32 * mib, 131072)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (([], 1), "input_nbytes has no gears"),
+    (([[1, 2], [3]], 1), "input_nbytes row 1 has 1 inputs, row 0 has 2"),
+    (([[1, -2]], 1), "input_nbytes[0][1] is -2, a byte count must be >= 0"),
+    (([[1]], 1, 10, 48), "alignment must be a power of two >= 1, got 48"),
+    (([[1]], 1, 10, 0), "alignment must be a power of two >= 1, got 0"),
+    (([[1]], -1), "dims_count must be >= 0, got -1"),
+    (([[1]], "2"), "dims_count is str, not an int"),
+    ((5, 1), "input_nbytes must be a sequence, got int"),
+    (([[1.5]], 1), "input_nbytes[0] item 0 is float, not an int"),
+    (([[2**63 - 1, 2**63 - 1, 2**63 - 1]], 1, -1), "layout size overflows"),
+])
+def test_layout_rejects_bad_arguments(impl: ModuleType, args: tuple[Any, ...],
+                                      message: str) -> None:
+    with pytest.raises(gr.InputError) as info:
+        impl.plan_layout(*args)
+    assert message in info.value.message and info.value.code == "145000"
+
+
+def test_layout_index_errors_are_input_errors(impl: ModuleType) -> None:
+    lay = impl.plan_layout([[1, 2]], 1)
+    with pytest.raises(gr.InputError, match="gear index 1 out of range: the layout has 1 gears"):
+        lay.offset(1, 0)
+    with pytest.raises(gr.InputError, match="input index -1 out of range"):
+        lay.nbytes(0, -1)
+    with pytest.raises(gr.InputError, match="gear index is str, not an int"):
+        lay.merged_span("0")
+
+
+# ---- matching ------------------------------------------------------------------------------
+def test_match_every_gear_and_explain_a_miss(impl: ModuleType) -> None:
+    core, _ = build(impl, BATCH)
+    assert (core.gear_count, core.values_per_gear) == (3, 1)
+    assert [core.match([b]) for b in (1, 8, 16)] == [0, 1, 2]
+    assert core.match(np.array([8])) == 1  # numpy ints are ints
+    with pytest.raises(gr.GearMismatchError) as info:
+        core.match((17,))
+    assert info.value.code == "145013"
+    assert info.value.message == (
+        "dynamic dims (17,) match no gear of the model (inputs: data axis 0); legal gears, "
+        "nearest first: (16,), (8,), (1,)")
+
+
+def test_mismatch_lists_eight_gears_then_how_many_more(impl: ModuleType) -> None:
+    spec = GearSpec.from_atc(input_shape="x:-1,2", dynamic_batch_size=",".join(
+        str(b) for b in range(1, 21)))
+    core, _ = build(impl, spec)
+    with pytest.raises(gr.GearMismatchError) as info:
+        core.match([0])
+    assert info.value.message.endswith(
+        "(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), ... and 12 more")
+    assert core.nearest([10], 3) == [(10,), (9,), (11,)]  # ties: the lower gear index first
+    assert core.nearest([10], 0) == []
+
+
+def test_match_input_errors(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    with pytest.raises(gr.DynamicInputLengthError,
+                       match=r"dynamic dims have 1 values, the model's gears have 2"):
+        core.match([20])
+    cases = [(None, "dynamic dims must be a sequence, got NoneType"),
+             ([20, 1.0], "dynamic dims item 1 is float, not an int"),
+             (["20", 1], "dynamic dims item 0 is str, not an int"),
+             ([2**64, 1], "dynamic dims item 0 does not fit in 64 bits")]
+    for values, message in cases:
+        with pytest.raises(gr.InputError) as info:
+            core.match(values)
+        assert type(info.value) is gr.InputError and info.value.message == message
+    with pytest.raises(gr.InputError, match="k must be >= 0, got -1"):
+        core.nearest([20, 1], -1)
+
+
+# ---- dims -------------------------------------------------------------------------------------
+def test_extract_dims_batch_and_image_modes(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    assert core.extract([np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]) == (40, 2)
+    assert core.extract([np.zeros((1, 7)), np.zeros((9, 4))]) == (7, 9)  # not matched here
+    image, _ = build(impl, IMAGE)
+    assert image.extract([np.zeros((1, 3, 16, 24))]) == (16, 24)
+    two, _ = build(impl, TWO_BATCH)
+    assert two.extract([np.zeros((4, 3)), np.zeros((4, 2))]) == (4,)
+
+
+def test_extract_errors_name_input_axis_and_values(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    x = np.zeros((1, 20), np.float32)
+    cases = [
+        ([x, np.zeros((1, 7))], gr.DynamicInputLengthError,
+         "input 'mask' axis 1 is 7 but the model fixes it to 4"),
+        ([np.zeros((1, 20, 1)), np.zeros((1, 4))], gr.DynamicInputLengthError,
+         "input 'x' has 3 dims, the model's input has 2"),
+        ([x], gr.InputError, "expected 2 input arrays (x, mask), got 1"),
+        ([x, [[1, 2, 3, 4]]], gr.InputError, "input 'mask' must be a numpy.ndarray, got list"),
+        (x, gr.InputError, "input 'x' must be a numpy.ndarray, got ndarray"),
+    ]
+    for arrays, cls, message in cases[:4]:
+        with pytest.raises(cls) as info:
+            core.extract(arrays)
+        assert type(info.value) is cls and info.value.message == message
+    with pytest.raises(gr.InputError):  # a 2-D array is a sequence of 1 rows, not 2 inputs
+        core.extract(cases[4][0])
+    two, _ = build(impl, TWO_BATCH)
+    with pytest.raises(gr.DynamicInputLengthError) as info:
+        two.extract([np.zeros((4, 3)), np.zeros((2, 2))])
+    assert info.value.message == ("input 'b' axis 0 is 2 but input 'a' axis 0 is 4, and both "
+                                  "carry gear value 0")
+
+
+def test_values_from_full_dims(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    assert core.values_from_full_dims([1, 40, 2, 4]) == (40, 2)
+    with pytest.raises(gr.DynamicInputLengthError) as info:
+        core.values_from_full_dims([1, 40, 2])
+    assert info.value.code == "145012" and info.value.message == (
+        "full dims have 3 values, the model's inputs have 4 dims in all (x:2, mask:2)")
+    with pytest.raises(gr.DynamicInputLengthError,
+                       match="input 'x' axis 0 is 3 but the model fixes it to 1"):
+        core.values_from_full_dims([3, 40, 2, 4])
+    with pytest.raises(gr.InputError, match="full dims item 3 is float, not an int"):
+        core.values_from_full_dims([1, 40, 2, 4.0])
+
+
+# ---- staging ------------------------------------------------------------------------------
+@pytest.mark.parametrize("fusion_size", [131072, 16, -1])
+def test_stage_writes_every_input_and_the_dims(impl: ModuleType, fusion_size: int) -> None:
+    core, staging = build(impl, DIMS, [np.float32, np.int64], fusion_size=fusion_size, extra=64)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((1, 40)).astype(np.float32),
+              rng.integers(-9, 9, (2, 4)).astype(np.int64)]
+    assert core.last_values == ()
+    assert core.stage(arrays) == 1
+    assert core.last_values == (40, 2)
+    want = expected_staging(core.layout, 1, arrays, (40, 2), staging.size)
+    np.testing.assert_array_equal(staging, want)
+
+
+def test_stage_copies_non_contiguous_inputs(impl: ModuleType) -> None:
+    core, staging = build(impl, IMAGE)
+    base = np.arange(3 * 24 * 16, dtype=np.float32).reshape(1, 3, 24, 16)
+    arr = base.transpose(0, 1, 3, 2)  # (1, 3, 16, 24), not C-contiguous
+    assert not arr.flags.c_contiguous
+    assert core.stage([arr]) == 1
+    np.testing.assert_array_equal(
+        staging, expected_staging(core.layout, 1, [arr], (16, 24), staging.size))
+
+
+def test_stage_checks_preset_gear_and_dtype(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    ok = [np.zeros((1, 20), np.float32), np.zeros((1, 4), np.float32)]
+    assert core.stage(ok, (20, 1)) == 0
+    with pytest.raises(gr.DynamicInputLengthError) as info:
+        core.stage(ok, [40, 2])
+    assert info.value.message == ("the inputs' dynamic dims (20, 1) disagree with the dims "
+                                  "set with set_dynamic_* (40, 2)")
+    with pytest.raises(gr.DynamicInputLengthError, match="preset dims have 1 values"):
+        core.stage(ok, [20])
+    with pytest.raises(gr.GearMismatchError, match=r"dynamic dims \(21, 1\) match no gear"):
+        core.stage([np.zeros((1, 21), np.float32), ok[1]])
+    with pytest.raises(gr.InputError) as info:
+        core.stage([ok[0], ok[1].astype(np.float64)])
+    assert info.value.message == "input 'mask' has dtype float64, the model's input has float32"
+    with pytest.raises(gr.InputError, match="has dtype >f4"):
+        core.stage([ok[0], ok[1].astype(">f4")])
+    assert core.last_values == (20, 1)  # failed stages leave it alone
+
+
+def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing(impl: ModuleType) -> None:
+    core, staging = build(impl, DIMS)
+    lay = core.layout
+    x = staging[lay.offset(1, 0):lay.offset(1, 0) + 160].view(np.float32).reshape(1, 40)
+    x[...] = np.arange(40)
+    mask = np.ones((2, 4), np.float32)
+    assert core.stage([x, mask]) == 1
+    np.testing.assert_array_equal(x, np.arange(40, dtype=np.float32).reshape(1, 40))
+    wrong = staging[lay.offset(1, 0):lay.offset(1, 0) + 32].view(np.float32).reshape(2, 4)
+    with pytest.raises(gr.InputError, match="input 'mask' overlaps the staging buffer but is "
+                                            "not its own slot in gear 1"):
+        core.stage([x, wrong])
+
+
+def test_zero_size_gear(impl: ModuleType) -> None:
+    spec = GearSpec.from_atc(input_shape="x:-1,3;y:2", dynamic_batch_size="0,2")
+    core, staging = build(impl, spec)
+    arrays = [np.zeros((0, 3), np.float32), np.full(2, 7, np.float32)]
+    assert core.stage(arrays) == 0
+    np.testing.assert_array_equal(
+        staging, expected_staging(core.layout, 0, arrays, (0,), staging.size))
+
+
+# ---- construction ------------------------------------------------------------------------------
+def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
+    names, shapes = ["x", "mask"], [[1, -1], [-1, 4]]
+    pos, gears = list(DIMS.dynamic_positions), [[20, 1], [40, 2]]
+    dts = [np.float32, np.float32]
+    good = impl.plan_layout([[80, 16], [160, 32]], 2)
+
+    def make(layout: Any = good, staging: Any = None, dtypes: Any = dts, gs: Any = gears) -> Any:
+        if staging is None:
+            staging = np.zeros(good.total_bytes, np.uint8)
+        return impl.ExecutorCore(names, shapes, pos, gs, dtypes, layout, staging)
+
+    cases = [
+        (dict(layout=impl.plan_layout([[80, 16], [159, 32]], 2)), gr.InputError,
+         "layout slot of input 'x' in gear 1 has 159 bytes, its shape (1, 40) of float32 needs "
+         "160"),
+        (dict(layout=impl.plan_layout([[80, 16]], 2)), gr.InputError,
+         "layout has 1 gears, the model has 2"),
+        (dict(layout=impl.plan_layout([[80, 16], [160, 32]], 1)), gr.InputError,
+         "layout dims buffer has 4 bytes, the model's gears have 2 values (8 bytes as int32)"),
+        (dict(layout="nope"), gr.InputError, "layout must be a Layout from plan_layout, got str"),
+        (dict(staging=np.zeros(good.total_bytes - 1, np.uint8)), gr.InputError,
+         f"staging buffer has {good.total_bytes - 1} bytes, the layout needs "
+         f"{good.total_bytes}"),
+        (dict(staging=np.zeros(good.total_bytes, np.int8)), gr.InputError,
+         "staging must have dtype uint8, got int8"),
+        (dict(staging=np.zeros((good.total_bytes, 2), np.uint8)[:, 0]), gr.InputError,
+         "staging must be C-contiguous and writable"),
+        (dict(staging=bytearray(good.total_bytes)), gr.InputError,
+         "staging must be a numpy.ndarray, got bytearray"),
+        (dict(dtypes=[np.float32, object]), gr.InputError,
+         "input 'mask' dtype object holds Python objects"),
+        (dict(dtypes=[np.float32]), gr.InputError, "1 input dtypes for 2 inputs"),
+        (dict(gs=[[20, 1], [20, 1]]), gr.GearSpecError, "gear 1 (20, 1) repeats gear 0"),
+        (dict(gs=[[20, 1], [40]]), gr.GearSpecError, "gear 1 (40,) has 1 values"),
+    ]
+    for kwargs, cls, message in cases:
+        with pytest.raises(cls) as info:
+            make(**kwargs)
+        assert message in info.value.message, (kwargs, info.value.message)
+    ro = np.zeros(good.total_bytes, np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(gr.InputError, match="writable"):
+        make(staging=ro)
+
+
+def test_construction_checks_positions(impl: ModuleType) -> None:
+    with pytest.raises(gr.GearSpecError, match="names input 'x' axis 0, which the model fixes"):
+        impl.ExecutorCore(["x"], [[1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+    with pytest.raises(gr.GearSpecError, match="no dynamic position maps it"):
+        impl.ExecutorCore(["x"], [[-1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+    with pytest.raises(gr.InputError, match=r"dynamic_positions\[0\] must have 3 values"):
+        impl.ExecutorCore(["x"], [[-1]], [(0, 0)], [[1], [2]], [np.float32],
+                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+
+
+def test_core_keeps_the_staging_buffer_alive(impl: ModuleType) -> None:
+    core, staging = build(impl, BATCH)
+    alive = weakref.ref(staging)
+    del staging
+    assert alive() is not None  # the core holds a reference
+    arr = np.ones((8, 3, 4, 4), np.float32)
+    assert core.stage([arr]) == 1
+    staged = alive()
+    off = core.layout.offset(1, 0)
+    np.testing.assert_array_equal(staged[off:off + arr.nbytes].view(np.float32), arr.ravel())
+    del core, staged
+    gc.collect()
+    assert alive() is None  # and lets it go with itself
+
+
+# ---- the GIL ----------------------------------------------------------------------------------
+def test_stage_releases_the_gil_and_refuses_concurrent_use() -> None:
+    """While one thread is inside a large stage, another thread runs Python (and is told that
+    the core is busy). If the copy held the GIL, the busy error could never be observed."""
+    spec = GearSpec.from_atc(input_shape="x:-1,1048576", dynamic_batch_size="1,16")
+    core, _ = build(native, spec)
+    big = np.ones((16, 1 << 20), np.float32)  # 64 MiB
+    small = np.ones((1, 1 << 20), np.float32)
+    stop, seen = threading.Event(), threading.Event()
+
+    def stager() -> None:
+        for _ in range(200):
+            if stop.is_set():
+                return
+            core.stage([big])
+
+    thread = threading.Thread(target=stager)
+    thread.start()
+    try:
+        while thread.is_alive() and not seen.is_set():
+            try:
+                core.stage([small])
+            except gr.InputError as exc:
+                assert "already running in another thread" in exc.message
+                seen.set()
+    finally:
+        stop.set()
+        thread.join()
+    assert seen.is_set(), "stage never ran concurrently: the GIL is not released"
+    assert core.stage([small]) == 0  # the busy flag was cleared
