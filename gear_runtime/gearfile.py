@@ -437,11 +437,9 @@ class _Reader:
         root = self._root_inputs()
         if ACL_DYNAMIC_TENSOR_NAME not in root:
             raise self.fail(f"no {ACL_DYNAMIC_TENSOR_NAME!r} input")
-        output_names = tuple(case.output)
         outs = {o.name: o for o in graph.output}
-        if tuple(outs) != output_names:
-            raise self.fail(f"root outputs {list(outs)} differ from {OP_CASE} outputs "
-                            f"{list(output_names)}")
+        output_names = tuple(outs)
+        self._check_routing_outputs(list(case.output), output_names, root)
         branches = []
         for i, g in enumerate(self._by_label(attrs.get(ATTR_BRANCHES, []))):
             declared = [(vi.name, tuple(d.dim_value if d.HasField("dim_value") else -1
@@ -461,6 +459,18 @@ class _Reader:
         return self._finish(
             KIND_CASE, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
             tuple(self._dtype(outs[n]) for n in output_names), dims, branches, dynamic, None)
+
+    def _check_routing_outputs(self, produced: Sequence[str], output_names: Sequence[str],
+                               root: dict[str, onnx.ValueInfoProto]) -> None:
+        """The routing node writes output k under its name, or, for an output that is a root
+        input or weight itself (a passthrough), under ``ascend_mbatch_out_<k>``."""
+        if len(produced) != len(output_names):
+            raise self.fail(f"the routing node has {len(produced)} outputs, the root graph "
+                            f"{len(output_names)}")
+        roots = set(root) | set(self.weights)
+        for k, (p, n) in enumerate(zip(produced, output_names, strict=True)):
+            if p != n and not (p == f"{RESERVED_PREFIX}out_{k}" and n in roots):
+                raise self.fail(f"root output {k} is {n!r} but the routing node writes {p!r}")
 
     def _check_case_attrs(self, attrs: dict[str, Any]) -> None:
         spec = self.spec
@@ -511,6 +521,10 @@ class _Reader:
                 dynamic_graphs.append(sub)
         root = self._root_inputs()
         output_names = tuple(o.name for o in outs[:-1])
+        tops = [n for n in graph.node if n.op_type == "If"]
+        if len(tops) != 1:
+            raise self.fail(f"expected one routing If node in the root graph, found {len(tops)}")
+        self._check_routing_outputs(list(tops[0].output), output_names, root)
         branches = [self._standalone(g, g.name, self._gear_inputs(i, root), output_names)
                     for i, g in enumerate(self._by_label(gears))]
         dynamic = None

@@ -55,12 +55,12 @@ def _finish(graph: onnx.GraphProto, opset: int = OPSET) -> onnx.ModelProto:
 
 
 def conv_model(channels: int = 3, hidden: int = 8, classes: int = 10,
-               seed: int = 0) -> onnx.ModelProto:
+               seed: int = 0, opset: int = OPSET) -> onnx.ModelProto:
     """Conv(3x3, pad 1) + Relu + GlobalAveragePool + Flatten + Gemm.
 
     Input ``data`` float32 [N, channels, H, W] with N, H, W symbolic; output ``logits``
     float32 [N, classes]. Fits both batch mode (:data:`CONV_BATCH_SPEC`) and image-size mode
-    (:data:`CONV_IMAGE_SPEC`).
+    (:data:`CONV_IMAGE_SPEC`). Valid for every ``opset`` from 11 on.
     """
     rng = np.random.default_rng(seed)
     inits = [
@@ -83,7 +83,7 @@ def conv_model(channels: int = 3, hidden: int = 8, classes: int = 10,
         [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", channels, "H", "W"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
         initializer=inits)
-    return _finish(graph)
+    return _finish(graph, opset)
 
 
 def prefill_model(hidden: int = 64, vocab: int = 128, max_positions: int = 256,
@@ -217,6 +217,103 @@ def heavy_model(width: int = 512, layers: int = 4, seed: int = 0) -> onnx.ModelP
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
         initializer=inits)
+    return _finish(graph)
+
+
+def sqrt_slice_model() -> onnx.ModelProto:
+    """An output shape static shape inference cannot find: ``y = x[:, :floor(sqrt(S))]``.
+
+    Input ``x`` float32 [N, S]; the slice end goes through Cast/Sqrt/Floor, which ONNX data
+    propagation does not follow, so the compiler must run the branch to learn ``y``'s shape
+    [N, floor(sqrt(S))]. No weights, only two index constants.
+    """
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["x_shape"], name="shape"),
+        n("Gather", ["x_shape", "one"], ["s"], name="get_s", axis=0),
+        n("Cast", ["s"], ["s_f"], name="to_float", to=TensorProto.FLOAT),
+        n("Sqrt", ["s_f"], ["root"], name="sqrt"),
+        n("Floor", ["root"], ["root_floor"], name="floor"),
+        n("Cast", ["root_floor"], ["k"], name="to_int", to=TensorProto.INT64),
+        n("Slice", ["x", "zero", "k", "one"], ["y"], name="slice"),
+    ]
+    graph = helper.make_graph(
+        nodes, "sqrt_slice_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "K"])],
+        initializer=[_const("one", [1]), _const("zero", [0])])
+    return _finish(graph)
+
+
+def custom_op_model() -> onnx.ModelProto:
+    """``y = Foo(x)`` with ``Foo`` from an unknown domain: neither shape inference nor ONNX
+    Runtime can give ``y``'s shape (the compiler must refuse it). Input ``x`` float32 [N, 4]."""
+    node = helper.make_node("Foo", ["x"], ["y"], name="foo", domain="com.example.unknown")
+    graph = helper.make_graph(
+        [node], "custom_op_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", OPSET), helper.make_opsetid("com.example.unknown", 1)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def control_flow_model(width: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """A model with its own ``If`` whose branches read outer values (an intermediate ``h``
+    and the weight ``w``): renaming a branch must follow references into subgraphs.
+
+    Input ``x`` float32 [N, width]; ``h = Relu(x)``; if ``sum(x) > 0`` then ``y = h * w``
+    else ``y = h + w``. Output ``y`` float32 [N, width].
+    """
+    rng = np.random.default_rng(seed)
+    n = helper.make_node
+    then_g = helper.make_graph([n("Mul", ["h", "w"], ["t_out"], name="then_mul")], "then", [],
+                               [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([n("Add", ["h", "w"], ["e_out"], name="else_add")], "else", [],
+                               [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
+    nodes = [
+        n("Relu", ["x"], ["h"], name="relu"),
+        n("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
+        n("Greater", ["total", "zero_f"], ["positive"], name="positive"),
+        n("If", ["positive"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    graph = helper.make_graph(
+        nodes, "control_flow_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+        initializer=[_weight(rng, "w", (width,), 1.0),
+                     numpy_helper.from_array(np.array(0.0, np.float32), "zero_f")])
+    return _finish(graph)
+
+
+def passthrough_model(width: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """Outputs that are not computed: ``x`` itself and the weight ``w`` next to ``y = Relu(x)``.
+
+    Input ``x`` float32 [N, width]; outputs ``y`` [N, width], ``x`` [N, width], ``w`` [width].
+    """
+    rng = np.random.default_rng(seed)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "passthrough_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [width])],
+        initializer=[_weight(rng, "w", (width,), 1.0)])
+    return _finish(graph)
+
+
+def two_batch_model(width: int = 4) -> onnx.ModelProto:
+    """Two inputs sharing the batch axis: ``y = a + b``, ``a`` and ``b`` float32 [N, width].
+
+    Batch mode spec ``a:-1,4;b:-1,4``: both -1 take the one batch value, so inputs whose batch
+    sizes disagree match no gear.
+    """
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add")], "two_batch_model",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", width]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])])
     return _finish(graph)
 
 

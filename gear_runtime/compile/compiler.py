@@ -27,7 +27,7 @@ from gear_runtime.compile.branch import (
     static_inputs,
 )
 from gear_runtime.compile.check import check_reserved, check_spec, inspect_model, load_model
-from gear_runtime.compile.outputs import gear_output_shapes, output_value_info
+from gear_runtime.compile.outputs import gear_output_shapes, set_output_shapes
 from gear_runtime.compile.route import build_case_model, build_sink_model
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
@@ -113,8 +113,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
             out_shapes, ran = gear_output_shapes(inferred, branch, source, info, gear_shapes, i)
             if ran:
                 report.ran_on_ort.append(i)
-            del branch.output[:]
-            branch.output.extend(output_value_info(info, out_shapes))
+            set_output_shapes(branch, info, out_shapes)
             branches.append(branch)
             shapes.append(out_shapes)
             bar.update(1)

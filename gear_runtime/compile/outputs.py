@@ -22,11 +22,17 @@ from gear_runtime.gearfile import DOMAIN
 
 def inferred_shapes(inferred: onnx.GraphProto,
                     names: Sequence[str]) -> list[tuple[int, ...] | None]:
-    """Static shape of each output in ``names`` from an inferred graph; None when any dim
+    """Static shape of each output in ``names`` from an inferred graph (an output that is
+    itself an input or initializer of that graph takes its declared shape); None when any dim
     (or the rank) is unknown."""
-    by_name = {o.name: o for o in inferred.output}
+    by_name = {vi.name: vi for vi in inferred.input}
+    by_name.update((o.name, o) for o in inferred.output if o.name not in by_name)
+    consts = {t.name: tuple(int(d) for d in t.dims) for t in inferred.initializer}
     out: list[tuple[int, ...] | None] = []
     for n in names:
+        if n in consts:
+            out.append(consts[n])
+            continue
         tt = by_name[n].type.tensor_type if n in by_name else None
         if tt is None or not tt.HasField("shape") or not all(
                 d.HasField("dim_value") for d in tt.shape.dim):
@@ -54,7 +60,8 @@ def run_for_shapes(branch: onnx.GraphProto, source: onnx.ModelProto, info: Graph
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model.SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
-        results = sess.run([o.name for o in info.outputs], feeds)
+        # positional: a passthrough output of the branch has its Identity's name
+        results = sess.run([o.name for o in branch.output], feeds)
     except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
         raise CompileError(
             f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and the "
@@ -79,8 +86,10 @@ def gear_output_shapes(inferred: onnx.GraphProto, branch: onnx.GraphProto,
     return real, True
 
 
-def output_value_info(info: GraphInfo, shapes: Sequence[tuple[int, ...]]
-                      ) -> list[onnx.ValueInfoProto]:
-    """Output declarations with one gear's static shapes."""
-    return [helper.make_tensor_value_info(t.name, t.elem_type, list(s))
-            for t, s in zip(info.outputs, shapes, strict=True)]
+def set_output_shapes(branch: onnx.GraphProto, info: GraphInfo,
+                      shapes: Sequence[tuple[int, ...]]) -> None:
+    """Declare the branch's outputs (in place, names kept) with one gear's static shapes."""
+    decls = [helper.make_tensor_value_info(o.name, t.elem_type, list(s))
+             for o, t, s in zip(branch.output, info.outputs, shapes, strict=True)]
+    del branch.output[:]
+    branch.output.extend(decls)

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gear_runtime.compile.branch import dynamic_inputs, static_inputs
+from gear_runtime.compile.branch import dynamic_inputs, static_inputs, wrap_passthrough
 from gear_runtime.compile.check import GraphInfo, TensorInfo
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
@@ -44,7 +44,6 @@ from gear_runtime.gearfile import (
     GEAR_TABLE_NAME,
     OP_CASE,
     OP_MAP_INDEX,
-    PASSTHROUGH_PREFIX,
     RESERVED_PREFIX,
     format_output_dims,
 )
@@ -107,6 +106,16 @@ def _root_graph(source: onnx.ModelProto) -> onnx.GraphProto:
     return g
 
 
+def routing_outputs(info: GraphInfo, spec: GearSpec) -> list[str]:
+    """Names of the Case / top If outputs: the model's output names, except an output that is
+    a root input or weight itself (a passthrough): a node cannot produce it again (SSA), so
+    the routing node writes ``ascend_mbatch_out_<k>`` (unused) and the root output is that
+    input or weight directly, whatever the gear."""
+    roots = set(spec.input_names) | set(info.weights)
+    return [f"{RESERVED_PREFIX}out_{k}" if t.name in roots else t.name
+            for k, t in enumerate(info.outputs)]
+
+
 def _declare_outputs(info: GraphInfo, dims: Sequence[list[int | str] | None]
                      ) -> list[onnx.ValueInfoProto]:
     return [helper.make_tensor_value_info(t.name, t.elem_type, d)
@@ -140,7 +149,7 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     if dynamic is not None:
         attrs[ATTR_DYNAMIC_GRAPH] = dynamic
     g.node.append(helper.make_node(
-        OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names], [t.name for t in info.outputs],
+        OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names], routing_outputs(info, spec),
         name=f"{RESERVED_PREFIX}Case", domain=DOMAIN, **attrs))
     g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, dynamic is not None)))
     return _make_model(source, g, extra_domain=True)
@@ -245,18 +254,11 @@ def _dims_output_nodes(spec: GearSpec, dims: str, names: _Names) -> list[onnx.No
 
 def as_if_branch(graph: onnx.GraphProto) -> onnx.GraphProto:
     """A branch graph as an If subgraph: no declared inputs (it reads the root inputs and
-    weights from the outer scope). An output that is an outer value itself gets an Identity
-    named ``ascend_mbatch_passthrough_...`` (a subgraph output must be produced inside it)."""
+    weights from the outer scope); outputs that were its inputs get passthrough Identities."""
     g = onnx.GraphProto()
     g.CopyFrom(graph)
     del g.input[:]
-    produced = {o for n in g.node for o in n.output}
-    for k, o in enumerate(g.output):
-        if o.name in produced:
-            continue
-        new = f"{PASSTHROUGH_PREFIX}{g.name}_{k}"
-        g.node.append(helper.make_node("Identity", [o.name], [new], name=new))
-        o.name = new
+    wrap_passthrough(g)
     return g
 
 
@@ -330,7 +332,7 @@ def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     miss = (as_if_branch(dynamic) if dynamic is not None
             else _miss_graph(info, empty, "0"))
     leaves = [as_if_branch(b) for b in branches]
-    g.node.extend(_route(0, spec.gear_count, [t.name for t in info.outputs], leaves, miss, empty,
+    g.node.extend(_route(0, spec.gear_count, routing_outputs(info, spec), leaves, miss, empty,
                          info, names))
     zeroed = None if dynamic is not None else [
         [d == 0 and any(s[k][a] != 0 for s in shapes if len(s[k]) > a)
