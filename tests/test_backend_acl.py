@@ -184,8 +184,9 @@ def test_separate_inputs_get_one_memcpy_each(fake, tmp_path):
 
 
 def test_int64_dims_input_gets_its_own_buffer(fake, tmp_path):
-    """A model whose ascend_mbatch_shape_data is int64 (wider than the layout's int32 slot):
-    set_* must write it after the input copies, or execute would read garbage dims."""
+    """A model whose ascend_mbatch_shape_data is int64 (GE's older offline width): the
+    layout's int32 slot is too small, so the dims input gets a session buffer of the model's
+    size, which set_* fills in the model's width (execute reads the dims from there)."""
     model = acl_backend.open_model(write(tmp_path, "batch", dims_dtype="int64"))
     assert model.dims_nbytes == 8
     layout, session = session_for(model)

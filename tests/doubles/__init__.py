@@ -7,13 +7,12 @@
   and failure injection.
 * :mod:`doubles.fake_mslite`: MindSpore Lite's Python API (``import mindspore_lite``):
   Context / Model / Tensor, a fake MindIR whose resize accepts only the compiled gears.
-
 * :mod:`doubles.layout`: the core's staging layout when built, else a stand-in with the same
   attributes (csrc/layout.h's rules), and a test-only ``stage``.
 
 The tests import them as ``from doubles import fake_acl`` (``tests/`` is on ``sys.path``
 under pytest's default import mode). Install one with
 ``monkeypatch.setitem(sys.modules, "acl", fake.module)``.
-The doubles never import gear_runtime: what they declare is independent of what the code
+fake_acl and fake_mslite never import gear_runtime: what they declare is independent of what the code
 under test discovers, so "the spec equals what the model declares" can fail.
 """

@@ -1,0 +1,306 @@
+"""Ascend backend through MindSpore Lite (cloud-side inference, MindIR models).
+
+Written to the documented MindSpore Lite 2.x Python API (mindspore.cn/lite/api/en/r2.3.1/
+mindspore_lite/mindspore_lite.Model.html, .Context.html, .Tensor.html) and the flow of seed
+004 (build_from_file, get_inputs, ``resize`` only when the shapes change, predict); tested
+against the double in ``tests/doubles/fake_mslite.py``, NOT run on Ascend hardware here
+(docs/ascend.md).
+
+A MindIR converted with ``ge.dynamicDims`` (or ``[ascend_context] dynamic_dims``) does not
+describe its gears through the Python API, so the spec comes from the converter config file
+(``config=``, read by :meth:`GearSpec.from_config`) or is given (``spec=``). That closes the
+gap seed 004 names: the executor matches the gear BEFORE any MindSpore Lite call and raises
+GearMismatchError listing the gears, instead of a "Shape Conflict" deep inside resize/predict.
+
+Output shapes per gear are read at load: ``resize`` to each gear, then the shapes of
+``get_outputs()``; where those still hold -1 (the backend only knows them after a run), one
+``predict`` on zeros gives them (it doubles as that gear's warm-up).
+
+MindSpore Lite copies inputs in from numpy (``Tensor.set_data_from_numpy``): a run reads each
+input as a zero-copy numpy view of the session's staging buffer at the layout's offsets; there
+is no device copy for us to merge. ``resize`` changes the one Model object, so every session
+of a model shares its current gear under the model's lock: runs of one model are serialised
+(load the model once per NPU stream to run in parallel).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CompileError,
+    GearFileError,
+    GearSpecError,
+    InputError,
+)
+from gear_runtime.spec import GearSpec
+
+INSTALL_HINT = ("install the MindSpore Lite cloud-inference wheel for Ascend "
+                "(mindspore_lite-*-linux_*.whl from mindspore.cn, built with the Ascend backend) "
+                "on a machine with the CANN toolkit")
+
+#: mindspore_lite.DataType member name -> numpy dtype
+MSLITE_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64), "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16), "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64), "FLOAT16": np.dtype(np.float16),
+    "FLOAT32": np.dtype(np.float32), "FLOAT64": np.dtype(np.float64),
+}
+
+_CODE = re.compile(r"\b(\d{6}|E[A-Z0-9]\d{4})\b")
+
+
+def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
+               spec: GearSpec | None = None, device_id: int = 0) -> MsliteModel:
+    """Build the MindIR at ``path`` on Ascend device ``device_id``.
+
+    The gears come from ``config`` (the converter config file: ``[acl_build_options]``,
+    ``[ascend_context]`` or ``[ge_graph_options]``) or from ``spec``; exactly one of them.
+    Raises BackendUnavailableError when mindspore_lite is missing, GearSpecError for a bad or
+    missing spec, GearFileError for a missing model file, CompileError when the model's inputs
+    do not fit the spec, BackendError when a MindSpore Lite call fails.
+    """
+    mslite = _import_mslite()
+    if (config is None) == (spec is None):
+        raise GearSpecError("mindspore_lite needs the model's gears: pass config= (the "
+                            "converter config file with input_shape and dynamic dims) or spec=, "
+                            "exactly one of them")
+    if spec is None:
+        spec = GearSpec.from_config(os.fspath(config))  # type: ignore[arg-type]
+    elif not isinstance(spec, GearSpec):
+        raise GearSpecError(f"spec must be a GearSpec, got {type(spec).__name__}")
+    return MsliteModel(mslite, os.fspath(path), spec, device_id)
+
+
+def _import_mslite() -> Any:
+    try:
+        import mindspore_lite  # type: ignore[import-not-found]  # lazy: Ascend machines only
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend 'mindspore_lite' needs the Python module 'mindspore_lite', which cannot "
+            f"be imported here ({exc}); {INSTALL_HINT}") from exc
+    return mindspore_lite
+
+
+def _call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a MindSpore Lite call; its exceptions become BackendError naming the call.
+
+    The API raises RuntimeError("<call> failed! Error is <status>") (and TypeError /
+    ValueError for bad arguments); ``.code`` is the first ACL / GE code in the text, if any.
+    """
+    try:
+        return fn(*args)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        found = _CODE.search(str(exc))
+        raise BackendError(f"mindspore_lite {name} failed: {exc}",
+                           code=found.group(1) if found else "") from exc
+
+
+def _np_dtype(dtype: Any, what: str) -> np.dtype:
+    name = getattr(dtype, "name", str(dtype)).rsplit(".", 1)[-1].upper()
+    try:
+        return MSLITE_DTYPES[name]
+    except KeyError:
+        raise GearFileError(f"{what} has MindSpore Lite dtype {dtype}, which has no numpy dtype "
+                            f"(supported: {', '.join(MSLITE_DTYPES)})") from None
+
+
+class MsliteModel(BackendModel):
+    """A MindIR built for Ascend, its gears (from the spec) and per-gear output shapes."""
+
+    name = "mindspore_lite"
+
+    def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0) -> None:
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise InputError(f"device_id must be a non-negative int, got {device_id!r}")
+        if not os.path.isfile(path):
+            raise GearFileError(f"model file {path!r} does not exist or is not a file")
+        self.mslite, self.path, self.device_id = mslite, path, device_id
+        #: guards the Model object: resize + set data + predict are one critical section
+        self.lock = threading.Lock()
+        #: the gear the Model's inputs are resized to (None: unknown / not a gear)
+        self.current_gear: int | None = None
+        self._closed = False
+        context = _call("Context()", mslite.Context)
+        context.target = ["ascend"]
+        context.ascend.device_id = device_id
+        self.model = mslite.Model()
+        _call("Model.build_from_file", self.model.build_from_file, path,
+              mslite.ModelType.MINDIR, context)
+        self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
+        self.spec = spec
+        #: model input index of each spec input (spec order -> model order)
+        self.order = self._match_inputs(spec)
+        dtypes = tuple(_np_dtype(self.inputs[j].dtype, f"input {spec.input_names[i]!r}")
+                       for i, j in enumerate(self.order))
+        with self.lock:
+            names, out_dtypes, shapes = self._output_table(spec, dtypes)
+        self.info = ModelInfo(spec, dtypes, names, out_dtypes, shapes, hybrid=spec.hybrid)
+
+    def _match_inputs(self, spec: GearSpec) -> tuple[int, ...]:
+        """By name when every spec input is a model input; else by position when the counts
+        agree (seed 004's preferred_order fallback: converters may rename inputs)."""
+        names = [str(getattr(t, "name", "")) for t in self.inputs]
+        if len(names) != len(spec.input_names):
+            raise CompileError(f"{self.path!r} has {len(names)} inputs {names}, the spec has "
+                               f"{len(spec.input_names)} {list(spec.input_names)}")
+        if set(spec.input_names) == set(names):
+            order = tuple(names.index(n) for n in spec.input_names)
+        else:
+            order = tuple(range(len(names)))
+        for i, j in enumerate(order):
+            model_shape, spec_shape = list(self.inputs[j].shape), spec.input_shapes[i]
+            if len(model_shape) != len(spec_shape) or any(
+                    m >= 0 and s >= 0 and m != s for m, s in zip(model_shape, spec_shape,
+                                                                 strict=True)):
+                raise CompileError(f"input {spec.input_names[i]!r}: the model's shape "
+                                   f"{model_shape} does not fit the spec's {list(spec_shape)}")
+        return order
+
+    def model_shapes(self, gear: int) -> list[list[int]]:
+        """Every model input's shape in ``gear``, in MODEL order (what resize takes)."""
+        shapes = list(self.spec.shapes(gear).values())
+        out: list[list[int]] = [[] for _ in shapes]
+        for i, j in enumerate(self.order):
+            out[j] = [int(d) for d in shapes[i]]
+        return out
+
+    def select(self, gear: int) -> None:
+        """Resize the Model's inputs to ``gear`` unless they already are (seed 004: resize
+        only when the shapes change). Call with :attr:`lock` held."""
+        if self.current_gear == gear:
+            return
+        self.resize(self.model_shapes(gear))
+        self.current_gear = gear
+
+    def resize(self, shapes: list[list[int]]) -> None:
+        """``Model.resize(inputs, shapes)`` (model order), then fresh input tensors."""
+        self.current_gear = None  # unknown until the resize succeeded
+        _call("Model.resize", self.model.resize, self.inputs, shapes)
+        self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
+
+    def _output_table(self, spec: GearSpec, dtypes: tuple[np.dtype, ...],
+                      ) -> tuple[tuple[str, ...], tuple[np.dtype, ...],
+                                 tuple[tuple[tuple[int, ...], ...], ...]]:
+        """Output names, dtypes and per-gear shapes: resize to each gear, read get_outputs();
+        predict on zeros when the shapes are not known before a run."""
+        shapes, outputs = [], []
+        for g in range(spec.gear_count):
+            self.select(g)
+            outputs = list(_call("Model.get_outputs", self.model.get_outputs))
+            got = [tuple(int(d) for d in o.shape) for o in outputs]
+            if not got or any(d < 0 for s in got for d in s):
+                zeros = [np.zeros(s, dtype=dtypes[i]) for i, s in
+                         enumerate(spec.shapes(g).values())]
+                outputs = self.predict([zeros[self.order.index(j)]
+                                        for j in range(len(self.inputs))])
+                got = [tuple(int(d) for d in o.shape) for o in outputs]
+            shapes.append(tuple(got))
+        names = tuple(str(getattr(o, "name", f"output_{k}")) for k, o in enumerate(outputs))
+        out_dtypes = tuple(_np_dtype(o.dtype, f"output {n!r}") for o, n in
+                           zip(outputs, names, strict=True))
+        return names, out_dtypes, tuple(shapes)
+
+    def predict(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Set every input (model order) from numpy and predict; returns output tensors.
+        Call with :attr:`lock` held, after :meth:`select` / :meth:`resize`."""
+        for tensor, array in zip(self.inputs, arrays, strict=True):
+            _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, array)
+        outputs = _call("Model.predict", self.model.predict, self.inputs)
+        if outputs is None:
+            raise BackendError("mindspore_lite Model.predict returned no outputs: MindSpore "
+                               "Lite >= 2.0 (predict(inputs) -> outputs) is required")
+        return list(outputs)
+
+    def create_session(self, layout: Any) -> MsliteSession:
+        if self._closed:
+            raise BackendError(f"mindspore_lite model {self.path!r} is closed")
+        return MsliteSession(self, layout)
+
+    def close(self) -> None:
+        """Drop the Model (MindSpore Lite frees it when collected); idempotent."""
+        self._closed = True
+        self.model = None
+        self.inputs = []
+
+
+class MsliteSession(BackendSession):
+    """One executor's staging buffer and its per-gear input views."""
+
+    def __init__(self, model: MsliteModel, layout: Any) -> None:
+        self._model = model
+        info = model.info
+        spec = info.spec
+        expected = info.input_nbytes()
+        total = int(layout.total_bytes)
+        for g, row in enumerate(expected):
+            for i, nbytes in enumerate(row):
+                got, end = int(layout.nbytes(g, i)), int(layout.offset(g, i)) + nbytes
+                if got != nbytes or end > total:
+                    raise BackendError(
+                        f"staging layout does not fit the model: input {spec.input_names[i]!r} "
+                        f"of gear {g} gets {got} bytes ending at {end} of {total}, it needs "
+                        f"{nbytes}")
+        raw = np.zeros(total + 64, dtype=np.uint8)
+        start = -raw.ctypes.data % 64  # 64-byte aligned, like pinned memory
+        self.staging = raw[start:start + total]
+        # Per gear, every input as a view of the staging, in MODEL order (what predict takes).
+        self._views: list[list[np.ndarray]] = []
+        for g in range(spec.gear_count):
+            views: list[np.ndarray] = [np.empty(0)] * len(spec.input_names)
+            for i, shape in enumerate(spec.shapes(g).values()):
+                off = int(layout.offset(g, i))
+                view = self.staging[off:off + expected[g][i]].view(info.input_dtypes[i])
+                views[model.order[i]] = view.reshape(shape)
+            self._views.append(views)
+        self._closed = False
+
+    def run_gear(self, gear: int) -> list[np.ndarray]:
+        """Resize if the model is on another gear, copy the staged inputs in, predict."""
+        model = self._model
+        if self._closed or model.model is None:
+            raise BackendError("this mindspore_lite session (or its model) is closed")
+        if not 0 <= gear < len(self._views):
+            raise InputError(f"gear index {gear} is out of range: the model has "
+                             f"{len(self._views)} gears")
+        with model.lock:
+            model.select(gear)
+            outputs = model.predict(self._views[gear])
+            arrays = [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
+        expected = model.info.output_shapes[gear]
+        for k, (array, shape) in enumerate(zip(arrays, expected, strict=True)):
+            if tuple(array.shape) != tuple(shape):
+                raise BackendError(f"output {model.info.output_names[k]!r} of gear {gear} has "
+                                   f"shape {tuple(array.shape)}, the gear map says {shape}")
+        return arrays
+
+    def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Hybrid mode after a miss: resize to the inputs' own shapes (the model was converted
+        with the dynamic-shape graph as well) and predict."""
+        model = self._model
+        if not model.info.hybrid:
+            return super().run_dynamic(arrays)
+        if self._closed or model.model is None:
+            raise BackendError("this mindspore_lite session (or its model) is closed")
+        ordered: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        for i, j in enumerate(model.order):
+            ordered[j] = np.ascontiguousarray(arrays[i])
+        with model.lock:
+            model.resize([[int(d) for d in a.shape] for a in ordered])
+            outputs = model.predict(ordered)
+            return [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
+
+    def close(self) -> None:
+        self._closed = True
+        self.staging = np.empty(0, dtype=np.uint8)
+        self._views = []

@@ -1,0 +1,305 @@
+"""A faithful double of MindSpore Lite's Python API (``import mindspore_lite``), cloud-side
+inference on Ascend, for running the mindspore_lite backend without an NPU.
+
+Faithful to the 2.x API reference (mindspore.cn/lite/api/en/r2.3.1/mindspore_lite/...):
+
+* ``Context()`` with ``target`` (a list of "cpu" / "gpu" / "ascend") and
+  ``ascend.device_id``; ``ModelType.MINDIR``; ``DataType`` members by name;
+* ``Model().build_from_file(model_path, model_type, context=None, config_path="")``,
+  ``get_inputs()`` / ``get_outputs()`` (fresh Tensor wrappers over the model's tensors, so
+  shapes follow resize), ``resize(inputs, dims)`` with the documented type checks
+  (TypeError / ValueError) and ``RuntimeError("resize failed! ...")``,
+  ``predict(inputs, outputs=None) -> list[Tensor]``;
+* ``Tensor``: ``name``, ``shape``, ``dtype``, ``data_size``, ``set_data_from_numpy`` (dtype and
+  byte size must match the tensor: RuntimeError otherwise), ``get_data_to_numpy``;
+* the gap seed 004 describes: an out-of-gear shape fails only deep inside resize / predict,
+  with no friendly message ("Shape Conflict").
+
+The fake MindIR is a JSON file (:func:`write_mindir`) listing the inputs (shape with -1) and
+the compiled gears (each a full shape per input, what the converter config expands to). Its
+outputs follow the same checkable rule as the pyACL double: ``y = 2 * input0 + 1`` and
+``cat`` = all inputs flattened and concatenated, as float32.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+OUTPUT_NAMES = ("y", "cat")
+
+
+def write_mindir(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[int], str]],
+                 gears: Sequence[Sequence[Sequence[int]]],
+                 output_shapes_after_resize: bool = True, hybrid: bool = False) -> str:
+    """Write a fake MindIR: ``inputs`` = (name, shape with -1, numpy dtype name); ``gears`` =
+    per gear, every input's full shape. With ``output_shapes_after_resize=False`` the output
+    tensors report -1 dims until a predict has run (some backends only know them then).
+    ``hybrid=True``: converted with the dynamic-shape graph too, so resize takes any shape of
+    the right rank (GE's hybrid mode)."""
+    doc = {"format": "fake-mindir",
+           "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in inputs],
+           "gears": [[list(s) for s in g] for g in gears],
+           "output_shapes_after_resize": output_shapes_after_resize, "hybrid": hybrid}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    return str(path)
+
+
+class ModelType(enum.Enum):
+    MINDIR = 0
+    MINDIR_LITE = 4
+
+
+class DataType(enum.Enum):
+    """mindspore_lite.DataType (names as in the API; values are not relied upon)."""
+
+    UNKNOWN = 0
+    BOOL = 30
+    INT8 = 32
+    INT16 = 33
+    INT32 = 34
+    INT64 = 35
+    UINT8 = 37
+    UINT16 = 38
+    UINT32 = 39
+    UINT64 = 40
+    FLOAT16 = 42
+    FLOAT32 = 43
+    FLOAT64 = 44
+
+
+_TO_DATATYPE = {np.dtype(n.lower() if n != "BOOL" else "bool"): m
+                for n, m in DataType.__members__.items() if n != "UNKNOWN"}
+
+
+@dataclass
+class FakeMsliteState:
+    """What the double holds; tests read it to assert what the backend did."""
+
+    #: every call in order: ("build_from_file", path), ("resize", shapes), ("predict",
+    #: shapes), ("get_inputs", None), ("get_outputs", None), ("set_data_from_numpy", array)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    contexts: list[Any] = field(default_factory=list)  # the context of each build
+    #: call name -> error text: that call raises RuntimeError instead of running
+    fail: dict[str, str] = field(default_factory=dict)
+
+    def calls_named(self, name: str) -> list[Any]:
+        return [a for n, a in self.calls if n == name]
+
+
+class _TensorImpl:
+    def __init__(self, name: str, shape: Sequence[int], dtype: np.dtype) -> None:
+        self.name, self.shape, self.dtype = name, list(shape), np.dtype(dtype)
+        self.data: np.ndarray | None = None
+
+
+class FakeMslite:
+    """``FakeMslite().module`` is the double of ``mindspore_lite``; ``.state`` its state."""
+
+    def __init__(self) -> None:
+        self.state = FakeMsliteState()
+        state = self.state
+
+        class AscendDeviceInfo:
+            def __init__(self) -> None:
+                self._device_id = 0
+                self.provider = ""
+
+            @property
+            def device_id(self) -> int:
+                return self._device_id
+
+            @device_id.setter
+            def device_id(self, value: int) -> None:
+                if not isinstance(value, int):
+                    raise TypeError(f"device_id must be int, but got {type(value)}.")
+                if value < 0:
+                    raise ValueError(f"device_id must be a non-negative int, but got {value}.")
+                self._device_id = value
+
+        class Context:
+            def __init__(self) -> None:
+                self._target = ["cpu"]
+                self.ascend = AscendDeviceInfo()
+
+            @property
+            def target(self) -> list[str]:
+                return list(self._target)
+
+            @target.setter
+            def target(self, value: list[str]) -> None:
+                if not isinstance(value, list):
+                    raise TypeError(f"target must be list, but got {type(value)}.")
+                for t in value:
+                    if t.lower() not in ("cpu", "gpu", "ascend"):
+                        raise ValueError(f"target elements must be in ['cpu', 'gpu', 'ascend'], "
+                                         f"but got {t}.")
+                self._target = [t.lower() for t in value]
+
+        class Tensor:
+            def __init__(self, impl: _TensorImpl | None = None) -> None:
+                self._impl = impl or _TensorImpl("", [], np.float32)
+
+            @property
+            def name(self) -> str:
+                return self._impl.name
+
+            @property
+            def shape(self) -> list[int]:
+                return list(self._impl.shape)
+
+            @property
+            def dtype(self) -> DataType:
+                return _TO_DATATYPE[self._impl.dtype]
+
+            @property
+            def data_size(self) -> int:
+                n = int(np.prod(self._impl.shape, dtype=np.int64))
+                return max(n, 0) * self._impl.dtype.itemsize
+
+            def set_data_from_numpy(self, numpy_obj: np.ndarray) -> None:
+                if not isinstance(numpy_obj, np.ndarray):
+                    raise TypeError(f"numpy_obj must be numpy.ndarray, but got "
+                                    f"{type(numpy_obj)}.")
+                if numpy_obj.dtype != self._impl.dtype:
+                    raise RuntimeError(f"data type not equal! Numpy type: {numpy_obj.dtype}, "
+                                       f"Tensor type: {self.dtype}")
+                if numpy_obj.nbytes != self.data_size:
+                    raise RuntimeError(f"data size not equal! Numpy size: {numpy_obj.nbytes}, "
+                                       f"Tensor size: {self.data_size}")
+                state.calls.append(("set_data_from_numpy", numpy_obj))
+                self._impl.data = numpy_obj.copy()  # the API copies the data in
+
+            def get_data_to_numpy(self) -> np.ndarray:
+                if self._impl.data is None:
+                    raise RuntimeError("get_data_to_numpy failed: tensor has no data")
+                return self._impl.data.reshape(self._impl.shape).copy()
+
+        class Model:
+            def __init__(self) -> None:
+                self._inputs: list[_TensorImpl] = []
+                self._outputs: list[_TensorImpl] = []
+                self._gears: list[tuple[tuple[int, ...], ...]] = []
+                self._outputs_known = True
+                self._hybrid = False
+                self.model_path_ = ""
+
+            def _record(self, name: str, args: Any) -> None:
+                state.calls.append((name, args))
+                if name in state.fail:
+                    raise RuntimeError(f"{name} failed! Error is {state.fail[name]}")
+
+            def build_from_file(self, model_path: str, model_type: ModelType,
+                                context: Context | None = None, config_path: str = "",
+                                config_dict: dict | None = None) -> None:
+                if not isinstance(model_path, str):
+                    raise TypeError(f"model_path must be str, but got {type(model_path)}.")
+                if not isinstance(model_type, ModelType):
+                    raise TypeError(f"model_type must be ModelType, but got {type(model_type)}.")
+                if context is not None and not isinstance(context, Context):
+                    raise TypeError(f"context must be Context, but got {type(context)}.")
+                self._record("build_from_file", model_path)
+                if not os.path.exists(model_path):
+                    raise RuntimeError("build_from_file failed, model_path does not exist!")
+                try:
+                    with open(model_path, encoding="utf-8") as f:
+                        doc = json.load(f)
+                    assert doc["format"] == "fake-mindir"
+                    self._inputs = [_TensorImpl(i["name"], i["shape"], i["dtype"])
+                                    for i in doc["inputs"]]
+                    self._gears = [tuple(tuple(s) for s in g) for g in doc["gears"]]
+                    self._outputs_known = bool(doc.get("output_shapes_after_resize", True))
+                    self._hybrid = bool(doc.get("hybrid", False))
+                except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+                    raise RuntimeError(f"build_from_file failed! Error is Load model failed: "
+                                       f"{exc!r}") from None
+                self._outputs = [_TensorImpl(n, [-1], np.float32) for n in OUTPUT_NAMES]
+                self._update_outputs(known=self._outputs_known)
+                state.contexts.append(context)
+                self.model_path_ = model_path
+
+            def _gear(self) -> int | None:
+                shapes = tuple(tuple(t.shape) for t in self._inputs)
+                return self._gears.index(shapes) if shapes in self._gears else None
+
+            def _update_outputs(self, known: bool) -> None:
+                shapes = [tuple(t.shape) for t in self._inputs]
+                if not known or any(d < 0 for s in shapes for d in s):
+                    for t in self._outputs:
+                        t.shape = [-1] * (len(self._inputs[0].shape) if t.name == "y" else 1)
+                    return
+                total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+                self._outputs[0].shape, self._outputs[1].shape = list(shapes[0]), [total]
+
+            def get_inputs(self) -> list[Tensor]:
+                self._record("get_inputs", None)
+                return [Tensor(t) for t in self._inputs]
+
+            def get_outputs(self) -> list[Tensor]:
+                self._record("get_outputs", None)
+                return [Tensor(t) for t in self._outputs]
+
+            def resize(self, inputs: list[Tensor], dims: list[list[int]]) -> None:
+                if not isinstance(inputs, list):
+                    raise TypeError(f"inputs must be list, but got {type(inputs)}.")
+                if not isinstance(dims, list):
+                    raise TypeError(f"dims must be list, but got {type(dims)}.")
+                for i, d in enumerate(dims):
+                    if not isinstance(d, list) or not all(isinstance(v, int) for v in d):
+                        raise TypeError(f"dims element must be list of int, at index {i}.")
+                if len(inputs) != len(dims):
+                    raise ValueError(f"inputs' size does not match dims' size, but got inputs: "
+                                     f"{len(inputs)} and dims: {len(dims)}.")
+                self._record("resize", [list(d) for d in dims])
+                impls = [t._impl for t in inputs]
+                if impls != self._inputs[:len(impls)] or len(impls) != len(self._inputs):
+                    raise RuntimeError("resize failed! Error is inputs are not the model's")
+                if self._hybrid:
+                    if [len(d) for d in dims] != [len(t.shape) for t in self._inputs] or \
+                            any(v <= 0 for d in dims for v in d):
+                        raise RuntimeError("resize failed! Error is Shape Conflict: rank or "
+                                           "non-positive dim")
+                elif tuple(tuple(d) for d in dims) not in self._gears:
+                    # GE's dynamic-dims graph: "Shape Conflict" deep inside, no gear list
+                    raise RuntimeError("resize failed! Error is Common error code. Shape "
+                                       "Conflict: input shape is not in the dynamic dims")
+                for t, d in zip(self._inputs, dims, strict=True):
+                    t.shape, t.data = list(d), None
+                self._update_outputs(known=self._outputs_known)
+
+            def predict(self, inputs: list[Tensor], outputs: list[Tensor] | None = None,
+                        ) -> list[Tensor]:
+                if not isinstance(inputs, list):
+                    raise TypeError(f"inputs must be list, but got {type(inputs)}.")
+                self._record("predict", [t.shape for t in inputs])
+                gear = self._gear()
+                if gear is None and not (self._hybrid and all(
+                        d > 0 for t in self._inputs for d in t.shape)):
+                    raise RuntimeError("predict failed! Error is Shape Conflict: current input "
+                                       "shapes are no compiled gear")
+                arrays = []
+                for t in inputs:
+                    if t._impl.data is None:
+                        raise RuntimeError(f"predict failed! Error is input {t.name} has no data")
+                    arrays.append(t._impl.data.reshape(t._impl.shape))
+                results = [arrays[0].astype(np.float32) * 2 + 1,
+                           np.concatenate([a.astype(np.float32).ravel() for a in arrays])]
+                self._update_outputs(known=True)
+                for t, r in zip(self._outputs, results, strict=True):
+                    t.data = r
+                return [Tensor(t) for t in self._outputs]
+
+        m = types.ModuleType("mindspore_lite")
+        m.__doc__ = "fake MindSpore Lite (tests/doubles/fake_mslite.py)"
+        m.Context, m.Model, m.Tensor = Context, Model, Tensor
+        m.ModelType, m.DataType = ModelType, DataType
+        m.AscendDeviceInfo = AscendDeviceInfo
+        self.module = m

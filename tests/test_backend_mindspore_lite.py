@@ -1,0 +1,302 @@
+"""The mindspore_lite backend against the MindSpore Lite double (tests/doubles/fake_mslite.py).
+
+What is shown: the spec comes from seed 004's converter config (or spec=), build on Ascend
+with the device id, the per-gear output-shape table (from resize + get_outputs, or from a
+predict on zeros when the shapes are only known after a run), runs of every gear with
+checkable outputs read from zero-copy views of the staging, ``resize`` only when the gear
+changes, inputs matched by name (or by position), failing calls -> BackendError with the
+call and the code, a missing mindspore_lite -> BackendUnavailableError, and through
+``gr.load(..., backend="mindspore_lite")``: an out-of-gear request fails with our
+GearMismatchError BEFORE any resize / predict (the gap seed 004 names), and hybrid mode runs
+the dynamic-shape graph on a miss.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from doubles import fake_mslite
+from doubles.layout import plan_layout, real_core, stage
+
+import gear_runtime as gr
+from gear_runtime.backends import mindspore_lite as ms_backend
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CompileError,
+    GearFileError,
+    GearSpecError,
+)
+
+# seed 004's config_prefill.ini, with smaller numbers
+CONFIG = """\
+[acl_init_options]
+ge.exec.precision_mode=force_fp32
+
+[acl_build_options]
+input_format="ND"
+input_shape="input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;image_embeds:-1,8"
+ge.dynamicDims="4,4,4,2;8,8,8,2;16,16,16,2"
+"""
+INPUTS = [("input_ids", [1, -1], "int32"), ("attention_mask", [1, -1], "int32"),
+          ("position_ids", [4, 1, -1], "int32"), ("image_embeds", [-1, 8], "float16")]
+# what the converter compiled, written out by hand (independent of GearSpec)
+GEARS = [[[1, n], [1, n], [4, 1, n], [2, 8]] for n in (4, 8, 16)]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> fake_mslite.FakeMslite:
+    double = fake_mslite.FakeMslite()
+    monkeypatch.setitem(sys.modules, "mindspore_lite", double.module)
+    return double
+
+
+@pytest.fixture
+def config(tmp_path) -> str:
+    path = tmp_path / "config_prefill.ini"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def write(tmp_path, inputs=INPUTS, gears=GEARS, **kw) -> str:
+    return fake_mslite.write_mindir(tmp_path / "prefill.mindir", inputs, gears, **kw)
+
+
+def expected_outputs(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [arrays[0].astype(np.float32) * 2 + 1,
+            np.concatenate([a.astype(np.float32).ravel() for a in arrays])]
+
+
+def inputs_for(spec: gr.GearSpec, dtypes, gear: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 100, s).astype(dt)
+            for s, dt in zip(spec.shapes(gear).values(), dtypes, strict=True)]
+
+
+def session_for(model: ms_backend.MsliteModel):
+    info = model.info
+    layout = plan_layout(info.input_nbytes(), info.spec.values_per_gear)
+    return layout, model.create_session(layout)
+
+
+def run(model, layout, session, gear: int, seed: int = 0):
+    info = model.info
+    arrays = inputs_for(info.spec, info.input_dtypes, gear, seed)
+    stage(session.staging, layout, info.spec, info.input_dtypes, gear, arrays)
+    return arrays, session.run_gear(gear)
+
+
+# ---- load ------------------------------------------------------------------------------------
+def test_spec_from_the_converter_config(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config, device_id=3)
+    assert model.info.spec == gr.GearSpec.from_config(config)
+    assert [tuple(map(tuple, g)) for g in GEARS] == [
+        tuple(model.info.spec.shapes(g).values()) for g in range(3)]
+    (context,) = fake.state.contexts
+    assert context.target == ["ascend"] and context.ascend.device_id == 3
+    assert model.info.input_dtypes == tuple(np.dtype(d) for _, _, d in INPUTS)
+    assert model.info.output_names == ("y", "cat")
+
+
+def test_output_shapes_from_resize_without_predicting(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    for g, shapes in enumerate(GEARS):
+        total = sum(int(np.prod(s)) for s in shapes)
+        assert model.info.output_shapes[g] == (tuple(shapes[0]), (total,))
+    assert fake.state.calls_named("predict") == []
+    assert fake.state.calls_named("resize") == GEARS  # each gear once, in order
+
+
+def test_output_shapes_known_only_after_a_run_are_read_from_a_warmup(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path, output_shapes_after_resize=False),
+                                  config=config)
+    assert model.info.output_shapes[1] == ((1, 8), (8 + 8 + 32 + 16,))
+    assert len(fake.state.calls_named("predict")) == 3  # one zero-input warm-up per gear
+
+
+def test_spec_argument_instead_of_config(fake, tmp_path, config):
+    spec = gr.GearSpec.from_config(config)
+    model = ms_backend.open_model(write(tmp_path), spec=spec)
+    assert model.info.spec is spec
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"config": "x", "spec": "y"}])
+def test_the_gears_are_required_exactly_once(fake, tmp_path, kwargs):
+    with pytest.raises(GearSpecError, match="config="):
+        ms_backend.open_model(write(tmp_path), **kwargs)
+
+
+def test_missing_file_and_misfit_model(fake, tmp_path, config):
+    with pytest.raises(GearFileError, match="does not exist"):
+        ms_backend.open_model(str(tmp_path / "none.mindir"), config=config)
+    with pytest.raises(CompileError, match="3 inputs"):
+        ms_backend.open_model(write(tmp_path, INPUTS[:3], [g[:3] for g in GEARS]), config=config)
+    wrong_rank = [("input_ids", [-1], "int32"), *INPUTS[1:]]
+    with pytest.raises(CompileError, match="input_ids"):
+        ms_backend.open_model(write(tmp_path, wrong_rank), config=config)
+
+
+# ---- running ---------------------------------------------------------------------------------
+def test_every_gear_runs_from_zero_copy_views_of_the_staging(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    layout, session = session_for(model)
+    for g in range(3):
+        n = len(fake.state.calls)
+        arrays, outputs = run(model, layout, session, g, seed=g)
+        for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+            np.testing.assert_array_equal(got, want)
+        fed = [a for name, a in fake.state.calls[n:] if name == "set_data_from_numpy"]
+        assert len(fed) == 4 and all(np.shares_memory(a, session.staging) for a in fed)
+
+
+def test_resize_only_when_the_gear_changes(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config)  # ends on gear 2
+    layout, session = session_for(model)
+    n = len(fake.state.calls_named("resize"))
+    for g in [2, 0, 0, 1, 1, 1, 0, 2, 2]:
+        arrays, outputs = run(model, layout, session, g)
+        np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+    assert fake.state.calls_named("resize")[n:] == [GEARS[0], GEARS[1], GEARS[0], GEARS[2]]
+    # two sessions share the model's current gear: no resize when it is already right
+    _, other = session_for(model)
+    run(model, layout, other, 2)
+    assert len(fake.state.calls_named("resize")) == n + 4
+
+
+def test_inputs_matched_by_name_when_the_model_orders_them_differently(fake, tmp_path, config):
+    order = [2, 0, 3, 1]
+    path = write(tmp_path, [INPUTS[j] for j in order], [[g[j] for j in order] for g in GEARS])
+    model = ms_backend.open_model(path, config=config)
+    assert model.order == tuple(order.index(i) for i in range(4))
+    layout, session = session_for(model)
+    arrays, outputs = run(model, layout, session, 1)
+    want = expected_outputs([arrays[j] for j in order])  # the model's input 0 is position_ids
+    for got, w in zip(outputs, want, strict=True):
+        np.testing.assert_array_equal(got, w)
+
+
+def test_inputs_matched_by_position_when_the_names_differ(fake, tmp_path, config):
+    renamed = [(f"input_{i}", s, d) for i, (_, s, d) in enumerate(INPUTS)]
+    model = ms_backend.open_model(write(tmp_path, renamed), config=config)
+    assert model.order == (0, 1, 2, 3)
+    layout, session = session_for(model)
+    arrays, outputs = run(model, layout, session, 0)
+    np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+
+
+@pytest.mark.parametrize("call", ["predict", "resize"])
+def test_a_failing_call_is_a_backend_error_with_call_and_code(fake, tmp_path, config, call):
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    layout, session = session_for(model)
+    fake.state.fail[call] = "ACL model execute failed, ret 507011"
+    with pytest.raises(BackendError, match=f"Model.{call}") as info:
+        run(model, layout, session, 0)
+    assert info.value.code == "507011"
+    del fake.state.fail[call]
+    arrays, outputs = run(model, layout, session, 0)  # recovers; resizes again after a failure
+    np.testing.assert_array_equal(outputs[0], expected_outputs(arrays)[0])
+
+
+def test_a_failing_build_is_a_backend_error(fake, tmp_path, config):
+    fake.state.fail["build_from_file"] = "device 0 is busy"
+    with pytest.raises(BackendError, match="build_from_file.*busy"):
+        ms_backend.open_model(write(tmp_path), config=config)
+
+
+def test_closed_sessions_and_models_refuse_to_run(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    layout, session = session_for(model)
+    session.close()
+    with pytest.raises(BackendError, match="closed"):
+        session.run_gear(0)
+    _, other = session_for(model)
+    model.close()
+    model.close()
+    with pytest.raises(BackendError, match="closed"):
+        other.run_gear(0)
+
+
+def test_no_mindspore_lite_is_backend_unavailable(monkeypatch, tmp_path, config):
+    monkeypatch.setitem(sys.modules, "mindspore_lite", None)
+    with pytest.raises(BackendUnavailableError, match="mindspore_lite") as info:
+        gr.load(write(tmp_path), backend="mindspore_lite", config=config)
+    assert "install" in str(info.value)
+
+
+# ---- the double fails where MindSpore Lite fails ---------------------------------------------
+def test_the_double_fails_out_of_gear_deep_inside_resize(fake, tmp_path):
+    mslite = fake.module
+    model = mslite.Model()
+    model.build_from_file(write(tmp_path), mslite.ModelType.MINDIR, mslite.Context())
+    inputs = model.get_inputs()
+    with pytest.raises(RuntimeError, match="Shape Conflict"):
+        model.resize(inputs, [[1, 100], [1, 100], [4, 1, 100], [2, 8]])
+    with pytest.raises(RuntimeError, match="Shape Conflict"):
+        model.predict(inputs)  # never resized: -1 dims
+    model.resize(inputs, GEARS[0])
+    with pytest.raises(RuntimeError, match="data type"):
+        model.get_inputs()[3].set_data_from_numpy(np.zeros((2, 8), np.float32))
+    with pytest.raises(ValueError, match="size"):
+        model.resize(inputs, GEARS[0][:2])
+
+
+# ---- through gr.load and the executor (needs the C++ core) -----------------------------------
+needs_core = pytest.mark.skipif(real_core() is None, reason="the C++ core is not built yet")
+
+
+@needs_core
+def test_through_gr_load_and_the_executor(fake, tmp_path, config):
+    model = gr.load(write(tmp_path), backend="mindspore_lite", config=config)
+    assert model.backend == "mindspore_lite" and model.gear_count == 3
+    ex = model.create_executor()
+    for g in (0, 2, 1):
+        arrays = inputs_for(model.spec, model.info.input_dtypes, g, seed=g)
+        outputs = ex.execute(dict(zip(model.input_names, arrays, strict=True)))
+        for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+            np.testing.assert_array_equal(got, want)
+    model.close()
+
+
+@needs_core
+def test_an_out_of_gear_request_fails_before_resize_or_predict(fake, tmp_path, config):
+    """Seed 004's gap: a 100-token prompt. MindSpore Lite would fail inside resize with
+    "Shape Conflict"; the executor refuses first, naming the gears."""
+    model = gr.load(write(tmp_path), backend="mindspore_lite", config=config)
+    ex = model.create_executor()
+    n = len(fake.state.calls)
+    prompt = [np.zeros((1, 100), np.int32), np.zeros((1, 100), np.int32),
+              np.zeros((4, 1, 100), np.int32), np.zeros((2, 8), np.float16)]
+    with pytest.raises(gr.GearMismatchError) as info:
+        ex.execute(prompt)
+    assert info.value.code == "145013"
+    assert "(4, 4, 4, 2)" in str(info.value) or "4,4,4,2" in str(info.value)
+    assert fake.state.calls[n:] == []  # no resize, no set_data_from_numpy, no predict
+    model.close()
+
+
+@needs_core
+def test_hybrid_mode_runs_the_dynamic_graph_on_a_miss(fake, tmp_path):
+    cfg = tmp_path / "hybrid.ini"
+    cfg.write_text("[ge_graph_options]\n"
+                   "ge.inputShape=input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;"
+                   "image_embeds:-1,8\n"
+                   "ge.dynamicDims=4,4,4,2;8,8,8,2;16,16,16,2\n"
+                   "ge.dynamicNodeType=1\nge.compileHybridMode=1\n")
+    model = gr.load(write(tmp_path, hybrid=True), backend="mindspore_lite", config=str(cfg))
+    assert model.hybrid
+    ex = model.create_executor()
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 9, s).astype(dt) for s, dt in
+              zip([(1, 5), (1, 5), (4, 1, 5), (3, 8)], model.info.input_dtypes, strict=True)]
+    outputs = ex.execute(arrays)  # (5, 5, 5, 3) is no gear: the dynamic-shape graph runs
+    for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert ex.last_gear is None
+    assert fake.state.calls_named("resize")[-1] == [[1, 5], [1, 5], [4, 1, 5], [3, 8]]
+    arrays = inputs_for(model.spec, model.info.input_dtypes, 0)
+    outputs = ex.execute(arrays)  # back on a gear: resized to it again
+    np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+    assert ex.last_gear == 0 and fake.state.calls_named("resize")[-1] == GEARS[0]
+    model.close()
