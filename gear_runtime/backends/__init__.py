@@ -18,9 +18,12 @@ from gear_runtime.errors import BackendUnavailableError, GearRuntimeError
 
 #: backend name -> (module, what to install when its runtime is missing)
 BACKENDS: dict[str, tuple[str, str]] = {
-    "onnxruntime": ("gear_runtime.backends.onnxruntime", "pip install onnxruntime (or onnxruntime-gpu)"),
-    "acl": ("gear_runtime.backends.acl", "the CANN toolkit (pyACL): source set_env.sh of Ascend-cann-toolkit"),
-    "mindspore_lite": ("gear_runtime.backends.mindspore_lite", "pip install mindspore-lite (Ascend build)"),
+    "onnxruntime": ("gear_runtime.backends.onnxruntime",
+                    "pip install onnxruntime (or onnxruntime-gpu)"),
+    "acl": ("gear_runtime.backends.acl",
+            "the CANN toolkit (pyACL): source set_env.sh of Ascend-cann-toolkit"),
+    "mindspore_lite": ("gear_runtime.backends.mindspore_lite",
+                       "pip install mindspore-lite (Ascend build)"),
     "null": ("gear_runtime.backends.null", ""),
 }
 

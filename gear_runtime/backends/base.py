@@ -84,7 +84,8 @@ class BackendSession(ABC):
         raise BackendError(f"backend {type(self).__name__} does not support GetNext-sink mode")
 
     def close(self) -> None:
-        """Free device resources; idempotent."""
+        """Free device resources; idempotent. Backends with nothing to free keep this."""
+        return None
 
 
 class BackendModel(ABC):
@@ -103,4 +104,5 @@ class BackendModel(ABC):
         """
 
     def close(self) -> None:
-        """Unload the model; idempotent."""
+        """Unload the model; idempotent. Backends with nothing to free keep this."""
+        return None

@@ -1,0 +1,201 @@
+"""Executor logic on the null backend: dims, matching, staging, errors, ACL-style queries.
+
+No runtime is involved, so these tests pin down what the executor asks the backend for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gear_runtime as gr
+from gear_runtime.backends import null
+from gear_runtime.model import ACL_DYNAMIC_TENSOR_NAME, GearModel
+
+SEED000 = dict(input_shape="data:1,1,40,-1;label:1,-1;mask:-1,-1",
+               dynamic_dims="20,20,1,1;40,40,2,2;80,60,4,4")
+
+
+def null_model(spec: gr.GearSpec, **kw) -> GearModel:
+    return GearModel(null.open_model(None, spec=spec, **kw))
+
+
+def seed_inputs(spec: gr.GearSpec, gear: int) -> dict[str, np.ndarray]:
+    return {n: np.full(s, i + 1, dtype=np.float32) for i, (n, s) in
+            enumerate(spec.shapes(gear).items())}
+
+
+@pytest.fixture
+def seed_model() -> GearModel:
+    spec = gr.GearSpec.from_atc(**SEED000)
+    outs = {"y": [(1, 20), (1, 40), (1, 80)], "z": [(2,), (4,), (8,)]}
+    return null_model(spec, outputs=outs)
+
+
+def test_every_gear_is_matched_from_the_input_shapes(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    for g in range(seed_model.gear_count):
+        outs = ex.execute(seed_inputs(seed_model.spec, g))
+        assert ex.last_gear == g
+        assert ex.last_dynamic_dims == seed_model.gears[g]
+        assert [o.shape for o in outs] == [seed_model.output_shape(g, 0),
+                                           seed_model.output_shape(g, 1)]
+    assert [c for c in seed_model._backend.calls if c[0] == "run_gear"] == [
+        ("run_gear", 0), ("run_gear", 1), ("run_gear", 2)]
+
+
+def test_staging_holds_every_input_and_the_int32_dims(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    inputs = seed_inputs(seed_model.spec, 1)
+    ex.execute(inputs)
+    session, layout = ex._session, seed_model.layout
+    for i, name in enumerate(seed_model.input_names):
+        off, n = layout.offset(1, i), layout.nbytes(1, i)
+        assert n == inputs[name].nbytes
+        assert bytes(session.staging[off:off + n]) == inputs[name].tobytes()
+    assert session.staged_dims(1) == (40, 40, 2, 2)
+
+
+def test_a_miss_raises_145013_and_never_runs(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    bad = seed_inputs(seed_model.spec, 0)
+    bad["label"] = np.zeros((1, 21), np.float32)
+    with pytest.raises(gr.GearMismatchError) as info:
+        ex.execute(bad)
+    assert info.value.code == "145013"
+    assert "(20, 21, 1, 1)" in str(info.value)
+    assert "(20, 20, 1, 1)" in str(info.value)  # the nearest legal gear is named
+    assert not [c for c in seed_model._backend.calls if c[0] == "run_gear"]
+
+
+def test_a_static_dim_mismatch_raises_145012_naming_input_and_axis(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    bad = seed_inputs(seed_model.spec, 0)
+    bad["data"] = np.zeros((1, 1, 41, 20), np.float32)
+    with pytest.raises(gr.DynamicInputLengthError) as info:
+        ex.execute(bad)
+    assert info.value.code == "145012"
+    assert "'data'" in str(info.value) and "axis 2" in str(info.value)
+
+
+def test_set_dynamic_dims_takes_full_dims_or_values_and_checks_them(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    ex.set_dynamic_dims([1, 1, 40, 40, 1, 40, 2, 2])  # full shapes, flattened
+    assert ex.dynamic_dims == (40, 40, 2, 2)
+    ex.execute(seed_inputs(seed_model.spec, 1))
+    assert ex.last_gear == 1
+    ex.set_dynamic_dims([80, 60, 4, 4])  # the dynamic values alone
+    assert ex.dynamic_dims == (80, 60, 4, 4)
+    with pytest.raises(gr.DynamicInputLengthError, match="disagree"):
+        ex.execute(seed_inputs(seed_model.spec, 1))  # inputs of gear 1, dims of gear 2
+    with pytest.raises(gr.GearMismatchError):
+        ex.set_dynamic_dims([1, 1, 40, 41, 1, 40, 2, 2])
+    with pytest.raises(gr.DynamicInputLengthError):
+        ex.set_dynamic_dims([1, 1, 40, 40, 1, 40, 2])  # one dim short
+    with pytest.raises(gr.DynamicInputLengthError):
+        ex.set_dynamic_dims([1, 2, 40, 40, 1, 40, 2, 2])  # static dim differs
+    with pytest.raises(gr.InputError):
+        ex.set_dynamic_dims([])
+    with pytest.raises(gr.InputError):
+        ex.set_dynamic_dims(["a"])
+    ex.clear_dynamic_dims()
+    ex.execute(seed_inputs(seed_model.spec, 1))
+    assert ex.last_gear == 1
+
+
+def test_batch_and_image_size_setters() -> None:
+    batch = null_model(gr.GearSpec.from_atc(input_shape="a:-1,3;b:-1,2",
+                                            dynamic_batch_size="1,8,16"))
+    ex = batch.create_executor()
+    ex.set_dynamic_batch_size(8)
+    ex.execute({"a": np.zeros((8, 3), np.float32), "b": np.zeros((8, 2), np.float32)})
+    assert ex.last_gear == 1
+    with pytest.raises(gr.GearMismatchError):
+        ex.set_dynamic_batch_size(9)
+    with pytest.raises(gr.InputError):
+        ex.set_dynamic_batch_size(0)
+    with pytest.raises(gr.InputError, match="image"):
+        ex.set_dynamic_image_size(4, 4)
+    ex.clear_dynamic_dims()
+    with pytest.raises(gr.DynamicInputLengthError):  # both batch axes must agree
+        ex.execute({"a": np.zeros((8, 3), np.float32), "b": np.zeros((1, 2), np.float32)})
+    image = null_model(gr.GearSpec.from_atc(input_shape="img:1,3,-1,-1",
+                                            dynamic_image_size="16,16;32,48"))
+    ex = image.create_executor()
+    ex.set_dynamic_image_size(32, 48)
+    ex.execute([np.zeros((1, 3, 32, 48), np.float32)])
+    assert ex.last_gear == 1
+    with pytest.raises(gr.GearMismatchError):
+        ex.set_dynamic_image_size(48, 32)
+    with pytest.raises(gr.InputError, match="batch"):
+        ex.set_dynamic_batch_size(1)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"data": 1}, "missing"),
+    ({**{n: 0 for n in ("data", "label", "mask")}, "extra": 0}, "unknown: extra"),
+    ([1, 2], "got 2 inputs"),
+    ("data", "must be a dict"),
+    (42, "must be a dict"),
+])
+def test_bad_inputs_are_refused_clearly(seed_model: GearModel, bad, message) -> None:
+    with pytest.raises(gr.InputError, match=message):
+        seed_model.create_executor().execute(bad)
+
+
+def test_wrong_dtype_is_refused_not_cast(seed_model: GearModel) -> None:
+    inputs = seed_inputs(seed_model.spec, 0)
+    inputs["mask"] = inputs["mask"].astype(np.float64)
+    with pytest.raises(gr.InputError, match="mask"):
+        seed_model.create_executor().execute(inputs)
+
+
+def test_non_contiguous_inputs_are_staged_correctly(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    inputs = seed_inputs(seed_model.spec, 2)
+    big = np.arange(4 * 8, dtype=np.float32).reshape(4, 8)
+    inputs["mask"] = big[:, ::2]  # a strided view
+    ex.execute(inputs)
+    off, n = seed_model.layout.offset(2, 2), seed_model.layout.nbytes(2, 2)
+    assert bytes(ex._session.staging[off:off + n]) == np.ascontiguousarray(big[:, ::2]).tobytes()
+
+
+def test_outputs_are_copies_unless_asked(seed_model: GearModel) -> None:
+    ex = seed_model.create_executor()
+    a = ex.execute(seed_inputs(seed_model.spec, 0))
+    b = ex.execute(seed_inputs(seed_model.spec, 0))
+    assert not np.shares_memory(a[0], b[0])
+    c = ex.execute(seed_inputs(seed_model.spec, 0), copy=False)
+    d = ex.execute(seed_inputs(seed_model.spec, 0), copy=False)
+    assert np.shares_memory(c[0], d[0])
+
+
+def test_acl_style_queries(seed_model: GearModel) -> None:
+    m = seed_model
+    assert m.get_input_dynamic_gear_count() == 3
+    assert m.get_input_dynamic_dims()[0] == (1, 1, 40, 20, 1, 20, 1, 1)
+    assert m.get_dynamic_batch() == [] and m.get_dynamic_hw() == []
+    assert m.get_input_index_by_name(ACL_DYNAMIC_TENSOR_NAME) == 3
+    assert m.get_input_index_by_name("label") == 1
+    with pytest.raises(gr.InputError, match="no input 'nope'"):
+        m.get_input_index_by_name("nope")
+    assert m.output_shape((40, 40, 2, 2), 0) == (1, 40)
+    assert m.output_size(2, 1) == 8 * 4
+    with pytest.raises(gr.GearMismatchError):
+        m.output_shape((1, 2, 3, 4), 0)
+    with pytest.raises(gr.InputError):
+        m.output_shape(3, 0)
+    with pytest.raises(gr.InputError):
+        m.output_shape(0, 5)
+    batch = null_model(gr.GearSpec.from_atc(input_shape="a:-1,3", dynamic_batch_size="2,4"))
+    assert batch.get_dynamic_batch() == [2, 4]
+    image = null_model(gr.GearSpec.from_atc(input_shape="img:1,3,-1,-1",
+                                            dynamic_image_size="16,16;32,48"))
+    assert image.get_dynamic_hw() == [(16, 16), (32, 48)]
+
+
+def test_load_refuses_unknown_backend_and_bad_path() -> None:
+    with pytest.raises(gr.GearRuntimeError, match="unknown"):
+        gr.load("x.onnx", backend="tpu")
+    with pytest.raises(gr.InputError):
+        gr.load(42)  # type: ignore[arg-type]

@@ -1,0 +1,192 @@
+"""The executor on ONNX Runtime, end to end: compile -> load -> execute, checked against the
+original dynamic model run by ONNX Runtime on the same inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models import (
+    CONV_BATCH_SPEC,
+    CONV_IMAGE_SPEC,
+    PREFILL_SPEC,
+    RESHAPE_SPEC,
+    conv_model,
+    heavy_model,
+    prefill_model,
+    random_inputs,
+    reshape_model,
+    run_model,
+)
+
+import gear_runtime as gr
+
+CASES = {
+    "conv_batch": (conv_model, CONV_BATCH_SPEC),
+    "conv_image": (conv_model, CONV_IMAGE_SPEC),
+    "prefill": (prefill_model, PREFILL_SPEC),
+    "reshape": (reshape_model, RESHAPE_SPEC),
+}
+
+
+def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if np.issubdtype(w.dtype, np.floating):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def compiled(tmp_path: Path, case: str, **kw) -> tuple[onnx.ModelProto, gr.GearSpec, str]:
+    build, args = CASES[case]
+    model, spec = build(), gr.GearSpec.from_atc(**args)
+    out = str(tmp_path / f"{case}.gear.onnx")
+    gr.compile(model, spec, out, progress=False, **kw)
+    return model, spec, out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_gear_equals_the_original_model(tmp_path: Path, case: str) -> None:
+    original, spec, path = compiled(tmp_path, case)
+    model = gr.load(path)
+    assert model.gears == list(spec.gears) and model.input_names == list(spec.input_names)
+    ex = model.create_executor()
+    for g in range(spec.gear_count):
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        out = ex.execute(feeds)
+        assert ex.last_gear == g
+        assert [o.shape for o in out] == [model.output_shape(g, k)
+                                          for k in range(len(model.output_names))]
+        assert_same(out, run_model(original, feeds))
+        # list form, and with the dims set first (the ACL two-step)
+        ex.set_dynamic_dims(spec.full_dims(g))
+        assert_same(ex.execute([feeds[n] for n in spec.input_names]), run_model(original, feeds))
+        ex.clear_dynamic_dims()
+
+
+def test_out_of_gear_shapes_raise_with_the_legal_gears(tmp_path: Path) -> None:
+    original, spec, path = compiled(tmp_path, "prefill")
+    ex = gr.load(path).create_executor()
+    feeds = random_inputs(original, {**spec.shapes(0)} | {
+        "input_ids": (1, 9), "attention_mask": (1, 9), "position_ids": (4, 1, 9)})
+    with pytest.raises(gr.GearMismatchError) as info:
+        ex.execute(feeds)
+    msg = str(info.value)
+    assert info.value.code == "145013"
+    assert "(9, 9, 9, 4)" in msg and "(8, 8, 8, 4)" in msg
+    assert msg.index("(8, 8, 8, 4)") < msg.index("(64, 64, 64, 4)")  # nearest first
+    feeds = random_inputs(original, spec.shapes(0))
+    feeds["image_embeds"] = feeds["image_embeds"][:, :32].copy()  # static dim 64 -> 32
+    with pytest.raises(gr.DynamicInputLengthError, match="image_embeds"):
+        ex.execute(feeds)
+
+
+def test_hybrid_serves_a_miss_with_the_dynamic_graph(tmp_path: Path) -> None:
+    original, spec, path = compiled(tmp_path, "prefill", hybrid=True)
+    model = gr.load(path)
+    assert model.hybrid
+    ex = model.create_executor()
+    shapes = {**spec.shapes(0), "input_ids": (1, 12), "attention_mask": (1, 12),
+              "position_ids": (4, 1, 12)}
+    feeds = random_inputs(original, shapes, seed=7)
+    assert_same(ex.execute(feeds), run_model(original, feeds))
+    assert ex.last_gear is None and ex.last_dynamic_dims == (12, 12, 12, 4)
+    hit = random_inputs(original, spec.shapes(2), seed=8)
+    assert_same(ex.execute(hit), run_model(original, hit))
+    assert ex.last_gear == 2
+
+
+def test_sink_reads_the_device_dims_back(tmp_path: Path) -> None:
+    original, spec, path = compiled(tmp_path, "conv_image", sink=True)
+    model = gr.load(path)
+    assert model.sink
+    ex = model.create_executor()
+    for g in range(spec.gear_count):
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        out = ex.execute(feeds)
+        assert ex.last_dynamic_dims == spec.gears[g] and ex.last_gear == g
+        assert_same(out, run_model(original, feeds))
+    feeds = random_inputs(original, {"data": (1, 3, 20, 20)})
+    with pytest.raises(gr.GearMismatchError, match="device"):
+        ex.execute(feeds)
+    assert ex.last_dynamic_dims == (20, 20)
+
+
+def test_eight_threads_each_with_its_own_executor(tmp_path: Path) -> None:
+    original, spec, path = compiled(tmp_path, "reshape")
+    model = gr.load(path, intra_op_num_threads=1)
+    cases = []
+    for g in range(spec.gear_count):
+        for s in range(3):
+            feeds = random_inputs(original, spec.shapes(g), seed=10 * g + s)
+            cases.append((g, feeds, run_model(original, feeds)))
+    errors: list[BaseException] = []
+    counts = [0] * 8
+
+    def worker(t: int) -> None:
+        try:
+            ex = model.create_executor()
+            rng = np.random.default_rng(t)
+            for _ in range(500):
+                g, feeds, want = cases[int(rng.integers(len(cases)))]
+                got = ex.execute(feeds)
+                assert ex.last_gear == g
+                assert_same(got, want)
+                counts[t] += 1
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert counts == [500] * 8
+
+
+MEMORY_PROBE = """
+import json, sys, gc, psutil
+import numpy as np
+import gear_runtime as gr
+proc = psutil.Process()
+gc.collect(); before = proc.memory_info().rss
+model = gr.load(sys.argv[1])
+ex = model.create_executor()
+ex.execute({"x": np.ones((1, 1024), np.float32)})
+gc.collect(); after = proc.memory_info().rss
+print(json.dumps({"delta": after - before}))
+"""
+
+
+def test_eight_gears_cost_little_more_memory_than_one(tmp_path: Path) -> None:
+    """Weights are shared: 8 gears within 1.3x the resident memory of 1 gear."""
+    heavy = heavy_model(width=1024, layers=8)  # 32 MB of weights
+    paths = {}
+    for n in (1, 8):
+        spec = gr.GearSpec("batch", ("x",), ((-1, 1024),), tuple((1 << i,) for i in range(n)))
+        paths[n] = str(tmp_path / f"heavy{n}.gear.onnx")
+        gr.compile(heavy, spec, paths[n], progress=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    delta = {n: json.loads(subprocess.run([sys.executable, "-c", MEMORY_PROBE, p], env=env,
+                                          check=True, capture_output=True, text=True
+                                          ).stdout)["delta"] for n, p in paths.items()}
+    assert delta[8] <= 1.3 * delta[1], delta
+
+
+def test_asking_for_a_missing_provider_names_what_to_install(tmp_path: Path) -> None:
+    _, _, path = compiled(tmp_path, "conv_batch")
+    with pytest.raises(gr.BackendError, match="NoSuchExecutionProvider") as info:
+        gr.load(path, providers=["NoSuchExecutionProvider"])
+    assert "onnxruntime-gpu" in str(info.value)
+    with pytest.raises(gr.BackendError, match="cuda_graph"):
+        gr.load(path, cuda_graph=True)
