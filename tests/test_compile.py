@@ -136,6 +136,38 @@ def test_symbolic_model_dim_accepts_a_static_spec_value(tmp_path: Path) -> None:
     assert batch == [1, 1, 1]
 
 
+@pytest.mark.parametrize(("shape", "gears", "code"), [
+    ((1, 3, 8, 8), ((),), "E10001"),     # no -1 at all
+    ((-1, 3, 8, 8), (), "E10035"),       # no gears
+])
+def test_hand_built_specs_are_rechecked(tmp_path: Path, shape: tuple, gears: tuple,
+                                        code: str) -> None:
+    spec = gr.GearSpec("batch", ("data",), (shape,), gears)
+    with pytest.raises(CompileError) as err:
+        compile_model(conv_model(), spec, tmp_path / "x.gear.onnx", progress=False)
+    assert err.value.code == code
+
+
+def test_spec_order_may_differ_from_model_order(tmp_path: Path) -> None:
+    model = prefill_model()
+    spec = gr.GearSpec.from_atc(
+        input_shape="image_embeds:-1,64;position_ids:4,1,-1;attention_mask:1,-1;input_ids:1,-1",
+        dynamic_dims="4,8,8,8;2,16,16,16")
+    for sink in (False, True):
+        gf = read_gear_file(compile_model(model, spec, tmp_path / f"o{sink}.gear.onnx",
+                                          sink=sink, progress=False))
+        assert gf.input_names == spec.input_names
+        assert gf.input_dtypes[0] == np.float32 and gf.input_dtypes[3] == np.int64
+        for i in range(2):
+            feeds = random_inputs(model, spec.shapes(i), seed=i)
+            want = run_model(model, feeds)
+            assert [vi.name for vi in gf.branches[i].graph.input] == list(spec.input_names)
+            assert_same(run_model(with_weights(gf, gf.branches[i]), feeds), want)
+            if sink:
+                *outs, dims = run_model(gf.model_bytes or b"", feeds)
+                assert_same(outs, want) and tuple(dims.tolist()) == spec.gears[i]
+
+
 def test_reserved_names_are_refused(tmp_path: Path) -> None:
     model = two_batch_model()
     model.graph.node[0].output[0] = ACL_DYNAMIC_TENSOR_NAME

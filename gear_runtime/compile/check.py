@@ -137,6 +137,7 @@ def check_spec(info: GraphInfo, spec: GearSpec) -> None:
 
     A model dim that is symbolic or unknown accepts any static value and any -1.
     """
+    _check_gears(spec)
     model_inputs = [t.name for t in info.inputs]
     for name, shape in zip(spec.input_names, spec.input_shapes, strict=True):
         t = info.input(name)
@@ -155,6 +156,21 @@ def check_spec(info: GraphInfo, spec: GearSpec) -> None:
             f"(CheckSequenceOfData: as many Data nodes as input_shape entries) every model "
             f"input must be listed, static ones with their static shape; missing: "
             f"{', '.join(missing)}", code=E_SEQUENCE)
+
+
+def _check_gears(spec: GearSpec) -> None:
+    """What the spec parser already enforces, re-checked for hand-built GearSpecs: the
+    routing relies on at least one dynamic dim and on unique gears."""
+    if not spec.dynamic_positions:
+        raise CompileError("input_shape has no -1: there is nothing for gears to set",
+                           code="E10001")
+    if not spec.gears:
+        raise CompileError("the spec has no gears", code="E10035")
+    seen: dict[tuple[int, ...], int] = {}
+    for i, gear in enumerate(spec.gears):
+        if gear in seen:
+            raise CompileError(f"gear {i} {gear} repeats gear {seen[gear]}", code="E10039")
+        seen[gear] = i
 
 
 def _check_dims(t: TensorInfo, shape: tuple[int, ...]) -> None:
