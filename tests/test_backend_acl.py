@@ -223,6 +223,75 @@ def test_a_session_used_from_another_thread_sets_the_context(fake, tmp_path):
     model.close()
 
 
+class PaddedLayout:
+    """A layout that keeps ACL's carving rule (64-aligned starts, ALIGN_UP(len,32)+32 bytes
+    each) and merges nothing: every input and the dims are copied on their own."""
+
+    def __init__(self, input_nbytes, dims_count):
+        self._n = input_nbytes
+        self.dims_nbytes = 4 * dims_count
+        self._off, self._dims, self.total_bytes = [], [], 0
+        for row in input_nbytes:
+            pos, offs = 0, []
+            for n in [*row, self.dims_nbytes]:
+                offs.append(pos)
+                pos += ((n + 31) // 32 * 32 + 32 + 63) // 64 * 64
+            self._off.append(offs[:-1])
+            self._dims.append(offs[-1])
+            self.total_bytes = max(self.total_bytes, pos)
+
+    def offset(self, g, i):
+        return self._off[g][i]
+
+    def nbytes(self, g, i):
+        return self._n[g][i]
+
+    def dims_offset(self, g):
+        return self._dims[g]
+
+    def merged_span(self, g):
+        return (0, 0)
+
+    def separate(self, g):
+        spans = [(o, o + n) for o, n in zip(self._off[g], self._n[g], strict=True)]
+        return [*spans, (self._dims[g], self._dims[g] + self.dims_nbytes)]
+
+
+def test_a_padded_layout_without_merging_and_the_padding_warning(fake, tmp_path, caplog):
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    info = model.info
+    layout = PaddedLayout(info.input_nbytes(), info.spec.values_per_gear)
+    with caplog.at_level("WARNING", logger="gear_runtime"):
+        session = model.create_session(layout)
+    assert "ALIGN_UP" not in caplog.text
+    before = len(fake.state.memcpys)
+    arrays, outputs = run(model, layout, session, 1)
+    np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+    h2d = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_HOST_TO_DEVICE]
+    assert len(h2d) == 3  # two inputs and the dims, one copy each
+    # the core's layout packs 192-byte inputs back to back: no 32 spare bytes -> one warning
+    with caplog.at_level("WARNING", logger="gear_runtime"):
+        session_for(model)
+        session_for(model)
+    assert caplog.text.count("ALIGN_UP(len,32)+32") == 1
+    model.close()
+
+
+def test_runs_of_one_model_id_are_serialised(fake, tmp_path):
+    """pyACL execute: threads sharing a model id must lock memcpy -> execute as one step."""
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    layout, session = session_for(model)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (run(model, layout, session, 0), done.set()))
+    with model.lock:
+        worker.start()
+        assert not done.wait(0.2)  # blocked while another run holds the model
+        assert fake.state.calls_named("mdl.execute") == []
+    worker.join()
+    assert done.is_set() and len(fake.state.calls_named("mdl.execute")) == 1
+    model.close()
+
+
 # ---- failures and lifetime -------------------------------------------------------------------
 @pytest.mark.parametrize(("call", "name"), [
     ("mdl.execute", "acl.mdl.execute"),

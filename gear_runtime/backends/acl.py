@@ -26,12 +26,17 @@ The device region mirrors the staging byte for byte, so the merged span is a sin
 in GE's CopyInputDataWithMergeH2D. Datasets (one per gear: the offsets differ per gear) are
 built once per session; a run is memcpy(s), one ``set_*``, ``execute``, output memcpys.
 Every non-zero ``ret`` raises :class:`BackendError` naming the call, with ``.code = str(ret)``.
+
+Threads: sessions are per executor, but ACL forbids concurrent use of one model id ("lock
+memcpy -> execute as one sequence"), so runs of one model are serialised by the model's lock;
+each thread makes the model's context current before its first run.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import os
 import threading
 import weakref
@@ -77,6 +82,11 @@ ACL_DTYPES: dict[int, np.dtype] = {
 }
 
 _ALIGN = 64  # aclrtMallocHost / aclrtMalloc start addresses are 64-byte aligned
+#: Sub-buffers carved from one aclrtMalloc block: each starts 64-byte aligned and owns at
+#: least ALIGN_UP(len, 32) + 32 bytes (pyACL "malloc" constraints, aclpythondevg_01_0110).
+_PAD = 32
+
+logger = logging.getLogger("gear_runtime")
 
 
 def open_model(path: str, *, device_id: int = 0) -> AclModel:
@@ -195,6 +205,11 @@ class AclModel(BackendModel):
         self._device_set = False
         self._closed = False
         self._sessions: weakref.WeakSet[AclSession] = weakref.WeakSet()
+        #: aclmdlExecute: threads sharing one model id must lock "memcpy inputs -> execute"
+        #: (-> outputs) as one sequence (pyACL "execute" constraints, canncommercial 62RC1
+        #: aclpythondevg_01_0127). Held by every session's run_gear.
+        self.lock = threading.Lock()
+        self.padding_warned = False
         try:
             self._open()
         except BaseException:
@@ -537,7 +552,9 @@ class AclSession(BackendSession):
         self._total = int(layout.total_bytes)
         self._host = mem.host(self._total)
         self.staging = _host_array(self._host, max(self._total, 1))[: self._total]
-        self._device = mem.device(self._total)
+        # _PAD spare bytes: the last sub-buffer keeps its documented padding too
+        self._device = mem.device(self._total + _PAD)
+        self._check_padding()
         # The dims input gets its own data buffer (ACL writes the dims into it in set_*). It
         # points at the layout's dims slot when that slot is large enough for the model's
         # dims input; else (an int64 dims input) at a session buffer of the model's size.
@@ -574,6 +591,29 @@ class AclSession(BackendSession):
                         f"staging layout does not fit the model: input {names[i]!r} of gear {g} "
                         f"gets {got} bytes ending at {end} of {layout.total_bytes}, it needs "
                         f"{nbytes}")
+
+    def _check_padding(self) -> None:
+        """Log when the layout leaves a sub-buffer of the device region less room than ACL's
+        carving rule asks (start 64-aligned, ALIGN_UP(len, 32) + 32 bytes): the C++ layout
+        aligns starts to 64 but does not add the 32 spare bytes (see docs/ascend.md)."""
+        layout, model = self._layout, self._model
+        if model.padding_warned:
+            return
+        for g in range(model.info.spec.gear_count):
+            spans = sorted((int(layout.offset(g, i)), int(layout.nbytes(g, i)))
+                           for i in range(len(self._model.input_indices)))
+            spans.append((int(layout.dims_offset(g)), int(layout.dims_nbytes)))
+            spans = sorted(s for s in spans if s[1] > 0)
+            ends = [start for start, _ in spans[1:]] + [self._total + _PAD]
+            for (start, n), limit in zip(spans, ends, strict=True):
+                room = (n + 31) // 32 * 32 + _PAD
+                if start % _ALIGN or start + room > limit:
+                    logger.warning(
+                        "acl: staging layout gives a buffer at offset %d (%d bytes, gear %d) "
+                        "less than the 64-byte start / ALIGN_UP(len,32)+32 bytes that ACL asks "
+                        "of buffers carved from one aclrtMalloc block", start, n, g)
+                    model.padding_warned = True  # once per model, not per executor
+                    return
 
     def _build_outputs(self) -> None:
         """Device output buffers sized for the largest gear (the model's output sizes), one
@@ -621,7 +661,11 @@ class AclSession(BackendSession):
         if not 0 <= gear < len(self._in_datasets):
             raise InputError(f"gear index {gear} is out of range: the model has "
                              f"{len(self._in_datasets)} gears")
-        self._bind_thread()
+        with self._model.lock:
+            self._bind_thread()
+            return self._run_locked(gear)
+
+    def _run_locked(self, gear: int) -> list[np.ndarray]:
         h2d, d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
         start, end = self._merged[gear]
         if end > start:
