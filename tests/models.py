@@ -303,6 +303,23 @@ def passthrough_model(width: int = 4, seed: int = 0) -> onnx.ModelProto:
     return _finish(graph)
 
 
+def sum_model(width: int = 4) -> onnx.ModelProto:
+    """A scalar output: ``total = sum(x)`` (rank 0) next to ``y = Relu(x)``.
+
+    Input ``x`` float32 [N, width]; outputs ``y`` [N, width] and ``total`` [] (a scalar cannot
+    be empty, so a sink miss returns it with shape [0]).
+    """
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Relu", ["x"], ["y"], name="relu"), n("ReduceSum", ["x"], ["total"], name="sum",
+                                                keepdims=0)],
+        "sum_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, [])])
+    return _finish(graph)
+
+
 def two_batch_model(width: int = 4) -> onnx.ModelProto:
     """Two inputs sharing the batch axis: ``y = a + b``, ``a`` and ``b`` float32 [N, width].
 

@@ -25,6 +25,7 @@ from models import (
     reshape_model,
     run_model,
     sqrt_slice_model,
+    sum_model,
     two_batch_model,
 )
 from onnx import helper, numpy_helper
@@ -355,6 +356,17 @@ def test_sink_batch_mode_inputs_that_disagree_miss(tmp_path: Path) -> None:
     assert y.shape[0] == 0 and dims.tolist() == [2]
     y, dims = run_model(Path(path).read_bytes(), {"a": a, "b": a})
     np.testing.assert_array_equal(y, 2 * a)
+
+
+def test_sink_scalar_outputs(tmp_path: Path) -> None:
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
+    path = compile_model(sum_model(), spec, tmp_path / "s.gear.onnx", sink=True, progress=False)
+    assert read_gear_file(path).output_shapes == (((1, 4), ()), ((2, 4), ()))
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y, total, dims = run_model(Path(path).read_bytes(), {"x": x})
+    assert total.shape == () and total == 28 and dims.tolist() == [2]
+    y, total, dims = run_model(Path(path).read_bytes(), {"x": np.ones((3, 4), np.float32)})
+    assert y.shape == (0, 4) and total.shape == (0,) and dims.tolist() == [3]
 
 
 @pytest.mark.parametrize("opset", [11, 18])

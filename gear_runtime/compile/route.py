@@ -59,25 +59,28 @@ _AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMin": 18}
 
 # ---- shared -----------------------------------------------------------------------------------
 def root_output_dims(info: GraphInfo, shapes: Shapes, hybrid: bool,
-                     zeroed: Sequence[Sequence[bool]] | None = None
-                     ) -> list[list[int | str] | None]:
+                     zeroed: Sequence[Sequence[bool]] | None = None) -> list[list[int | str]]:
     """Declared dims of each root output: static where every gear agrees (and, hybrid, the
     original model fixes that dim too; and, sink, a miss does not zero it), symbolic
-    otherwise (the original dim name when it had one). None: the rank varies by gear."""
-    out: list[list[int | str] | None] = []
+    otherwise (the original dim name when it had one). ONNX wants a shape on every root
+    output: an output whose rank differs between gears is declared with gear 0's rank, all
+    symbolic; a scalar stays rank 0 even though a sink miss returns shape [0] (ONNX Runtime
+    then logs a shape warning on that miss)."""
+    out: list[list[int | str]] = []
     for k, t in enumerate(info.outputs):
         ranks = {len(s[k]) for s in shapes}
-        if len(ranks) != 1 or (zeroed is not None and len(zeroed[k]) != ranks.copy().pop()):
-            out.append(None)
+        rank = len(shapes[0][k])
+        if len(ranks) != 1:
+            out.append([f"{t.name}_dim{axis}" for axis in range(rank)])
             continue
         dims: list[int | str] = []
-        for axis in range(ranks.pop()):
+        for axis in range(rank):
             values = {s[k][axis] for s in shapes}
             orig = t.dims[axis] if t.dims is not None and axis < len(t.dims) else None
             static = len(values) == 1
             if hybrid and orig != next(iter(values)):
                 static = False
-            if zeroed is not None and zeroed[k][axis]:
+            if zeroed is not None and axis < len(zeroed[k]) and zeroed[k][axis]:
                 static = False
             if static:
                 dims.append(next(iter(values)))
@@ -116,7 +119,7 @@ def routing_outputs(info: GraphInfo, spec: GearSpec) -> list[str]:
             for k, t in enumerate(info.outputs)]
 
 
-def _declare_outputs(info: GraphInfo, dims: Sequence[list[int | str] | None]
+def _declare_outputs(info: GraphInfo, dims: Sequence[list[int | str]]
                      ) -> list[onnx.ValueInfoProto]:
     return [helper.make_tensor_value_info(t.name, t.elem_type, d)
             for t, d in zip(info.outputs, dims, strict=True)]
