@@ -13,6 +13,6 @@
 The tests import them as ``from doubles import fake_acl`` (``tests/`` is on ``sys.path``
 under pytest's default import mode). Install one with
 ``monkeypatch.setitem(sys.modules, "acl", fake.module)``.
-fake_acl and fake_mslite never import gear_runtime: what they declare is independent of what the code
-under test discovers, so "the spec equals what the model declares" can fail.
+fake_acl and fake_mslite never import gear_runtime: what they declare is independent of what
+the code under test discovers, so "the spec equals what the model declares" can fail.
 """
