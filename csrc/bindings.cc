@@ -9,9 +9,12 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <initializer_list>
+#include <new>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,12 +47,12 @@ const py::detail::npy_api& npy() { return py::detail::npy_api::get(); }
 // is read into a list once). Not an iterable -> InputError "<what> must be a sequence".
 class Items {
  public:
-  Items(py::handle obj, const std::string& what) {
+  Items(py::handle obj, std::string_view what) {
     PyObject* seq = PySequence_Fast(obj.ptr(), "");
     if (seq == nullptr) {
       if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
       PyErr_Clear();
-      throw_input(what + " must be a sequence, got " + type_name(obj));
+      throw_input(std::string(what) + " must be a sequence, got " + type_name(obj));
     }
     seq_ = py::reinterpret_steal<py::object>(seq);
   }
@@ -62,9 +65,16 @@ class Items {
   py::object seq_;
 };
 
-// operator.index(obj) as int64; `label` says what it is in messages ("dims_count",
-// "dynamic dims item 2"); a non-int -> "<label> is <type>, not an int".
-int64_t to_int64(PyObject* obj, const std::string& label) {
+// "<what>" or "<what> item <j>": how messages name a value (built on the error path only).
+std::string label_of(std::string_view what, int64_t item) {
+  std::string label(what);
+  if (item >= 0) label += " item " + std::to_string(item);
+  return label;
+}
+
+// operator.index(obj) as int64; `what` (and `item` when >= 0) name it in messages
+// ("dims_count", "dynamic dims item 2"); a non-int -> "<label> is <type>, not an int".
+int64_t to_int64(PyObject* obj, std::string_view what, int64_t item = -1) {
   int overflow = 0;
   long long value;
   if (PyLong_CheckExact(obj)) {
@@ -74,21 +84,21 @@ int64_t to_int64(PyObject* obj, const std::string& label) {
     if (index == nullptr) {
       if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
       PyErr_Clear();
-      throw_input(label + " is " + type_name(obj) + ", not an int");
+      throw_input(label_of(what, item) + " is " + type_name(obj) + ", not an int");
     }
     value = PyLong_AsLongLongAndOverflow(index, &overflow);
     Py_DECREF(index);
   }
-  if (overflow != 0) throw_input(label + " does not fit in 64 bits");
+  if (overflow != 0) throw_input(label_of(what, item) + " does not fit in 64 bits");
   if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
   return static_cast<int64_t>(value);
 }
 
-int64_t item_int(const Items& items, size_t j, const std::string& what) {
-  return to_int64(items[j], what + " item " + std::to_string(j));
+int64_t item_int(const Items& items, size_t j, std::string_view what) {
+  return to_int64(items[j], what, static_cast<int64_t>(j));
 }
 
-std::vector<int64_t> to_int_vector(py::handle obj, const std::string& what) {
+std::vector<int64_t> to_int_vector(py::handle obj, std::string_view what) {
   Items items(obj, what);
   std::vector<int64_t> out(items.size());
   for (size_t j = 0; j < out.size(); ++j) out[j] = item_int(items, j, what);
@@ -96,10 +106,11 @@ std::vector<int64_t> to_int_vector(py::handle obj, const std::string& what) {
 }
 
 // Values of the gear tuple size: sequence -> length (145012) -> items. Writes into buf.
-void read_values(py::handle obj, const std::string& what, size_t expected, int64_t* buf) {
+void read_values(py::handle obj, std::string_view what, size_t expected, int64_t* buf) {
   Items items(obj, what);
   if (items.size() != expected) {
-    throw_length(what + " have " + std::to_string(items.size()) + " values, the model's gears have " +
+    throw_length(std::string(what) + " have " + std::to_string(items.size()) +
+                 " values, the model's gears have " +
                  std::to_string(expected));
   }
   for (size_t j = 0; j < expected; ++j) buf[j] = item_int(items, j, what);
@@ -170,11 +181,11 @@ std::vector<std::string> to_names(py::handle obj) {
   return out;
 }
 
-std::vector<std::vector<int64_t>> to_int_matrix(py::handle obj, const std::string& what) {
+std::vector<std::vector<int64_t>> to_int_matrix(py::handle obj, std::string_view what) {
   Items rows(obj, what);
   std::vector<std::vector<int64_t>> out(rows.size());
   for (size_t j = 0; j < out.size(); ++j) {
-    out[j] = to_int_vector(rows[j], what + "[" + std::to_string(j) + "]");
+    out[j] = to_int_vector(rows[j], std::string(what) + "[" + std::to_string(j) + "]");
   }
   return out;
 }
@@ -462,18 +473,144 @@ class ExecutorCore {
   std::vector<py::object> keep_;
 };
 
+// Raise e as the package's exception: gear_runtime.errors.make_error(kind, message, code).
+void set_python_error(const Error& e) {
+  try {
+    py::object make_error = py::module_::import("gear_runtime.errors").attr("make_error");
+    py::object code = e.code().empty() ? py::object(py::none()) : py::object(py::str(e.code()));
+    py::object exc = make_error(e.kind(), e.message(), code);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (py::error_already_set& err) {
+    err.restore();  // could not build the package's exception: raise why instead
+  }
+}
+
+// The ONE translator for everything bound through pybind11.
 void translate(std::exception_ptr p) {
   try {
     if (p) std::rethrow_exception(p);
   } catch (const Error& e) {
-    try {
-      py::object make_error = py::module_::import("gear_runtime.errors").attr("make_error");
-      py::object code = e.code().empty() ? py::object(py::none()) : py::object(py::str(e.code()));
-      py::object exc = make_error(e.kind(), e.message(), code);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-    } catch (py::error_already_set& err) {
-      err.restore();  // could not build the package's exception: raise why instead
+    set_python_error(e);
+  }
+}
+
+// ---- vectorcall fast path ------------------------------------------------------------------------
+// match / extract / stage are called once per request. pybind11's generic dispatcher costs
+// more than the work of a match, so these three are plain METH_FASTCALL methods added to the
+// pybind11 class; errors go through set_python_error, like the translator above.
+
+template <typename F>
+PyObject* guarded(F&& body) noexcept {
+  try {
+    return body();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const Error& e) {
+    set_python_error(e);
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// Positional-or-keyword arguments `names` (the first `required` of them required) into out;
+// false with a TypeError set on a call that does not fit, as Python does.
+bool parse_args(const char* fname, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                const std::initializer_list<const char*>& names, size_t required,
+                PyObject** out) {
+  const size_t n = names.size();
+  if (static_cast<size_t>(nargs) > n) {
+    PyErr_Format(PyExc_TypeError, "%s() takes at most %zu arguments (%zd given)", fname, n,
+                 nargs);
+    return false;
+  }
+  for (size_t j = 0; j < n; ++j) out[j] = j < static_cast<size_t>(nargs) ? args[j] : nullptr;
+  const Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nk; ++k) {
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    size_t j = 0;
+    for (const char* name : names) {
+      if (PyUnicode_CompareWithASCIIString(key, name) == 0) break;
+      ++j;
     }
+    if (j == n) {
+      PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
+      return false;
+    }
+    if (out[j] != nullptr) {
+      PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", fname, key);
+      return false;
+    }
+    out[j] = args[nargs + k];
+  }
+  for (size_t j = 0; j < required; ++j) {
+    if (out[j] == nullptr) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname,
+                   names.begin()[j]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The C++ object behind a Python ExecutorCore (the descriptor already checked the type).
+ExecutorCore& core_of(PyObject* self) {
+  static const py::detail::type_info* info = py::detail::get_type_info(typeid(ExecutorCore));
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  py::detail::value_and_holder vh = inst->get_value_and_holder(info, true);
+  if (!vh.holder_constructed()) throw py::type_error("ExecutorCore.__init__ was not called");
+  return *vh.value_ptr<ExecutorCore>();
+}
+
+PyObject* fast_match(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                     PyObject* kwnames) {
+  PyObject* a[1];
+  if (!parse_args("match", args, nargs, kwnames, {"values"}, 1, a)) return nullptr;
+  return guarded([&] { return PyLong_FromLongLong(core_of(self).match(a[0])); });
+}
+
+PyObject* fast_extract(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  PyObject* a[1];
+  if (!parse_args("extract", args, nargs, kwnames, {"arrays"}, 1, a)) return nullptr;
+  return guarded([&] { return core_of(self).extract(a[0]).release().ptr(); });
+}
+
+PyObject* fast_stage(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                     PyObject* kwnames) {
+  PyObject* a[2];
+  if (!parse_args("stage", args, nargs, kwnames, {"arrays", "preset"}, 1, a)) return nullptr;
+  return guarded([&] {
+    return PyLong_FromLongLong(core_of(self).stage(a[0], a[1] ? a[1] : Py_None));
+  });
+}
+
+PyMethodDef kFastMethods[] = {
+    {"match", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_match)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "match($self, /, values)\n--\n\nIndex of the gear with exactly these dynamic values."},
+    {"extract", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_extract)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "extract($self, /, arrays)\n--\n\nGear values from the arrays' shapes (not matched)."},
+    {"stage", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_stage)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "stage($self, /, arrays, preset=None)\n--\n\nExtract, match, check and copy the "
+     "inputs into the staging buffer; returns the gear index."},
+};
+
+void add_fast_methods(py::handle cls) {
+  for (PyMethodDef& def : kFastMethods) {
+    PyObject* descr = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &def);
+    if (descr == nullptr) throw py::error_already_set();
+    if (PyObject_SetAttrString(cls.ptr(), def.ml_name, descr) != 0) {
+      Py_DECREF(descr);
+      throw py::error_already_set();
+    }
+    Py_DECREF(descr);
   }
 }
 
@@ -532,7 +669,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("fusion_size") = kDefaultFusionSize, py::arg("alignment") = kDefaultAlignment,
         "Plan the staging layout of every gear (see gear_runtime.core.reference.plan_layout).");
 
-  py::class_<ExecutorCore>(m, "ExecutorCore", "Gear matching and input staging for one executor.")
+  py::class_<ExecutorCore> core_cls(m, "ExecutorCore",
+                                    "Gear matching and input staging for one executor.");
+  core_cls
       .def(py::init<py::handle, py::handle, py::handle, py::handle, py::handle, py::handle,
                     py::handle>(),
            py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
@@ -541,9 +680,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("values_per_gear", &ExecutorCore::values_per_gear)
       .def_property_readonly("layout", &ExecutorCore::layout, py::return_value_policy::copy)
       .def_property_readonly("last_values", &ExecutorCore::last_values)
-      .def("match", &ExecutorCore::match, py::arg("values"))
       .def("values_from_full_dims", &ExecutorCore::values_from_full_dims, py::arg("full_dims"))
-      .def("extract", &ExecutorCore::extract, py::arg("arrays"))
-      .def("stage", &ExecutorCore::stage, py::arg("arrays"), py::arg("preset") = py::none())
       .def("nearest", &ExecutorCore::nearest, py::arg("values"), py::arg("k") = 5);
+  add_fast_methods(core_cls);  // match, extract, stage
 }

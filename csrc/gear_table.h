@@ -54,7 +54,7 @@ class GearTable {
   size_t count_ = 0;
   size_t width_ = 0;
   std::vector<int64_t> flat_;  // gear g at [g * width_, (g + 1) * width_)
-  std::vector<int32_t> slots_;  // open addressing, linear probing; -1 = empty
+  std::vector<int32_t> slots_;  // open addressing, linear probing, load <= 1/4; -1 = empty
   size_t mask_ = 0;             // slots_.size() - 1 (a power of two)
 };
 
