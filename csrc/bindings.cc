@@ -557,14 +557,21 @@ bool parse_args(const char* fname, PyObject* const* args, Py_ssize_t nargs, PyOb
   return true;
 }
 
-// The C++ object behind a Python ExecutorCore (the descriptor already checked the type).
-ExecutorCore& core_of(PyObject* self) {
-  static const py::detail::type_info* info = py::detail::get_type_info(typeid(ExecutorCore));
-  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+// The C++ object behind a Python instance of a bound class. Every bound method goes through
+// it: an instance made with T.__new__ alone (no __init__) is a TypeError, not a wild read.
+template <typename T>
+T& self_of(py::handle self) {
+  static const py::detail::type_info* info = py::detail::get_type_info(typeid(T));
+  if (!PyObject_TypeCheck(self.ptr(), info->type)) throw py::type_error("wrong self type");
+  auto* inst = reinterpret_cast<py::detail::instance*>(self.ptr());
   py::detail::value_and_holder vh = inst->get_value_and_holder(info, true);
-  if (!vh.holder_constructed()) throw py::type_error("ExecutorCore.__init__ was not called");
-  return *vh.value_ptr<ExecutorCore>();
+  if (!vh.holder_constructed()) {
+    throw py::type_error(std::string(info->type->tp_name) + ".__init__ was not called");
+  }
+  return *vh.value_ptr<T>();
 }
+
+ExecutorCore& core_of(PyObject* self) { return self_of<ExecutorCore>(self); }
 
 PyObject* fast_match(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                      PyObject* kwnames) {
@@ -626,44 +633,54 @@ PYBIND11_MODULE(_core, m) {
   m.attr("MAX_FUSION_SIZE") = kMaxFusionSize;
   m.attr("DEFAULT_ALIGNMENT") = kDefaultAlignment;
 
+  // Methods take `self` as a handle and go through self_of<> (see there).
+  using H = py::handle;
+  auto gear = [](const Layout& l, H g) {
+    return index_arg(g, "gear index", l.gear_count(), "gears");
+  };
+  auto input = [](const Layout& l, H i) {
+    return index_arg(i, "input index", l.input_count(), "inputs");
+  };
   py::class_<Layout>(m, "Layout", "Staging layout of every gear; built by plan_layout().")
-      .def_property_readonly("gear_count", &Layout::gear_count)
-      .def_property_readonly("input_count", &Layout::input_count)
-      .def_property_readonly("merged", &Layout::merged)
-      .def_property_readonly("dims_nbytes", &Layout::dims_nbytes)
-      .def_property_readonly("total_bytes", &Layout::total_bytes)
-      .def_property_readonly("alignment", &Layout::alignment)
+      .def_property_readonly("gear_count", [](H s) { return self_of<Layout>(s).gear_count(); })
+      .def_property_readonly("input_count", [](H s) { return self_of<Layout>(s).input_count(); })
+      .def_property_readonly("merged", [](H s) { return self_of<Layout>(s).merged(); })
+      .def_property_readonly("dims_nbytes", [](H s) { return self_of<Layout>(s).dims_nbytes(); })
+      .def_property_readonly("total_bytes", [](H s) { return self_of<Layout>(s).total_bytes(); })
+      .def_property_readonly("alignment", [](H s) { return self_of<Layout>(s).alignment(); })
       .def("offset",
-           [](const Layout& l, py::handle g, py::handle i) {
-             return l.offset_unchecked(index_arg(g, "gear index", l.gear_count(), "gears"),
-                                       index_arg(i, "input index", l.input_count(), "inputs"));
+           [=](H s, H g, H i) {
+             const Layout& l = self_of<Layout>(s);
+             return l.offset_unchecked(gear(l, g), input(l, i));
            })
       .def("nbytes",
-           [](const Layout& l, py::handle g, py::handle i) {
-             return l.nbytes_unchecked(index_arg(g, "gear index", l.gear_count(), "gears"),
-                                       index_arg(i, "input index", l.input_count(), "inputs"));
+           [=](H s, H g, H i) {
+             const Layout& l = self_of<Layout>(s);
+             return l.nbytes_unchecked(gear(l, g), input(l, i));
            })
       .def("fused",
-           [](const Layout& l, py::handle i) {
-             return l.fused(index_arg(i, "input index", l.input_count(), "inputs"));
+           [=](H s, H i) {
+             const Layout& l = self_of<Layout>(s);
+             return l.fused(input(l, i));
            })
       .def("dims_offset",
-           [](const Layout& l, py::handle g) {
-             return l.dims_offset(index_arg(g, "gear index", l.gear_count(), "gears"));
+           [=](H s, H g) {
+             const Layout& l = self_of<Layout>(s);
+             return l.dims_offset(gear(l, g));
            })
       .def("merged_span",
-           [](const Layout& l, py::handle g) {
-             return span_tuple(l.merged_span(index_arg(g, "gear index", l.gear_count(), "gears")));
+           [=](H s, H g) {
+             const Layout& l = self_of<Layout>(s);
+             return span_tuple(l.merged_span(gear(l, g)));
            })
       .def("separate",
-           [](const Layout& l, py::handle g) {
+           [=](H s, H g) {
+             const Layout& l = self_of<Layout>(s);
              py::list out;
-             for (const Span& s : l.separate(index_arg(g, "gear index", l.gear_count(), "gears"))) {
-               out.append(span_tuple(s));
-             }
+             for (const Span& span : l.separate(gear(l, g))) out.append(span_tuple(span));
              return out;
            })
-      .def("__repr__", &Layout::repr);
+      .def("__repr__", [](H s) { return self_of<Layout>(s).repr(); });
 
   m.def("plan_layout", &plan_layout, py::arg("input_nbytes"), py::arg("dims_count"),
         py::arg("fusion_size") = kDefaultFusionSize, py::arg("alignment") = kDefaultAlignment,
@@ -676,11 +693,17 @@ PYBIND11_MODULE(_core, m) {
                     py::handle>(),
            py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
            py::arg("gears"), py::arg("input_dtypes"), py::arg("layout"), py::arg("staging"))
-      .def_property_readonly("gear_count", &ExecutorCore::gear_count)
-      .def_property_readonly("values_per_gear", &ExecutorCore::values_per_gear)
-      .def_property_readonly("layout", &ExecutorCore::layout, py::return_value_policy::copy)
-      .def_property_readonly("last_values", &ExecutorCore::last_values)
-      .def("values_from_full_dims", &ExecutorCore::values_from_full_dims, py::arg("full_dims"))
-      .def("nearest", &ExecutorCore::nearest, py::arg("values"), py::arg("k") = 5);
+      .def_property_readonly("gear_count", [](H s) { return core_of(s.ptr()).gear_count(); })
+      .def_property_readonly("values_per_gear",
+                             [](H s) { return core_of(s.ptr()).values_per_gear(); })
+      .def_property_readonly("layout", [](H s) { return py::cast(core_of(s.ptr()).layout()); })
+      .def_property_readonly("last_values", [](H s) { return core_of(s.ptr()).last_values(); })
+      .def(
+          "values_from_full_dims",
+          [](H s, H full_dims) { return core_of(s.ptr()).values_from_full_dims(full_dims); },
+          py::arg("full_dims"))
+      .def(
+          "nearest", [](H s, H values, H k) { return core_of(s.ptr()).nearest(values, k); },
+          py::arg("values"), py::arg("k") = 5);
   add_fast_methods(core_cls);  // match, extract, stage
 }

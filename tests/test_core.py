@@ -409,3 +409,32 @@ def test_stage_releases_the_gil_and_refuses_concurrent_use() -> None:
         thread.join()
     assert seen.is_set(), "stage never ran concurrently: the GIL is not released"
     assert core.stage([small]) == 0  # the busy flag was cleared
+
+
+# ---- calling conventions ------------------------------------------------------------------------
+def test_keyword_arguments_and_call_errors(impl: ModuleType) -> None:
+    core, _ = build(impl, DIMS)
+    arrays = [np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]
+    assert core.match(values=(40, 2)) == 1
+    assert core.extract(arrays=arrays) == (40, 2)
+    assert core.stage(arrays=arrays, preset=(40, 2)) == 1
+    assert core.stage(arrays, preset=None) == 1
+    assert core.nearest(values=(40, 2), k=1) == [(40, 2)]
+    assert core.values_from_full_dims(full_dims=[1, 40, 2, 4]) == (40, 2)
+    for call in (lambda: core.match(), lambda: core.match((40, 2), 1),
+                 lambda: core.stage(arrays, None, 1), lambda: core.stage(arrays, bad=1),
+                 lambda: core.extract(arrays, arrays=arrays)):
+        with pytest.raises(TypeError):  # a wrong call, as for any Python function
+            call()
+
+
+def test_uninitialised_native_objects_raise_instead_of_crashing() -> None:
+    core = native.ExecutorCore.__new__(native.ExecutorCore)
+    layout = native.Layout.__new__(native.Layout)
+    calls = [lambda: core.match((1,)), lambda: core.stage([]), lambda: core.extract([]),
+             lambda: core.nearest((1,)), lambda: core.last_values, lambda: core.layout,
+             lambda: core.values_from_full_dims([1]), lambda: layout.offset(0, 0),
+             lambda: layout.total_bytes, lambda: repr(layout)]
+    for call in calls:
+        with pytest.raises(TypeError, match="__init__ was not called"):
+            call()
