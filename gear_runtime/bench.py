@@ -13,9 +13,10 @@ For every gear it measures, in the same run and on the same inputs:
   it is known: ``reference=`` or the gear file's hybrid graph). ``dynamic / execute`` is the
   gear executor's speed-up.
 
-The four runs of one iteration are interleaved (execute, bare, naive, dynamic), so slow
-drifts of the machine (frequency, other processes) hit every column alike; the overhead is
-the median of the per-iteration differences ``execute_i - bare_i``.
+The four runs of one iteration are interleaved, so slow drifts of the machine (frequency,
+other processes) hit every column alike, and their order is shuffled every iteration (seeded),
+so no column always runs right after another one (warm caches, a spinning thread pool); the
+overhead is the median of the per-iteration differences ``execute_i - bare_i``.
 """
 
 from __future__ import annotations
@@ -368,10 +369,13 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
 
     clock = time.perf_counter_ns
     samples: dict[str, list[int]] = {name: [] for name, _ in runners}
+    order = np.random.default_rng(g)
     for i in range(warmup + iterations):
-        # "bare" runs right after "execute", on the inputs execute has just staged (nothing
-        # else writes this executor's staging), so it computes the same thing.
-        for name, run in runners:
+        # "bare" runs on what execute staged (before the loop, or earlier in this iteration:
+        # only this executor writes its staging and it always stages gear g's inputs), so it
+        # computes the same thing whatever the order.
+        for k in order.permutation(len(runners)):
+            name, run = runners[k]
             t0 = clock()
             run()
             t1 = clock()

@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
                    help="benchmark iterations per gear (default 100; 20 with --quick)")
     p.add_argument("--quick", action="store_true", help="fewer benchmark iterations")
+    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                   help="ORT intra-op threads of the benchmark's sessions (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -160,10 +162,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import dataclasses
 
     import gear_runtime as gr
-
-    # compile_model, not gr.compile: importing the gear_runtime.compile subpackage rebinds
-    # the package attribute ``compile`` to the module (see the report of issue #6).
-    from gear_runtime.compile import compile_model
 
     _existing_file(args.model, "model")
     gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
@@ -185,7 +183,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         raise _UsageError("give --input-shape with a --dynamic-* flag, or --config FILE")
     hybrid = bool(args.hybrid or spec.hybrid)
-    out = compile_model(args.model, spec, args.output, hybrid=hybrid, sink=args.sink)
+    out = gr.compile(args.model, spec, args.output, hybrid=hybrid, sink=args.sink)
     kind = "sink" if args.sink else "case"
     print(f"wrote {out or args.output}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "
@@ -308,7 +306,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gear_runtime.demo import run_demo
 
     return run_demo(args.workdir, iterations=args.iterations, quick=args.quick,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, threads=args.threads)
 
 
 COMMANDS = {"compile": cmd_compile, "inspect": cmd_inspect, "run": cmd_run,

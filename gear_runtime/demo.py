@@ -73,11 +73,14 @@ def compare_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
 
 
 def run_demo(workdir: str | Path | None = None, iterations: int | None = None,
-             quick: bool = False, out: TextIO | None = None, progress: bool = True) -> int:
+             quick: bool = False, out: TextIO | None = None, progress: bool = True,
+             threads: int | None = 1) -> int:
     """Run the demo; returns the exit code (0: every check passed, 1: a check failed).
 
     ``workdir``: where the files go (kept); default a temporary directory (removed).
     ``iterations``: benchmark iterations per gear (default 100, or 20 with ``quick``).
+    ``threads``: ORT intra-op threads of the benchmark's sessions (default 1: steadier numbers
+    on a shared machine; None: ORT's default, one per core).
     """
     out = out or sys.stdout
     if iterations is None:
@@ -85,8 +88,8 @@ def run_demo(workdir: str | Path | None = None, iterations: int | None = None,
     warmup = 3 if quick else 10
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="gear-runtime-demo-") as tmp:
-            return _run(Path(tmp), iterations, warmup, out, progress)
-    return _run(Path(workdir), iterations, warmup, out, progress)
+            return _run(Path(tmp), iterations, warmup, out, progress, threads)
+    return _run(Path(workdir), iterations, warmup, out, progress, threads)
 
 
 @contextmanager
@@ -97,12 +100,13 @@ def _section(out: TextIO, title: str) -> Iterator[None]:
     out.write(f"  ({time.perf_counter() - start:.2f} s)\n")
 
 
-def _run(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: bool) -> int:
+def _run(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: bool,
+         threads: int | None) -> int:
     checks = _Checks(out)
     out.write(f"gear-runtime demo: the built-in prefill example, files in {workdir}\n")
     start = time.perf_counter()
     try:
-        _steps(workdir, iterations, warmup, out, progress, checks)
+        _steps(workdir, iterations, warmup, out, progress, threads, checks)
     except GearRuntimeError as exc:  # a step failed: that is a failed check, not a crash
         checks.check("demo step completed", False, str(exc))
     total = len(checks.results)
@@ -116,12 +120,11 @@ def _run(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: boo
 
 
 def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: bool,
-           checks: _Checks) -> None:
+           threads: int | None, checks: _Checks) -> None:
     import onnxruntime as ort
 
     import gear_runtime as gr
     from gear_runtime.bench import bench_model
-    from gear_runtime.compile import compile_model  # gr.compile is shadowed by the subpackage
     from gear_runtime.examples import prefill
 
     with _section(out, "1. Build the example model"):
@@ -147,8 +150,8 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
 
     with _section(out, "3. Compile: a gear file and a hybrid gear file"):
         gear_path, hybrid_path = workdir / "prefill.gear.onnx", workdir / "prefill.hybrid.onnx"
-        compile_model(str(model_path), spec, str(gear_path), progress=progress)
-        compile_model(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
+        gr.compile(str(model_path), spec, str(gear_path), progress=progress)
+        gr.compile(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
         for p in (gear_path, hybrid_path):
             out.write(f"  wrote {p} ({p.stat().st_size / 1024:.0f} KiB)\n")
         from gear_runtime.compile.inspect import describe
@@ -202,11 +205,11 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
                      ok and hex_.last_gear == g, f"last_gear {hex_.last_gear}; {detail}")
 
     with _section(out, f"7. Per-gear benchmark ({iterations} iterations, {warmup} warm-up)"):
-        report = bench_model(model, iterations=iterations, warmup=warmup,
-                             reference=str(model_path), progress=progress,
+        # a fresh load, so the sessions get ``threads`` (the reference gets the same)
+        report = bench_model(str(gear_path), iterations=iterations, warmup=warmup,
+                             threads=threads, reference=str(model_path), progress=progress,
                              inputs=lambda m, gear: prefill.example_inputs(m.spec, gear,
                                                                            seed=gear))
-        report.model = str(gear_path)
         out.write(report.table() + "\n")
         checks.check("every gear benchmarked",
                      [r.gear for r in report.gears] == list(range(model.gear_count)))

@@ -12,7 +12,6 @@ from models import CONV_BATCH_SPEC, conv_model
 
 import gear_runtime as gr
 from gear_runtime import bench
-from gear_runtime.compile import compile_model
 from gear_runtime.errors import BackendUnavailableError, InputError
 from gear_runtime.examples import prefill
 
@@ -23,8 +22,8 @@ def example(tmp_path_factory) -> SimpleNamespace:
     model_path, config_path = prefill.write_example(d)
     spec = gr.GearSpec.from_config(str(config_path))
     gear, hybrid = d / "prefill.gear.onnx", d / "prefill.hybrid.onnx"
-    compile_model(str(model_path), spec, str(gear), progress=False)
-    compile_model(str(model_path), spec, str(hybrid), hybrid=True, progress=False)
+    gr.compile(str(model_path), spec, str(gear), progress=False)
+    gr.compile(str(model_path), spec, str(hybrid), hybrid=True, progress=False)
     return SimpleNamespace(model=model_path, spec=spec, gear=gear, hybrid=hybrid)
 
 
@@ -112,7 +111,7 @@ def test_bad_arguments(example, kwargs, match) -> None:
 
 def test_batch_mode_counts_items(tmp_path) -> None:
     path = tmp_path / "conv.gear.onnx"
-    compile_model(conv_model(), gr.GearSpec.from_atc(**CONV_BATCH_SPEC), str(path), progress=False)
+    gr.compile(conv_model(), gr.GearSpec.from_atc(**CONV_BATCH_SPEC), str(path), progress=False)
     report = bench.bench_model(str(path), iterations=3, warmup=0, progress=False)
     assert [r.items for r in report.gears] == [1, 4, 8]
     r = report.gears[2]

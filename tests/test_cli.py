@@ -228,7 +228,6 @@ def test_bench_bad_gears(capsys, example) -> None:
 
 
 # ---- demo -------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_demo_quick(capsys, tmp_path) -> None:
     code, out, _ = run_cli(capsys, "demo", "--quick", "--iterations", "5", "--workdir", tmp_path,
                            "--no-progress")
