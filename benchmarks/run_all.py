@@ -45,7 +45,12 @@ def format_rows(rows: Sequence[Row]) -> str:
     cells = [["bench", "metric", "value", "target", "status"]]
     for r in rows:
         v = r["value"]
-        value = "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+        if v is None:
+            value = "-"
+        elif isinstance(v, float):
+            value = f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+        else:
+            value = str(v)
         cells.append([r["bench"], r["metric"], f"{value} {r['unit']}".strip(),
                       r["target"] or "", r["status"]])
     widths = [max(len(c[i]) for c in cells) for i in range(5)]

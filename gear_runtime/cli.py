@@ -283,8 +283,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _existing_file(args.file, "gear file")
     if args.reference is not None:
         _existing_file(args.reference, "reference model")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        parent = Path(path).resolve().parent if path is not None else None
+        if parent is not None and not parent.is_dir():  # fail now, not after the benchmark
+            raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
     if args.plot is not None:
-        bench.check_plotting()  # fail now, not after the benchmark
+        bench.check_plotting()
     report = bench.bench_model(args.file, gears=args.gears, iterations=args.iterations,
                                warmup=args.warmup, threads=args.threads,
                                reference=args.reference, backend=args.backend,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,3 +145,40 @@ def test_plot_without_matplotlib_names_the_package(monkeypatch) -> None:
 
 def test_rss_is_measured() -> None:
     assert (bench.rss_bytes() or 0) > 10 * 1024 * 1024  # a Python with numpy is above 10 MB
+
+
+# ---- the benchmark scripts (benchmarks/, outside pytest collection) ---------------------------
+@pytest.fixture
+def scripts(monkeypatch):
+    """benchmarks/ importable as run_all, bench_gears, bench_memory."""
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(here))
+    import bench_gears
+    import bench_memory
+    import run_all
+
+    return SimpleNamespace(dir=here, run_all=run_all, gears=bench_gears, memory=bench_memory)
+
+
+def test_run_all_reads_bench_core_table(scripts) -> None:
+    proc = subprocess.run([sys.executable, str(scripts.dir / "bench_core.py"), "--quick",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=120)
+    rows = scripts.run_all._core_rows(proc.stdout)
+    assert len(rows) >= 5, proc.stdout
+    assert all(r["bench"] == "core" and r["value"] > 0 for r in rows)
+    assert {r["status"] for r in rows} <= {"PASS", "FAIL", "info"}
+    assert any(r["target"] for r in rows)
+
+
+def test_bench_gears_rows(scripts) -> None:
+    rows = scripts.gears.run(iterations=3, warmup=0)
+    speedups = [r for r in rows if "speed-up vs ORT dynamic" in r["metric"]]
+    assert len(speedups) == 4 and all(r["value"] > 0 for r in speedups)
+    table = scripts.run_all.format_rows(rows)
+    assert table.splitlines()[0].split() == ["bench", "metric", "value", "target", "status"]
+
+
+def test_bench_memory_small_model(scripts) -> None:
+    rows = scripts.memory.run(width=256, layers=2, repeats=1)
+    ratio = next(r for r in rows if r["metric"] == "8-gear / 1-gear load RSS")
+    assert ratio["value"] > 0 and ratio["status"] in ("PASS", "FAIL")

@@ -221,6 +221,12 @@ def test_bench_json_has_every_gear(capsys, example, tmp_path) -> None:
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_output_directory_checked_first(capsys, example, tmp_path) -> None:
+    code, out, err = run_cli(capsys, "bench", example.gear, "--json", tmp_path / "no" / "b.json")
+    assert code == 2 and out == ""  # refused before any benchmark ran
+    assert_one_line_error(err, "--json", "does not exist")
+
+
 def test_bench_bad_gears(capsys, example) -> None:
     code, _, err = run_cli(capsys, "bench", example.gear, "--gears", "0,9")
     assert code == 2
