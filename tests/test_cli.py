@@ -265,3 +265,34 @@ def test_installed_entry_point(example) -> None:
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.startswith("gear-runtime: error:") and "Traceback" not in bad.stderr
+
+
+def test_demo_exit_code_1_when_a_check_fails(capsys, tmp_path, monkeypatch) -> None:
+    from gear_runtime import demo
+
+    real = demo.compare_outputs
+    calls = []
+
+    def wrong_once(got, want, names):  # the second comparison reports a mismatch
+        calls.append(1)
+        ok, detail = real(got, want, names)
+        return (ok and len(calls) != 2), detail
+
+    monkeypatch.setattr(demo, "compare_outputs", wrong_once)
+    code, out, _ = run_cli(capsys, "demo", "--quick", "--iterations", "2", "--workdir",
+                           tmp_path, "--no-progress")
+    assert code == 1
+    assert "[FAIL] gear 1" in out
+    assert out.strip().splitlines()[-1].startswith("demo: 1 of ")
+
+
+def test_backend_failure_is_exit_1(capsys, example, monkeypatch) -> None:
+    from gear_runtime.errors import BackendError
+
+    def broken(*args, **kwargs):
+        raise BackendError("onnxruntime run of gear 1 failed: out of memory", "507899")
+
+    monkeypatch.setattr(gr, "load", broken)
+    code, _, err = run_cli(capsys, "run", example.gear, *example.input_args)
+    assert code == 1
+    assert_one_line_error(err, "[507899]", "out of memory")
