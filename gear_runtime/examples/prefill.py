@@ -12,7 +12,8 @@ This module builds a scaled-down model with the same interface (H = 64, gears S 
 128 / 256, T = 16) entirely with ``onnx.helper`` and seeded weights, so it costs no download
 and gives the same bytes on every machine. The graph is a real (tiny) prefill: token and
 position embeddings, two pre-norm decoder layers whose multi-head attention reads the image
-tokens and the causally masked text tokens, an MLP, and a language-model head. Outputs:
+tokens and the causally masked text tokens, an MLP, and a language-model head (the mean image token
+is also added to every text token). Outputs:
 ``logits`` float32 [1, S, V] and ``next_token`` int64 [1, S] (an exact-integer output, so
 checks cover both float and int comparison).
 """
@@ -122,9 +123,12 @@ def build_prefill_model(hidden: int = HIDDEN, vocab: int = VOCAB, seed: int = 0,
     pos_scaled = g.op("Mul", [pos_all, g.weight("position_sections", (4, 1, 1, hidden), 1.0)])
     pos_emb = g.op("ReduceSum", [pos_scaled, g.const("axis0", np.array([0], np.int64))],
                    keepdims=0)
-    x = g.op("Add", [tok, pos_emb])  # [1, S, H]
     image = g.op("Unsqueeze", [g.op("MatMul", [img, g.weight("image_proj", (hidden, hidden))]),
                                g.const("unsq0", np.array([0], np.int64))])  # [1, T, H]
+    # Every text token also gets the mean image token. Opset 17 has ReduceMean's axes as an
+    # ATTRIBUTE and ReduceSum's (above) as an INPUT: the model carries both forms on purpose.
+    image_mean = g.op("ReduceMean", [image], axes=[1], keepdims=1)  # [1, 1, H]
+    x = g.op("Add", [g.op("Add", [tok, pos_emb]), image_mean])  # [1, S, H]
 
     # Additive attention mask [1, 1, S, T + S]: image keys always visible; text keys causal
     # and padded by attention_mask. Built from the inputs' shapes, so it is dynamic.
