@@ -121,5 +121,7 @@ TEST(dims_spec_validation) {
   CHECK_THROWS_ERROR(DimsExtractor({"x"}, {{-1, -1}}, {{0, 0, 0}, {0, 1, 2}}), "spec", "",
                      "no dynamic position carries gear value 1 (values 0..2 must all be used)");
   CHECK_THROWS_ERROR(DimsExtractor({"x"}, {{-2}}, {}), "spec", "", "input 'x' axis 0 is -2");
+  CHECK_THROWS_ERROR(DimsExtractor({"x"}, {{-1}}, {{0, 0, 128}}), "spec", "",
+                     "names gear value 128, GE allows at most 128 dynamic values");
   CHECK_THROWS_ERROR(DimsExtractor({"x", "y"}, {{1}}, {}), "spec", "", "2 input names but 1");
 }
