@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import gear_runtime as gr
-import gear_runtime.core as native
+import gear_runtime.core
+from gear_runtime import _core as native
 from gear_runtime.core import reference
 from gear_runtime.spec.gearspec import GearSpec
 
@@ -65,9 +66,12 @@ TWO_BATCH = GearSpec.from_atc(input_shape="a:-1,3;b:-1,2", dynamic_batch_size="2
 
 
 # ---- import contract ------------------------------------------------------------------------
+@pytest.mark.skipif(os.environ.get("GEAR_RUNTIME_PURE_PYTHON") == "1",
+                    reason="GEAR_RUNTIME_PURE_PYTHON=1 selects the reference on purpose")
 def test_native_is_the_default() -> None:
-    assert native.IMPLEMENTATION == "native"
-    assert native.ExecutorCore.__module__ == "gear_runtime._core"
+    assert gear_runtime.core.IMPLEMENTATION == "native"
+    assert gear_runtime.core.ExecutorCore is native.ExecutorCore
+    assert gear_runtime.core.plan_layout is native.plan_layout
 
 
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import gear_runtime as gr
-import gear_runtime.core as native
+from gear_runtime import _core as native
 from gear_runtime.core import reference
 from gear_runtime.spec.gearspec import GearSpec
 
