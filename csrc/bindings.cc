@@ -9,10 +9,10 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
-#include <initializer_list>
-#include <new>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
