@@ -32,7 +32,7 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
 
     import gear_runtime as gr
     from gear_runtime.bench import bench_model
-    from gear_runtime.compile import compile_model
+    from gear_runtime.compiler import compile_model
     from gear_runtime.examples import prefill
 
     with tempfile.TemporaryDirectory(prefix="bench-gears-") as tmp:

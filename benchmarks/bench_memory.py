@@ -117,7 +117,7 @@ def run(width: int = 1024, layers: int = 8, repeats: int = 3, threads: int = 1,
     from run_all import row
 
     import gear_runtime as gr
-    from gear_runtime.compile import compile_model
+    from gear_runtime.compiler import compile_model
 
     mib = 1 << 20
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:

@@ -53,8 +53,8 @@ __all__ = [
 
 def compile(model: Any, spec: GearSpec, output: str, hybrid: bool = False,  # noqa: A001
             sink: bool = False, **kwargs: Any) -> str:
-    """Compile a dynamic ONNX model into one gear file; see ``compile.compile_model``."""
-    from gear_runtime.compile import compile_model
+    """Compile a dynamic ONNX model into one gear file (``compiler.compile_model``)."""
+    from gear_runtime.compiler import compile_model
 
     return compile_model(model, spec, output, hybrid=hybrid, sink=sink, **kwargs)
 

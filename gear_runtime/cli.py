@@ -192,7 +192,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from gear_runtime.compile.inspect import describe
+    from gear_runtime.compiler.inspect import describe
 
     print(describe(_existing_file(args.file, "gear file")))
     return EXIT_OK

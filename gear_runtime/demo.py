@@ -154,7 +154,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         gr.compile(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
         for p in (gear_path, hybrid_path):
             out.write(f"  wrote {p} ({p.stat().st_size / 1024:.0f} KiB)\n")
-        from gear_runtime.compile.inspect import describe
+        from gear_runtime.compiler.inspect import describe
 
         for line in describe(str(gear_path)).splitlines():
             out.write(f"    | {line}\n")

@@ -1,6 +1,6 @@
 """The gear file: one ONNX file holding every gear of a model, and its reader.
 
-Two kinds, both written by :func:`gear_runtime.compile.compile_model`:
+Two kinds, both written by :func:`gear_runtime.compiler.compile_model`:
 
 ``"case"`` (default; GE's multi-batch structure, multi_batch_clone_pass.cc, NOT runnable by
 stock ONNX Runtime): the root graph has the spec inputs shaped to the LARGEST gear plus the
@@ -49,7 +49,7 @@ from onnx import helper, numpy_helper
 from gear_runtime.errors import GearFileError, GearSpecError, InputError
 from gear_runtime.spec import GearSpec
 
-# ---- names shared by the writer (gear_runtime.compile) and the reader -------------------------
+# ---- names shared by the writer (gear_runtime.compiler) and the reader ------------------------
 #: Custom operator domain of MapIndex and Case.
 DOMAIN = "ge.gear_runtime"
 DOMAIN_VERSION = 1
@@ -246,7 +246,7 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
 
 
 def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
-    """Read and check a gear file written by :func:`gear_runtime.compile.compile_model`.
+    """Read and check a gear file written by :func:`gear_runtime.compiler.compile_model`.
 
     Walks the Case branches (or the If tree of a sink file) by their ``Batch_<i>`` labels and
     checks that every gear 0..G-1 appears exactly once and agrees with ``pred_value_<i>`` /

@@ -13,7 +13,7 @@ from models import CONV_BATCH_SPEC, PREFILL_SPEC, conv_model, passthrough_model,
 from onnx import helper, numpy_helper
 
 import gear_runtime as gr
-from gear_runtime.compile import compile_model, describe
+from gear_runtime.compiler import compile_model, describe
 from gear_runtime.errors import GearFileError, InputError
 from gear_runtime.gearfile import (
     FORMAT_VERSION,

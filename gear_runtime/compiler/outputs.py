@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from gear_runtime.compile.check import GraphInfo
+from gear_runtime.compiler.check import GraphInfo
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import DOMAIN
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import onnx
 from onnx import helper
 
-from gear_runtime.compile.check import GraphInfo
+from gear_runtime.compiler.check import GraphInfo
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
     BRANCH_SUFFIX,

@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gear_runtime.compile.branch import dynamic_inputs, static_inputs, wrap_passthrough
-from gear_runtime.compile.check import GraphInfo, TensorInfo
+from gear_runtime.compiler.branch import dynamic_inputs, static_inputs, wrap_passthrough
+from gear_runtime.compiler.check import GraphInfo, TensorInfo
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
     ACL_DYNAMIC_TENSOR_NAME,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import onnx
 from tqdm import tqdm
 
-from gear_runtime.compile.branch import (
+from gear_runtime.compiler.branch import (
     build_branch,
     build_dynamic,
     dynamic_inputs,
@@ -26,9 +26,9 @@ from gear_runtime.compile.branch import (
     make_skeleton,
     static_inputs,
 )
-from gear_runtime.compile.check import check_reserved, check_spec, inspect_model, load_model
-from gear_runtime.compile.outputs import gear_output_shapes, set_output_shapes
-from gear_runtime.compile.route import build_case_model, build_sink_model
+from gear_runtime.compiler.check import check_reserved, check_spec, inspect_model, load_model
+from gear_runtime.compiler.outputs import gear_output_shapes, set_output_shapes
+from gear_runtime.compiler.route import build_case_model, build_sink_model
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
     FORMAT_VERSION,
