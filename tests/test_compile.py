@@ -31,8 +31,8 @@ from models import (
 from onnx import helper, numpy_helper
 
 import gear_runtime as gr
-from gear_runtime.compiler import compile_gears, compile_model
 from gear_runtime.compiler import build as compiler_mod
+from gear_runtime.compiler import compile_gears, compile_model
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
     ACL_DYNAMIC_TENSOR_NAME,
