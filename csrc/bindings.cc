@@ -139,7 +139,7 @@ size_t index_arg(py::handle obj, const char* what, size_t count, const char* uni
 // ---- plan_layout -------------------------------------------------------------------------------
 
 Layout plan_layout(py::handle input_nbytes, py::handle dims_count, py::handle fusion_size,
-                   py::handle alignment) {
+                   py::handle alignment, py::handle tail_padding) {
   Items rows(input_nbytes, "input_nbytes");
   std::vector<std::vector<size_t>> table(rows.size());
   for (size_t g = 0; g < rows.size(); ++g) {
@@ -161,7 +161,9 @@ Layout plan_layout(py::handle input_nbytes, py::handle dims_count, py::handle fu
   if (align <= 0) {
     throw_input("alignment must be a power of two >= 1, got " + std::to_string(align));
   }
-  return Layout::plan(table, static_cast<size_t>(dims), fusion, static_cast<size_t>(align));
+  const int64_t padding = to_int64(tail_padding.ptr(), "tail_padding");  // < 0: Layout::plan
+  return Layout::plan(table, static_cast<size_t>(dims), fusion, static_cast<size_t>(align),
+                      padding);
 }
 
 py::tuple span_tuple(const Span& s) { return py::make_tuple(s.start, s.end); }
@@ -648,6 +650,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dims_nbytes", [](H s) { return self_of<Layout>(s).dims_nbytes(); })
       .def_property_readonly("total_bytes", [](H s) { return self_of<Layout>(s).total_bytes(); })
       .def_property_readonly("alignment", [](H s) { return self_of<Layout>(s).alignment(); })
+      .def_property_readonly("tail_padding",
+                             [](H s) { return self_of<Layout>(s).tail_padding(); })
       .def("offset",
            [=](H s, H g, H i) {
              const Layout& l = self_of<Layout>(s);
@@ -684,6 +688,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("plan_layout", &plan_layout, py::arg("input_nbytes"), py::arg("dims_count"),
         py::arg("fusion_size") = kDefaultFusionSize, py::arg("alignment") = kDefaultAlignment,
+        py::arg("tail_padding") = 0,
         "Plan the staging layout of every gear (see gear_runtime.core.reference.plan_layout).");
 
   py::class_<ExecutorCore> core_cls(m, "ExecutorCore",

@@ -19,19 +19,30 @@ size_t align_up(size_t x, size_t alignment) {
   return checked_add(x, alignment - 1) & ~(alignment - 1);
 }
 
+// Bytes a buffer of n bytes owns before the next one may start (layout.h, "Footprint").
+size_t footprint(size_t n, size_t tail_padding) {
+  if (tail_padding == 0) return n;  // packed: byte for byte GE's staging
+  return checked_add(align_up(n, kPaddingGranule), tail_padding);
+}
+
 }  // namespace
 
 Layout Layout::plan(const std::vector<std::vector<size_t>>& input_nbytes, size_t dims_count,
-                    int64_t fusion_size, size_t alignment) {
+                    int64_t fusion_size, size_t alignment, int64_t tail_padding) {
   if (input_nbytes.empty()) throw_input("input_nbytes has no gears: at least one is needed");
   if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
     throw_input("alignment must be a power of two >= 1, got " + std::to_string(alignment));
   }
+  if (tail_padding < 0) {
+    throw_input("tail_padding must be >= 0, got " + std::to_string(tail_padding));
+  }
+  const size_t padding = static_cast<size_t>(tail_padding);
   if (dims_count > kMax / 4) throw_input("dims_count " + std::to_string(dims_count) + " is too large");
   Layout l;
   l.gear_count_ = input_nbytes.size();
   l.input_count_ = input_nbytes[0].size();
   l.alignment_ = alignment;
+  l.tail_padding_ = padding;
   l.dims_nbytes_ = 4 * dims_count;
   for (size_t g = 1; g < l.gear_count_; ++g) {
     if (input_nbytes[g].size() != l.input_count_) {
@@ -68,14 +79,15 @@ Layout Layout::plan(const std::vector<std::vector<size_t>>& input_nbytes, size_t
       cursor = align_up(cursor, alignment);
       l.offsets_[g * l.input_count_ + i] = cursor;
       l.nbytes_[g * l.input_count_ + i] = input_nbytes[g][i];
-      cursor = checked_add(cursor, input_nbytes[g][i]);
+      cursor = checked_add(cursor, footprint(input_nbytes[g][i], padding));
     };
     for (size_t i = 0; i < l.input_count_; ++i) {
       if (l.fused_[i]) place(i);
     }
     cursor = align_up(cursor, alignment);
     l.dims_offsets_[g] = cursor;
-    cursor = checked_add(cursor, l.dims_nbytes_);
+    // No dims buffer (dims_count == 0): nothing to own, not even padding.
+    if (l.dims_nbytes_ > 0) cursor = checked_add(cursor, footprint(l.dims_nbytes_, padding));
     if (l.merged_) l.merged_end_[g] = cursor;
     for (size_t i = 0; i < l.input_count_; ++i) {
       if (!l.fused_[i]) place(i);
@@ -141,7 +153,8 @@ std::vector<Span> Layout::separate(size_t g) const {
 std::string Layout::repr() const {
   return "Layout(gears=" + std::to_string(gear_count_) + ", inputs=" +
          std::to_string(input_count_) + ", merged=" + (merged_ ? "True" : "False") +
-         ", total_bytes=" + std::to_string(total_bytes_) + ")";
+         ", total_bytes=" + std::to_string(total_bytes_) +
+         (tail_padding_ > 0 ? ", tail_padding=" + std::to_string(tail_padding_) : "") + ")";
 }
 
 }  // namespace gear_runtime

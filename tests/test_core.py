@@ -132,12 +132,85 @@ def test_layout_fusion_size_is_capped_at_32_mib(impl: ModuleType) -> None:
     ((5, 1), "input_nbytes must be a sequence, got int"),
     (([[1.5]], 1), "input_nbytes[0] item 0 is float, not an int"),
     (([[2**63 - 1, 2**63 - 1, 2**63 - 1]], 1, -1), "layout size overflows"),
+    (([[1]], 1, 10, 64, -1), "tail_padding must be >= 0, got -1"),
+    (([[1]], 1, 10, 64, "32"), "tail_padding is str, not an int"),
+    (([[1]], 1, 10, 64, 2**63), "tail_padding does not fit in 64 bits"),
+    (([[1]], 1, 10, 48, -1), "alignment must be a power of two >= 1, got 48"),  # checked first
+    (([[2**63 - 1] * 2], 0, -1, 1, 32), "layout size overflows"),  # fits packed: see below
 ])
 def test_layout_rejects_bad_arguments(impl: ModuleType, args: tuple[Any, ...],
                                       message: str) -> None:
     with pytest.raises(gr.InputError) as info:
         impl.plan_layout(*args)
     assert message in info.value.message and info.value.code == "145000"
+
+
+# ---- layout: tail_padding (pyACL's ALIGN_UP(len, 32) + 32 per sub-buffer) --------------------
+def test_layout_tail_padding_zero_is_the_packed_layout(impl: ModuleType) -> None:
+    """tail_padding=0 (the default) is byte for byte the layout without the parameter."""
+    for args in [([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64), ([[16, 16]], 0),
+                 ([[0, 3], [5, 3]], 1, 131072, 1), ([[16, 16]], 2, -1)]:
+        packed, zero = impl.plan_layout(*args), impl.plan_layout(*args, tail_padding=0)
+        assert zero.tail_padding == packed.tail_padding == 0
+        assert repr(zero) == repr(packed) and "tail_padding" not in repr(zero)
+        for g in range(packed.gear_count):
+            assert zero.merged_span(g) == packed.merged_span(g)
+            assert zero.separate(g) == packed.separate(g)
+            assert zero.dims_offset(g) == packed.dims_offset(g)
+            assert [zero.offset(g, i) for i in range(zero.input_count)] == \
+                [packed.offset(g, i) for i in range(packed.input_count)]
+        assert zero.total_bytes == packed.total_bytes
+
+
+def test_layout_tail_padding_by_hand(impl: ModuleType) -> None:
+    # gear 1: input 0 (200 B) at 0 owns ALIGN_UP(200, 32) + 32 = 256; input 1 (20 B) at 256
+    # owns 64; dims (12 B) at 320 own 64 -> merged end 384; input 2 (9000 B) at 384 owns
+    # 9024 + 32 -> 9440.
+    lay = impl.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64, 32)
+    assert lay.tail_padding == 32 and lay.alignment == 64
+    assert (lay.offset(1, 0), lay.offset(1, 1), lay.dims_offset(1)) == (0, 256, 320)
+    assert lay.merged_span(1) == (0, 384)  # covers the dims buffer's padding
+    assert lay.offset(1, 2) == 384 and lay.nbytes(1, 2) == 9000  # sizes stay real
+    assert lay.separate(1) == [(384, 9384)]  # separate spans: the data only
+    assert lay.total_bytes == 9440 and lay.dims_nbytes == 12
+    # gear 0: 100 B own 160 -> input 1 at 192 (aligned), dims at 256, merged end 320
+    assert (lay.offset(0, 1), lay.dims_offset(0), lay.merged_span(0)) == (192, 256, (0, 320))
+    assert repr(lay) == ("Layout(gears=2, inputs=3, merged=True, total_bytes=9440, "
+                         "tail_padding=32)")
+
+
+def test_layout_tail_padding_zero_byte_buffers_and_odd_values(impl: ModuleType) -> None:
+    # a 0-byte input still owns its padding; no dims buffer (dims_count 0) owns nothing
+    lay = impl.plan_layout([[0, 3]], 0, -1, 64, tail_padding=32)
+    assert (lay.offset(0, 0), lay.offset(0, 1), lay.total_bytes) == (0, 64, 128)
+    merged = impl.plan_layout([[16, 16]], 0, tail_padding=32)
+    assert merged.merged and merged.merged_span(0) == (0, 128) and merged.offset(0, 1) == 64
+    # any padding and alignment: every footprint is ALIGN_UP(n, 32) + 1
+    odd = impl.plan_layout([[5, 3]], 1, alignment=1, tail_padding=1)
+    assert (odd.offset(0, 1), odd.dims_offset(0), odd.merged_span(0)) == (33, 66, (0, 99))
+    assert odd.total_bytes == 99
+    # two inputs of 2**63 - 1 bytes fit 64 bits packed; padded, they overflow (rejected above)
+    assert impl.plan_layout([[2**63 - 1] * 2], 0, -1, 1).total_bytes == 2**64 - 2
+
+
+@pytest.mark.parametrize("fusion", [-1, 40, 131072])
+@pytest.mark.parametrize("dims", [0, 1, 8, 9])
+def test_layout_tail_padding_keeps_the_acl_rule(impl: ModuleType, fusion: int,
+                                                dims: int) -> None:
+    """alignment 64 + tail_padding 32: every buffer starts 64-aligned and has at least
+    ALIGN_UP(len, 32) + 32 bytes before the next buffer (or the end of the staging)."""
+    tables = [[[100, 10], [200, 20]], [[16, 1000], [32, 5000]], [[0, 3], [5, 3]],
+              [[32, 64, 96], [1, 2, 31], [33, 65, 97]]]
+    for table in tables:
+        lay = impl.plan_layout(table, dims, fusion, 64, 32)
+        for g in range(lay.gear_count):
+            bufs = [(lay.offset(g, i), lay.nbytes(g, i)) for i in range(lay.input_count)]
+            bufs += [(lay.dims_offset(g), lay.dims_nbytes)] if dims else []
+            bufs.sort()
+            limits = [start for start, _ in bufs[1:]] + [lay.total_bytes]
+            for (start, n), limit in zip(bufs, limits, strict=True):
+                assert start % 64 == 0
+                assert start + (n + 31) // 32 * 32 + 32 <= limit, (table, g, start, n)
 
 
 def test_layout_index_errors_are_input_errors(impl: ModuleType) -> None:
@@ -425,6 +498,9 @@ def test_keyword_arguments_and_call_errors(impl: ModuleType) -> None:
     assert core.stage(arrays, preset=None) == 1
     assert core.nearest(values=(40, 2), k=1) == [(40, 2)]
     assert core.values_from_full_dims(full_dims=[1, 40, 2, 4]) == (40, 2)
+    lay = impl.plan_layout(input_nbytes=[[8, 8]], dims_count=1, fusion_size=64, alignment=64,
+                           tail_padding=32)
+    assert (lay.tail_padding, lay.offset(0, 1)) == (32, 64)
     for call in (lambda: core.match(), lambda: core.match((40, 2), 1),
                  lambda: core.stage(arrays, None, 1), lambda: core.stage(arrays, bad=1),
                  lambda: core.extract(arrays, arrays=arrays)):

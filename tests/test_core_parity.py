@@ -1,10 +1,10 @@
 """Parity: the C++ core and its pure-Python reference give identical results and errors.
 
 Hypothesis draws random models (1..4 inputs, ranks 1..4, 2..100 gears, dims / batch /
-image-size position mappings, random dtypes, fusion sizes and alignments) and random queries
-(gear hits, misses, wrong ranks, wrong static dims, disagreeing positions, wrong dtypes,
-non-contiguous arrays, wrong counts, presets). For every query both implementations must return
-the same value, or raise the same class with the same code and message, and leave
+image-size position mappings, random dtypes, fusion sizes, alignments and tail paddings) and
+random queries (gear hits, misses, wrong ranks, wrong static dims, disagreeing positions, wrong
+dtypes, non-contiguous arrays, wrong counts, presets). For every query both implementations must
+return the same value, or raise the same class with the same code and message, and leave
 byte-identical staging buffers.
 """
 
@@ -30,7 +30,7 @@ SETTINGS = settings(max_examples=200, deadline=None,
 
 def layout_facts(lay: Any) -> tuple[Any, ...]:
     """Everything a Layout says, as plain values (the two classes differ, their facts not)."""
-    return (repr(lay), lay.dims_nbytes, lay.alignment,
+    return (repr(lay), lay.dims_nbytes, lay.alignment, lay.tail_padding, lay.total_bytes,
             [lay.fused(i) for i in range(lay.input_count)],
             [(lay.merged_span(g), lay.separate(g), lay.dims_offset(g),
               [(lay.offset(g, i), lay.nbytes(g, i)) for i in range(lay.input_count)])
@@ -92,6 +92,7 @@ def models(draw: st.DrawFn) -> dict[str, Any]:
         "dtypes": [np.dtype(draw(st.sampled_from(DTYPES))) for _ in range(n)],
         "fusion": draw(st.sampled_from([-1, 0, 8, 64, 131072, 1 << 40])),
         "alignment": draw(st.sampled_from([1, 8, 64])),
+        "tail_padding": draw(st.sampled_from([0, 32, 64])),
     }
 
 
@@ -102,7 +103,8 @@ def build_pair(m: dict[str, Any]) -> tuple[Any, Any, np.ndarray, np.ndarray]:
               for g in range(spec.gear_count)]
     cores, bufs = [], []
     for mod in (native, reference):
-        layout = mod.plan_layout(nbytes, spec.values_per_gear, m["fusion"], m["alignment"])
+        layout = mod.plan_layout(nbytes, spec.values_per_gear, m["fusion"], m["alignment"],
+                                 m.get("tail_padding", 0))
         staging = np.zeros(layout.total_bytes + 16, np.uint8)
         cores.append(mod.ExecutorCore(
             list(spec.input_names), [list(s) for s in spec.input_shapes],
@@ -137,10 +139,12 @@ def test_layout_parity(m: dict[str, Any]) -> None:
 @given(table=st.lists(st.lists(st.integers(-2, 300), min_size=0, max_size=4), min_size=0,
                       max_size=4),
        dims=st.integers(-1, 5), fusion=st.integers(-2, 600),
-       alignment=st.sampled_from([-8, 0, 1, 3, 8, 64, 4096]))
+       alignment=st.sampled_from([-8, 0, 1, 3, 8, 64, 4096]),
+       tail_padding=st.sampled_from([-1, 0, 1, 32, 64]))
 def test_plan_layout_parity(table: list[list[int]], dims: int, fusion: int,
-                            alignment: int) -> None:
-    same(native.plan_layout, reference.plan_layout, table, dims, fusion, alignment)
+                            alignment: int, tail_padding: int) -> None:
+    same(native.plan_layout, reference.plan_layout, table, dims, fusion, alignment,
+         tail_padding)
 
 
 # ---- hot path parity ----------------------------------------------------------------------
@@ -257,6 +261,7 @@ def test_argument_errors_parity(arg: Any) -> None:
     same(native.plan_layout, reference.plan_layout, arg, 1)
     same(native.plan_layout, reference.plan_layout, [[8, 8]], arg)
     same(native.plan_layout, reference.plan_layout, [arg], 1)
+    same(native.plan_layout, reference.plan_layout, [[8, 8]], 1, 64, 64, arg)
     lay_a, lay_b = a.layout, b.layout
     same(lay_a.offset, lay_b.offset, arg, 0)
     same(lay_a.fused, lay_b.fused, arg)

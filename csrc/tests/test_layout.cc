@@ -1,11 +1,14 @@
 // Layout: GE's merged host-to-device copy plan (fusion size, >= 2 buffers, alignment).
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include "check.h"
 #include "layout.h"
 
+using gear_runtime::kDefaultFusionSize;
 using gear_runtime::Layout;
 using gear_runtime::Span;
 using Table = std::vector<std::vector<size_t>>;
@@ -105,4 +108,137 @@ TEST(layout_errors) {
                      "gear index 1 out of range: the layout has 1 gears");
   CHECK_THROWS_ERROR(l.nbytes(0, 3), "input", "145000",
                      "input index 3 out of range: the layout has 1 inputs");
+}
+
+// ---- tail_padding (pyACL: each buffer carved from one aclrtMalloc block owns
+// ALIGN_UP(len, 32) + 32 bytes from a 64-aligned start) ----------------------------------------
+
+namespace {
+
+// Every accessor of two layouts, compared one by one.
+void check_same_layout(const Layout& a, const Layout& b) {
+  CHECK_EQ(a.gear_count(), b.gear_count());
+  CHECK_EQ(a.input_count(), b.input_count());
+  CHECK_EQ(a.merged(), b.merged());
+  CHECK_EQ(a.dims_nbytes(), b.dims_nbytes());
+  CHECK_EQ(a.total_bytes(), b.total_bytes());
+  CHECK_EQ(a.alignment(), b.alignment());
+  CHECK_EQ(a.tail_padding(), b.tail_padding());
+  CHECK_EQ(a.repr(), b.repr());
+  for (size_t i = 0; i < a.input_count(); ++i) CHECK_EQ(a.fused(i), b.fused(i));
+  for (size_t g = 0; g < a.gear_count(); ++g) {
+    CHECK_EQ(a.dims_offset(g), b.dims_offset(g));
+    CHECK_EQ(a.merged_span(g), b.merged_span(g));
+    CHECK(a.separate(g) == b.separate(g));
+    for (size_t i = 0; i < a.input_count(); ++i) {
+      CHECK_EQ(a.offset(g, i), b.offset(g, i));
+      CHECK_EQ(a.nbytes(g, i), b.nbytes(g, i));
+    }
+  }
+}
+
+size_t align32(size_t n) { return (n + 31) / 32 * 32; }
+
+// The pyACL rule on every buffer of every gear: start % 64 == 0 and the distance to the next
+// buffer's start (or to total_bytes) >= ALIGN_UP(len, 32) + 32.
+void check_acl_rule(const Layout& l) {
+  for (size_t g = 0; g < l.gear_count(); ++g) {
+    std::vector<std::pair<size_t, size_t>> bufs;  // (start, nbytes), sorted below
+    for (size_t i = 0; i < l.input_count(); ++i) bufs.emplace_back(l.offset(g, i), l.nbytes(g, i));
+    if (l.dims_nbytes() > 0) bufs.emplace_back(l.dims_offset(g), l.dims_nbytes());
+    std::sort(bufs.begin(), bufs.end());
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      const size_t limit = k + 1 < bufs.size() ? bufs[k + 1].first : l.total_bytes();
+      CHECK_EQ(bufs[k].first % 64, 0u);
+      CHECK(bufs[k].first + align32(bufs[k].second) + 32 <= limit);
+    }
+  }
+}
+
+}  // namespace
+
+TEST(layout_tail_padding_zero_is_the_packed_layout) {
+  const Table tables[] = {{{100, 10}, {200, 20}}, {{16, 1000}, {32, 5000}}, {{0, 3}, {5, 3}},
+                          {{16, 16}}};
+  for (const Table& t : tables) {
+    for (int64_t fusion : {int64_t{-1}, int64_t{4096}, kDefaultFusionSize}) {
+      for (size_t dims : {size_t{0}, size_t{3}}) {
+        check_same_layout(Layout::plan(t, dims, fusion, 64, 0), Layout::plan(t, dims, fusion, 64));
+      }
+    }
+  }
+  CHECK_EQ(Layout::plan({{1}}, 1).tail_padding(), 0u);
+}
+
+TEST(layout_tail_padding_32_by_hand) {
+  // inputs 100/10/5000 (gear 0) and 200/20/9000 (gear 1), 3 dims values, fusion 4096:
+  // gear 1: input 0 at 0 owns ALIGN_UP(200,32)+32 = 256, input 1 at 256 owns 32+32 = 64,
+  // dims at 320 own 32+32 = 64 (merged end 384), input 2 at 384 owns 9024+32 -> 9440.
+  Layout l = Layout::plan({{100, 10, 5000}, {200, 20, 9000}}, 3, 4096, 64, 32);
+  CHECK_EQ(l.tail_padding(), 32u);
+  CHECK_EQ(l.offset(1, 0), 0u);
+  CHECK_EQ(l.offset(1, 1), 256u);
+  CHECK_EQ(l.dims_offset(1), 320u);
+  CHECK_EQ(l.merged_span(1), (Span{0, 384}));  // covers the dims buffer's padding
+  CHECK_EQ(l.offset(1, 2), 384u);
+  CHECK_EQ(l.nbytes(1, 2), 9000u);  // sizes stay the real ones
+  CHECK_EQ(l.dims_nbytes(), 12u);
+  std::vector<Span> sep = l.separate(1);
+  CHECK_EQ(sep.size(), 1u);
+  CHECK_EQ(sep[0], (Span{384, 9384}));  // separate spans: the data only
+  CHECK_EQ(l.total_bytes(), 9440u);
+  // gear 0: 100 -> 160, so input 1 at 192 (aligned), dims at 256, merged end 320.
+  CHECK_EQ(l.offset(0, 1), 192u);
+  CHECK_EQ(l.dims_offset(0), 256u);
+  CHECK_EQ(l.merged_span(0), (Span{0, 320}));
+  CHECK_EQ(l.repr(), "Layout(gears=2, inputs=3, merged=True, total_bytes=9440, tail_padding=32)");
+  check_acl_rule(l);
+}
+
+TEST(layout_tail_padding_zero_byte_buffers) {
+  // A 0-byte input still owns its padding; no dims buffer (dims_count 0) owns nothing.
+  Layout l = Layout::plan({{0, 3}}, 0, -1, 64, 32);
+  CHECK(!l.merged());
+  CHECK_EQ(l.offset(0, 0), 0u);
+  CHECK_EQ(l.offset(0, 1), 64u);
+  CHECK_EQ(l.total_bytes(), 128u);
+  // merged without a dims buffer: the span ends where the dims buffer would start.
+  Layout m = Layout::plan({{16, 16}}, 0, kDefaultFusionSize, 64, 32);
+  CHECK(m.merged());
+  CHECK_EQ(m.offset(0, 1), 64u);
+  CHECK_EQ(m.merged_span(0), (Span{0, 128}));
+  CHECK_EQ(m.total_bytes(), 128u);
+}
+
+TEST(layout_tail_padding_any_value_and_alignment) {
+  // Padding not a multiple of anything, alignment 1: every footprint is ALIGN_UP(n,32)+1.
+  Layout l = Layout::plan({{5, 3}}, 1, kDefaultFusionSize, 1, 1);
+  CHECK_EQ(l.offset(0, 1), 33u);
+  CHECK_EQ(l.dims_offset(0), 66u);
+  CHECK_EQ(l.merged_span(0), (Span{0, 99}));
+  CHECK_EQ(l.total_bytes(), 99u);
+}
+
+TEST(layout_tail_padding_keeps_the_acl_rule) {
+  const Table tables[] = {{{100, 10}, {200, 20}}, {{16, 1000}, {32, 5000}}, {{0, 3}, {5, 3}},
+                          {{16, 16}}, {{32, 64, 96}, {1, 2, 31}, {33, 65, 97}}};
+  for (const Table& t : tables) {
+    for (int64_t fusion : {int64_t{-1}, int64_t{40}, kDefaultFusionSize}) {
+      for (size_t dims : {size_t{0}, size_t{1}, size_t{8}, size_t{9}}) {
+        check_acl_rule(Layout::plan(t, dims, fusion, 64, 32));
+      }
+    }
+  }
+}
+
+TEST(layout_tail_padding_errors) {
+  CHECK_THROWS_ERROR(Layout::plan({{1}}, 1, 10, 64, -1), "input", "145000",
+                     "tail_padding must be >= 0, got -1");
+  // the alignment is checked first, as in the Python reference
+  CHECK_THROWS_ERROR(Layout::plan({{1}}, 1, 10, 48, -1), "input", "145000", "alignment");
+  // fits packed, overflows once ALIGN_UP(n, 32) + 32 is owned
+  Layout packed = Layout::plan({{SIZE_MAX - 40}}, 0, -1, 1, 0);
+  CHECK_EQ(packed.total_bytes(), SIZE_MAX - 40);
+  CHECK_THROWS_ERROR(Layout::plan({{SIZE_MAX - 40}}, 0, -1, 1, 32), "input", "145000",
+                     "overflows");
 }

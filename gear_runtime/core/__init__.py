@@ -2,13 +2,17 @@
 
 Exports, from the C++ extension ``gear_runtime._core``:
 
-``plan_layout(input_nbytes, dims_count, fusion_size=131072, alignment=64) -> Layout``
+``plan_layout(input_nbytes, dims_count, fusion_size=131072, alignment=64, tail_padding=0)
+-> Layout``
     Where each input and the int32 dims buffer sit in the host staging buffer per gear, and
     which bytes GE's ONE merged host-to-device copy moves (rules in
-    :func:`gear_runtime.core.reference.plan_layout`). ``Layout`` is read-only:
-    ``gear_count``, ``input_count``, ``merged``, ``dims_nbytes``, ``total_bytes``,
-    ``alignment``, ``offset(g, i)``, ``nbytes(g, i)``, ``fused(i)``, ``dims_offset(g)``,
-    ``merged_span(g) -> (start, end)``, ``separate(g) -> [(start, end), ...]``.
+    :func:`gear_runtime.core.reference.plan_layout`). ``tail_padding > 0`` gives every buffer
+    ``ALIGN_UP(nbytes, 32) + tail_padding`` bytes before the next one (pyACL's rule for
+    buffers carved out of one device block; 0 packs them as GE does). ``Layout`` is
+    read-only: ``gear_count``, ``input_count``, ``merged``, ``dims_nbytes``, ``total_bytes``,
+    ``alignment``, ``tail_padding``, ``offset(g, i)``, ``nbytes(g, i)``, ``fused(i)``,
+    ``dims_offset(g)``, ``merged_span(g) -> (start, end)``, ``separate(g) -> [(start, end),
+    ...]``.
 
 ``ExecutorCore(input_names, input_shapes, dynamic_positions, gears, input_dtypes, layout,
 staging)``

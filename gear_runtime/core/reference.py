@@ -33,6 +33,7 @@ DEFAULT_FUSION_SIZE = 131072
 MAX_FUSION_SIZE = 32 * 1024 * 1024
 #: Default alignment of every buffer in the staging layout (bytes).
 DEFAULT_ALIGNMENT = 64
+_PADDING_GRANULE = 32  # ALIGN_UP(len, 32) of pyACL's carving rule (csrc/layout.h)
 
 _MAX_GEAR_VALUE = 2**31 - 1  # the dims buffer (ascend_mbatch_shape_data) is int32
 _MAX_VALUES = 128  # ACL_MAX_DIM_CNT
@@ -116,6 +117,13 @@ def _align_up(x: int, alignment: int) -> int:
     return _checked(x + alignment - 1) & ~(alignment - 1)
 
 
+def _footprint(n: int, tail_padding: int) -> int:
+    """Bytes a buffer of ``n`` bytes owns before the next one may start (see plan_layout)."""
+    if tail_padding == 0:
+        return n  # packed: byte for byte GE's staging
+    return _checked(_align_up(n, _PADDING_GRANULE) + tail_padding)
+
+
 class Layout:
     """Where each input and the dims buffer sit in the staging buffer, per gear.
 
@@ -123,14 +131,17 @@ class Layout:
     """
 
     __slots__ = ("_alignment", "_dims_nbytes", "_dims_offsets", "_fused", "_gear_count",
-                 "_input_count", "_merged", "_merged_end", "_nbytes", "_offsets", "_total_bytes")
+                 "_input_count", "_merged", "_merged_end", "_nbytes", "_offsets",
+                 "_tail_padding", "_total_bytes")
 
     def __init__(self, table: list[list[int]], dims_count: int, fusion_size: int,
-                 alignment: int) -> None:
+                 alignment: int, tail_padding: int = 0) -> None:
         if not table:
             raise _input("input_nbytes has no gears: at least one is needed")
         if alignment & (alignment - 1):
             raise _input(f"alignment must be a power of two >= 1, got {alignment}")
+        if tail_padding < 0:
+            raise _input(f"tail_padding must be >= 0, got {tail_padding}")
         if dims_count > _SIZE_MAX // 4:
             raise _input(f"dims_count {dims_count} is too large")
         gears, inputs = len(table), len(table[0])
@@ -139,6 +150,7 @@ class Layout:
                 raise _input(f"input_nbytes row {g} has {len(table[g])} inputs, row 0 has {inputs}")
         self._gear_count, self._input_count = gears, inputs
         self._alignment = alignment
+        self._tail_padding = tail_padding
         self._dims_nbytes = 4 * dims_count
         fused = [False] * inputs
         taking_part = 0
@@ -161,17 +173,18 @@ class Layout:
             for i in order:
                 cursor = _align_up(cursor, alignment)
                 self._offsets[g][i] = cursor
-                cursor = _checked(cursor + table[g][i])
+                cursor = _checked(cursor + _footprint(table[g][i], tail_padding))
             cursor = _align_up(cursor, alignment)
             self._dims_offsets[g] = cursor
-            cursor = _checked(cursor + self._dims_nbytes)
+            if self._dims_nbytes:  # no dims buffer: nothing to own, not even padding
+                cursor = _checked(cursor + _footprint(self._dims_nbytes, tail_padding))
             if self._merged:
                 self._merged_end[g] = cursor
             for i in range(inputs):
                 if not self._fused[i]:
                     cursor = _align_up(cursor, alignment)
                     self._offsets[g][i] = cursor
-                    cursor = _checked(cursor + table[g][i])
+                    cursor = _checked(cursor + _footprint(table[g][i], tail_padding))
             total = max(total, cursor)
         self._total_bytes = total
 
@@ -200,6 +213,11 @@ class Layout:
     @property
     def alignment(self) -> int:
         return self._alignment
+
+    @property
+    def tail_padding(self) -> int:
+        """Spare bytes each buffer owns after ALIGN_UP(nbytes, 32) (0: packed; plan_layout)."""
+        return self._tail_padding
 
     def _gear(self, g: Any) -> int:
         return _index_arg(g, "gear index", self._gear_count, "gears")
@@ -242,13 +260,14 @@ class Layout:
         return out
 
     def __repr__(self) -> str:
+        padding = f", tail_padding={self._tail_padding}" if self._tail_padding else ""
         return (f"Layout(gears={self._gear_count}, inputs={self._input_count}, "
-                f"merged={self._merged}, total_bytes={self._total_bytes})")
+                f"merged={self._merged}, total_bytes={self._total_bytes}{padding})")
 
 
 def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
                 fusion_size: int = DEFAULT_FUSION_SIZE,
-                alignment: int = DEFAULT_ALIGNMENT) -> Layout:
+                alignment: int = DEFAULT_ALIGNMENT, tail_padding: int = 0) -> Layout:
     """Plan the staging layout of every gear (GE's merged host-to-device input copy).
 
     Args:
@@ -258,6 +277,10 @@ def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
         fusion_size: GE's ``ge.exec.input_fusion_size``; the limit is
             ``min(fusion_size, 32 MiB)``; negative turns merging off.
         alignment: every buffer's offset is a multiple of it (a power of two >= 1).
+        tail_padding: spare bytes every buffer owns after its data rounded up to 32 (>= 0;
+            0 = packed, exactly GE's staging). The acl backend asks for 32: pyACL wants each
+            buffer carved out of one aclrtMalloc block to own ``ALIGN_UP(len, 32) + 32``
+            bytes from a 64-aligned start.
 
     Rules, per gear:
         * A buffer takes part in the merge when its LARGEST size over all gears is <= the
@@ -266,15 +289,24 @@ def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
           ``fused(i)`` says which inputs take part. Otherwise nothing is fused.
         * Packing: fused inputs in input order, then the dims buffer, then the other inputs
           in input order, each offset rounded up to ``alignment``.
-        * ``merged_span(g)`` is ``(0, end of the last merged buffer)`` when merged, else
-          ``(0, 0)``. ``separate(g)`` lists the spans copied on their own, in staging order:
-          the dims buffer when it is not merged (and exists), then every non-fused input with
-          at least one byte. The merged span plus the separate spans cover every byte that
+        * Footprint: a buffer of ``n`` bytes owns ``n`` bytes when ``tail_padding == 0``
+          (packed), else ``ALIGN_UP(n, 32) + tail_padding`` bytes; the next buffer starts at
+          its end rounded up to ``alignment``. Every input owns a footprint (even with 0
+          bytes); the dims buffer only when ``dims_count > 0``. ``nbytes(g, i)`` and
+          ``dims_nbytes`` stay the real sizes.
+        * ``merged_span(g)`` is ``(0, end of the last merged buffer's footprint)`` when merged
+          (so with ``tail_padding > 0`` it covers that buffer's padding too; without a dims
+          buffer the end is rounded up to ``alignment``), else ``(0, 0)``. ``separate(g)``
+          lists the spans copied on their own, in staging order: the dims buffer when it is
+          not merged (and exists), then every non-fused input with at least one byte (data
+          only, no padding). The merged span plus the separate spans cover every byte that
           has to reach the device.
-        * ``total_bytes`` is the largest gear's end: the staging buffer size.
+        * ``total_bytes`` is the largest gear's end (of its last footprint): the staging
+          buffer size.
 
     Raises:
-        InputError (145000): a bad argument, a ragged table, a size overflowing 64 bits.
+        InputError (145000): a bad argument (``tail_padding`` < 0 among them), a ragged
+        table, a size overflowing 64 bits.
     """
     rows = _items(input_nbytes, "input_nbytes")
     table: list[list[int]] = []
@@ -292,7 +324,8 @@ def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
     align = _int64(alignment, "alignment")
     if align <= 0:
         raise _input(f"alignment must be a power of two >= 1, got {align}")
-    return Layout(table, dims, fusion, align)
+    padding = _int64(tail_padding, "tail_padding")  # < 0: Layout, as in C++
+    return Layout(table, dims, fusion, align, padding)
 
 
 # ---- gear table (csrc/gear_table.cc) ---------------------------------------------------------
