@@ -48,9 +48,12 @@ class GearModel:
         self._backend = backend_model
         self.info: ModelInfo = backend_model.info
         self.spec: GearSpec = self.info.spec
-        # One layout for every executor: computed once here, never on the hot path.
+        # One layout for every executor: computed once here, never on the hot path. The
+        # backend's device memory rules (alignment, padding) shape it; the user's fusion size
+        # decides what merges.
+        options = {**backend_model.layout_options, "fusion_size": input_fusion_size}
         self.layout = core.plan_layout(self.info.input_nbytes(), self.spec.values_per_gear,
-                                       fusion_size=input_fusion_size)
+                                       **options)
 
     # ---- what the model is ---------------------------------------------------------------
     @property

@@ -3,10 +3,11 @@
 What is shown: load and gear discovery for the three modes (the spec equals what the fake
 model declares), the per-gear output-shape table, runs of every gear with checkable outputs,
 exactly ONE host-to-device memcpy of the merged span per run (plus one per separate span),
-the dims call per mode, an int64 dims input, failing ACL calls -> BackendError with the call
-and the code, release of every resource, the error when pyACL is missing, and (once the C++
-core is built) the whole path through ``gr.load(..., backend="acl")``, where an out-of-gear
-request fails before any ACL call.
+the dims call per mode, an int64 dims input, ACL's sub-buffer rule (every buffer in the
+device block 64-aligned with ALIGN_UP(len, 32) + 32 bytes; packed layouts refused), failing
+ACL calls -> BackendError with the call and the code, release of every resource, the error
+when pyACL is missing, and the whole path through ``gr.load(..., backend="acl")``, where an
+out-of-gear request fails before any ACL call.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def inputs_for(spec: gr.GearSpec, dtypes, gear: int, seed: int = 0) -> list[np.n
 
 
 def session_for(model: acl_backend.AclModel, fusion_size: int = 131072):
+    """A session on the layout GearModel would plan: the model's layout_options."""
     info = model.info
-    layout = plan_layout(info.input_nbytes(), info.spec.values_per_gear, fusion_size)
+    layout = plan_layout(info.input_nbytes(), info.spec.values_per_gear, fusion_size,
+                         **model.layout_options)
     return layout, model.create_session(layout)
 
 
@@ -257,23 +260,85 @@ class PaddedLayout:
         return [*spans, (self._dims[g], self._dims[g] + self.dims_nbytes)]
 
 
-def test_a_padded_layout_without_merging_and_the_padding_warning(fake, tmp_path, caplog):
+def test_a_layout_without_merging(fake, tmp_path):
     model = acl_backend.open_model(write(tmp_path, "batch"))
     info = model.info
     layout = PaddedLayout(info.input_nbytes(), info.spec.values_per_gear)
-    with caplog.at_level("WARNING", logger="gear_runtime"):
-        session = model.create_session(layout)
-    assert "ALIGN_UP" not in caplog.text
+    session = model.create_session(layout)
     before = len(fake.state.memcpys)
     arrays, outputs = run(model, layout, session, 1)
     np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
     h2d = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_HOST_TO_DEVICE]
     assert len(h2d) == 3  # two inputs and the dims, one copy each
-    # the core's layout packs 192-byte inputs back to back: no 32 spare bytes -> one warning
-    with caplog.at_level("WARNING", logger="gear_runtime"):
-        session_for(model)
-        session_for(model)
-    assert caplog.text.count("ALIGN_UP(len,32)+32") == 1
+    model.close()
+
+
+def test_acl_asks_for_padded_layouts_and_refuses_packed_ones(fake, tmp_path):
+    """The sub-buffer rule is the layout's job (AclModel.layout_options); a packed layout
+    (plan_layout's defaults: 192-byte inputs back to back) is refused, nothing leaks."""
+    assert acl_backend.AclModel.layout_options == {"alignment": 64, "tail_padding": 32}
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    loaded = fake.state.leaks()
+    info = model.info
+    packed = plan_layout(info.input_nbytes(), info.spec.values_per_gear)
+    with pytest.raises(BackendError, match=r"ALIGN_UP\(len,32\)\+32") as err:
+        model.create_session(packed)
+    # gear 0: x (48 bytes) at 0 needs 64 + 32 = 96 bytes, ids starts at 64
+    assert "'x' of gear 0 at offset 0 (48 bytes)" in err.value.message
+    assert "96 bytes (ALIGN_UP(len,32)+32) before offset 64" in err.value.message
+    assert "tail_padding" in err.value.message
+    assert fake.state.leaks() == loaded
+    model.close()
+
+
+def input_slots(fake: fake_acl.FakeAcl, dataset: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """The device block holding ``dataset``'s buffers and each buffer's (offset in it, length,
+    slot: bytes up to the next buffer's start or the block's end), read from the double."""
+    state = fake.state
+    bufs = sorted(state.buffers[b] for b in state.datasets[dataset])
+    bases = {max(p for p in state.device if p <= addr) for addr, _ in bufs}
+    assert len(bases) == 1, "the inputs and the dims share one aclrtMalloc block"
+    base = bases.pop()
+    end = base + len(state.device[base])
+    starts = [addr for addr, _ in bufs[1:]] + [end]
+    return base, [(addr - base, n, nxt - addr)
+                  for (addr, n), nxt in zip(bufs, starts, strict=True)]
+
+
+@pytest.mark.parametrize("mode", ["dims", "batch", "image_size"])
+@pytest.mark.parametrize("fusion", [131072, 256, -1])
+def test_every_sub_buffer_keeps_acls_carving_rule(fake, tmp_path, mode, fusion):
+    """Through gr.load (GearModel plans with layout_options, the user's fusion size still
+    decides what merges): in the device block of every gear's input dataset, each buffer
+    starts 64-aligned and owns >= ALIGN_UP(len, 32) + 32 bytes, the last one included: the
+    block is exactly layout.total_bytes, with no spare bytes at its end."""
+    model = gr.load(write(tmp_path, mode), backend="acl", input_fusion_size=fusion)
+    layout = model.layout
+    assert (layout.alignment, layout.tail_padding) == (64, 32)
+    packed = plan_layout(model.info.input_nbytes(), model.spec.values_per_gear, fusion)
+    fused = [layout.fused(i) for i in range(layout.input_count)]
+    assert layout.merged == packed.merged
+    assert fused == [packed.fused(i) for i in range(packed.input_count)]
+    # 131072: every buffer is small, all merge; 256: the largest input is separate; -1: none
+    assert all(fused) if fusion == 131072 else not all(fused)
+    ex = model.create_executor()
+    datasets = set()
+    for g in range(model.gear_count):
+        arrays = inputs_for(model.spec, model.info.input_dtypes, g, seed=g)
+        outputs = ex.execute(arrays)
+        for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+            np.testing.assert_array_equal(got, want)
+        _, dataset_in, _ = fake.state.calls_named("mdl.execute")[-1]
+        datasets.add(dataset_in)
+    assert len(datasets) == model.gear_count  # one input dataset per gear
+    for dataset in datasets:
+        base, slots = input_slots(fake, dataset)
+        assert base % 64 == 0
+        assert len(fake.state.device[base]) == layout.total_bytes
+        assert len(slots) == len(model.input_names) + 1  # the inputs and the dims
+        for offset, n, slot in slots:
+            assert offset % 64 == 0, (offset, n)
+            assert slot >= (n + 31) // 32 * 32 + 32, (offset, n, slot)
     model.close()
 
 

@@ -23,8 +23,12 @@ Memory, one session per executor (:class:`AclSession`)::
     device outputs (malloc, largest gear) --one D2H memcpy per output--> pinned host outputs
 
 The device region mirrors the staging byte for byte, so the merged span is a single copy, as
-in GE's CopyInputDataWithMergeH2D. Datasets (one per gear: the offsets differ per gear) are
-built once per session; a run is memcpy(s), one ``set_*``, ``execute``, output memcpys.
+in GE's CopyInputDataWithMergeH2D. Its data buffers are carved out of one aclrtMalloc block,
+so each must start 64-byte aligned and own ALIGN_UP(len, 32) + 32 bytes (pyACL "malloc"
+constraints): :attr:`AclModel.layout_options` asks the layout for exactly that (alignment 64,
+tail_padding 32; GearModel plans with it), and a session refuses a layout that breaks it.
+Datasets (one per gear: the offsets differ per gear) are built once per session; a run is
+memcpy(s), one ``set_*``, ``execute``, output memcpys.
 Every non-zero ``ret`` raises :class:`BackendError` naming the call, with ``.code = str(ret)``.
 
 Threads: sessions are per executor, but ACL forbids concurrent use of one model id ("lock
@@ -36,13 +40,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -85,8 +88,6 @@ _ALIGN = 64  # aclrtMallocHost / aclrtMalloc start addresses are 64-byte aligned
 #: Sub-buffers carved from one aclrtMalloc block: each starts 64-byte aligned and owns at
 #: least ALIGN_UP(len, 32) + 32 bytes (pyACL "malloc" constraints, aclpythondevg_01_0110).
 _PAD = 32
-
-logger = logging.getLogger("gear_runtime")
 
 
 def open_model(path: str, *, device_id: int = 0) -> AclModel:
@@ -192,6 +193,9 @@ class AclModel(BackendModel):
     """An ``.om`` loaded on one NPU: model id, description, gears and output-shape table."""
 
     name = "acl"
+    #: The device region mirrors the staging layout and its data buffers are carved out of
+    #: one aclrtMalloc block: 64-aligned starts, ALIGN_UP(len, 32) + 32 bytes each.
+    layout_options: ClassVar[dict[str, int]] = {"alignment": _ALIGN, "tail_padding": _PAD}
 
     def __init__(self, acl: Any, path: str, device_id: int = 0) -> None:
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
@@ -209,7 +213,6 @@ class AclModel(BackendModel):
         #: (-> outputs) as one sequence (pyACL "execute" constraints, canncommercial 62RC1
         #: aclpythondevg_01_0127). Held by every session's run_gear.
         self.lock = threading.Lock()
-        self.padding_warned = False
         try:
             self._open()
         except BaseException:
@@ -549,12 +552,12 @@ class AclSession(BackendSession):
         spec = info.spec
         self._bind_thread()
         self._check_layout()
+        self._check_padding()
         self._total = int(layout.total_bytes)
         self._host = mem.host(self._total)
         self.staging = _host_array(self._host, max(self._total, 1))[: self._total]
-        # _PAD spare bytes: the last sub-buffer keeps its documented padding too
-        self._device = mem.device(self._total + _PAD)
-        self._check_padding()
+        # the layout's footprints include every buffer's padding, the last one's too
+        self._device = mem.device(self._total)
         # The dims input gets its own data buffer (ACL writes the dims into it in set_*). It
         # points at the layout's dims slot when that slot is large enough for the model's
         # dims input; else (an int64 dims input) at a session buffer of the model's size.
@@ -593,27 +596,28 @@ class AclSession(BackendSession):
                         f"{nbytes}")
 
     def _check_padding(self) -> None:
-        """Log when the layout leaves a sub-buffer of the device region less room than ACL's
-        carving rule asks (start 64-aligned, ALIGN_UP(len, 32) + 32 bytes): the C++ layout
-        aligns starts to 64 but does not add the 32 spare bytes (see docs/ascend.md)."""
-        layout, model = self._layout, self._model
-        if model.padding_warned:
-            return
-        for g in range(model.info.spec.gear_count):
-            spans = sorted((int(layout.offset(g, i)), int(layout.nbytes(g, i)))
-                           for i in range(len(self._model.input_indices)))
-            spans.append((int(layout.dims_offset(g)), int(layout.dims_nbytes)))
-            spans = sorted(s for s in spans if s[1] > 0)
-            ends = [start for start, _ in spans[1:]] + [self._total + _PAD]
-            for (start, n), limit in zip(spans, ends, strict=True):
+        """Every sub-buffer of the device region (each input, and the dims slot) must start
+        64-aligned and have ALIGN_UP(len, 32) + 32 bytes before the next one or the region's
+        end: what ACL asks of buffers carved from one aclrtMalloc block. A layout planned with
+        :attr:`AclModel.layout_options` always does; any other is refused (BackendError)."""
+        layout, spec = self._layout, self._model.info.spec
+        total = int(layout.total_bytes)
+        for g in range(spec.gear_count):
+            bufs = [(int(layout.offset(g, i)), int(layout.nbytes(g, i)), repr(name))
+                    for i, name in enumerate(spec.input_names)]
+            if int(layout.dims_nbytes):
+                bufs.append((int(layout.dims_offset(g)), int(layout.dims_nbytes), "the dims"))
+            bufs.sort()
+            limits = [start for start, _, _ in bufs[1:]] + [total]
+            for (start, n, what), limit in zip(bufs, limits, strict=True):
                 room = (n + 31) // 32 * 32 + _PAD
                 if start % _ALIGN or start + room > limit:
-                    logger.warning(
-                        "acl: staging layout gives a buffer at offset %d (%d bytes, gear %d) "
-                        "less than the 64-byte start / ALIGN_UP(len,32)+32 bytes that ACL asks "
-                        "of buffers carved from one aclrtMalloc block", start, n, g)
-                    model.padding_warned = True  # once per model, not per executor
-                    return
+                    raise BackendError(
+                        f"staging layout breaks ACL's rule for buffers carved from one "
+                        f"aclrtMalloc block: {what} of gear {g} at offset {start} ({n} bytes) "
+                        f"needs a 64-aligned start and {room} bytes (ALIGN_UP(len,32)+32) "
+                        f"before offset {limit}; plan it with gear_runtime.core.plan_layout(..., "
+                        f"**AclModel.layout_options) = {self._model.layout_options}")
 
     def _build_outputs(self) -> None:
         """Device output buffers sized for the largest gear (the model's output sizes), one

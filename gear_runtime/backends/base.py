@@ -93,6 +93,12 @@ class BackendModel(ABC):
 
     name: ClassVar[str]
     info: ModelInfo
+    #: Extra keyword arguments for :func:`gear_runtime.core.plan_layout` that the backend's
+    #: device memory rules need, e.g. ``{"alignment": 64, "tail_padding": 32}`` (acl: buffers
+    #: carved out of one device block). GearModel plans the one layout every session gets
+    #: with them; ``fusion_size`` always comes from the user's ``input_fusion_size``. Empty:
+    #: plan_layout's defaults (GE's packed staging). Read-only: never mutate it.
+    layout_options: ClassVar[dict[str, int]] = {}
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:
