@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 from doubles import fake_acl
-from doubles.layout import plan_layout, real_core, stage
+from doubles.layout import plan_layout, stage
 
 import gear_runtime as gr
 from gear_runtime.backends import acl as acl_backend
@@ -478,10 +478,6 @@ def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
 
 
 # ---- through gr.load and the executor (needs the C++ core) -----------------------------------
-needs_core = pytest.mark.skipif(real_core() is None, reason="the C++ core is not built yet")
-
-
-@needs_core
 def test_through_gr_load_and_the_executor(fake, tmp_path):
     model = gr.load(write(tmp_path, "dims"), backend="acl", device_id=0)
     assert model.backend == "acl" and model.gears == DIMS_GEARS
@@ -495,7 +491,6 @@ def test_through_gr_load_and_the_executor(fake, tmp_path):
     model.close()
 
 
-@needs_core
 def test_an_out_of_gear_request_fails_before_any_acl_call(fake, tmp_path):
     model = gr.load(write(tmp_path, "dims"), backend="acl")
     ex = model.create_executor()

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 from doubles import fake_mslite
-from doubles.layout import plan_layout, real_core, stage
+from doubles.layout import plan_layout, stage
 
 import gear_runtime as gr
 from gear_runtime.backends import mindspore_lite as ms_backend
@@ -243,10 +243,6 @@ def test_the_double_fails_out_of_gear_deep_inside_resize(fake, tmp_path):
 
 
 # ---- through gr.load and the executor (needs the C++ core) -----------------------------------
-needs_core = pytest.mark.skipif(real_core() is None, reason="the C++ core is not built yet")
-
-
-@needs_core
 def test_through_gr_load_and_the_executor(fake, tmp_path, config):
     model = gr.load(write(tmp_path), backend="mindspore_lite", config=config)
     assert model.backend == "mindspore_lite" and model.gear_count == 3
@@ -259,7 +255,6 @@ def test_through_gr_load_and_the_executor(fake, tmp_path, config):
     model.close()
 
 
-@needs_core
 def test_an_out_of_gear_request_fails_before_resize_or_predict(fake, tmp_path, config):
     """Seed 004's gap: a 100-token prompt. MindSpore Lite would fail inside resize with
     "Shape Conflict"; the executor refuses first, naming the gears."""
@@ -276,7 +271,6 @@ def test_an_out_of_gear_request_fails_before_resize_or_predict(fake, tmp_path, c
     model.close()
 
 
-@needs_core
 def test_hybrid_mode_runs_the_dynamic_graph_on_a_miss(fake, tmp_path):
     cfg = tmp_path / "hybrid.ini"
     cfg.write_text("[ge_graph_options]\n"

@@ -7,8 +7,8 @@
   and failure injection.
 * :mod:`doubles.fake_mslite`: MindSpore Lite's Python API (``import mindspore_lite``):
   Context / Model / Tensor, a fake MindIR whose resize accepts only the compiled gears.
-* :mod:`doubles.layout`: the core's staging layout when built, else a stand-in with the same
-  attributes (csrc/layout.h's rules), and a test-only ``stage``.
+* :mod:`doubles.layout`: the core's own staging layout (``gear_runtime.core.plan_layout``)
+  and a test-only ``stage``.
 
 The tests import them as ``from doubles import fake_acl`` (``tests/`` is on ``sys.path``
 under pytest's default import mode). Install one with
