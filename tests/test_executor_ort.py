@@ -190,3 +190,11 @@ def test_asking_for_a_missing_provider_names_what_to_install(tmp_path: Path) -> 
     assert "onnxruntime-gpu" in str(info.value)
     with pytest.raises(gr.BackendError, match="cuda_graph"):
         gr.load(path, cuda_graph=True)
+
+
+def test_prepack_option_gives_the_same_outputs(tmp_path: Path) -> None:
+    original, spec, path = compiled(tmp_path, "prefill")
+    ex = gr.load(path, prepack=True).create_executor()
+    for g in range(spec.gear_count):
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        assert_same(ex.execute(feeds), run_model(original, feeds))
