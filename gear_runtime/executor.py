@@ -14,6 +14,7 @@ set-dims-then-execute pair is per dataset and races when a dataset is shared).
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -119,13 +120,11 @@ class Executor:
 
     @staticmethod
     def _to_ints(what: str, values: Any) -> tuple[int, ...]:
+        """Integers only (Python or numpy): no silent truncation of 2.5, no "3" strings."""
         try:
-            out = tuple(int(v) for v in values)
-            if any(isinstance(v, float) and not float(v).is_integer() for v in values):
-                raise ValueError
-        except (TypeError, ValueError):
+            return tuple(operator.index(v) for v in values)
+        except TypeError:
             raise InputError(f"{what} must be a sequence of integers, got {values!r}") from None
-        return out
 
     # ---- running -------------------------------------------------------------------------
     def execute(self, inputs: Inputs, *, copy: bool = True) -> list[np.ndarray]:
@@ -187,10 +186,7 @@ class Executor:
     def _run_dynamic(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss (GE's SelectExecuteGraph): the dynamic-shape graph."""
         values = self._core.extract(arrays)
-        if self._preset is not None and values != self._preset:
-            raise DynamicInputLengthError(  # same rule as the gear path
-                f"the inputs' dynamic dims {values} disagree with the dims set {self._preset}; "
-                "call set_dynamic_dims again or clear_dynamic_dims()")
+        self._check_preset(values, "the inputs' dynamic dims")
         logger.info("dynamic dims %s match no gear: running the dynamic-shape graph", values)
         self._check_dtypes(arrays)
         outputs = self._session.run_dynamic(arrays)
@@ -203,10 +199,11 @@ class Executor:
         self._check_dtypes(arrays)
         outputs, dims = self._session.run_sink(arrays)
         self.last_dynamic_dims = tuple(int(d) for d in dims)
+        self.last_gear = None
+        self._check_preset(self.last_dynamic_dims, "the dims computed on the device")
         try:
             gear = self._core.match(self.last_dynamic_dims)
         except GearMismatchError as exc:
-            self.last_gear = None
             raise GearMismatchError(f"{exc.message} (dims computed on the device from the "
                                     "input shapes)", exc.code) from None
         expected = self.model.info.output_shapes[gear]
@@ -218,10 +215,18 @@ class Executor:
         self.last_gear = gear
         return outputs
 
+    def _check_preset(self, values: tuple[int, ...], what: str) -> None:
+        """Paths that bypass ``core.stage`` apply its rule: inputs must agree with set dims."""
+        if self._preset is not None and values != self._preset:
+            raise DynamicInputLengthError(
+                f"{what} {values} disagree with the dims set with set_dynamic_* "
+                f"{self._preset}")
+
     def _check_dtypes(self, arrays: list[np.ndarray]) -> None:
+        """Paths that bypass ``core.stage`` check dtypes as it does (same message)."""
         for name, a, dt in zip(self._names, arrays, self._dtypes, strict=True):
             if a.dtype != dt:
-                raise InputError(f"input {name!r} has dtype {a.dtype}, the model expects "
+                raise InputError(f"input '{name}' has dtype {a.dtype}, the model's input has "
                                  f"{np.dtype(dt)}")
 
     def close(self) -> None:

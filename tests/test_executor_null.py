@@ -98,6 +98,14 @@ def test_set_dynamic_dims_takes_full_dims_or_values_and_checks_them(seed_model: 
         ex.set_dynamic_dims([])
     with pytest.raises(gr.InputError):
         ex.set_dynamic_dims(["a"])
+    with pytest.raises(gr.InputError, match="integers"):
+        ex.set_dynamic_dims([80, 60.5, 4, 4])  # never truncated to a gear
+    with pytest.raises(gr.InputError, match="integers"):
+        ex.set_dynamic_dims(["80", "60", "4", "4"])
+    with pytest.raises(gr.InputError, match="integers"):
+        ex.set_dynamic_dims(7)  # type: ignore[arg-type]
+    ex.set_dynamic_dims(np.array([80, 60, 4, 4], dtype=np.int64))  # numpy ints are fine
+    assert ex.dynamic_dims == (80, 60, 4, 4)
     ex.clear_dynamic_dims()
     ex.execute(seed_inputs(seed_model.spec, 1))
     assert ex.last_gear == 1
@@ -199,3 +207,25 @@ def test_load_refuses_unknown_backend_and_bad_path() -> None:
         gr.load("x.onnx", backend="tpu")
     with pytest.raises(gr.InputError):
         gr.load(42)  # type: ignore[arg-type]
+
+
+def test_hybrid_miss_goes_to_the_dynamic_graph_and_is_checked_like_a_hit() -> None:
+    spec = gr.GearSpec.from_ge_options({
+        "ge.inputShape": "x:1,-1", "ge.dynamicDims": "4;8", "ge.dynamicNodeType": "1",
+        "ge.compileHybridMode": "1"})
+    model = null_model(spec, outputs={"y": [(1, 4), (1, 8)]})
+    assert model.hybrid
+    ex = model.create_executor()
+    ex.execute([np.zeros((1, 5), np.float32)])
+    assert ex.last_gear is None and ex.last_dynamic_dims == (5,)
+    assert model._backend.calls[-1] == ("run_dynamic", ((1, 5),))
+    ex.set_dynamic_dims([1, 6])  # any dims are legal in hybrid mode ...
+    with pytest.raises(gr.DynamicInputLengthError, match="disagree"):
+        ex.execute([np.zeros((1, 5), np.float32)])  # ... but inputs must agree with them
+    with pytest.raises(gr.DynamicInputLengthError):  # a static dim is still checked
+        ex.execute([np.zeros((2, 5), np.float32)])
+    ex.clear_dynamic_dims()
+    with pytest.raises(gr.InputError, match="dtype"):
+        ex.execute([np.zeros((1, 5), np.float64)])
+    ex.execute([np.zeros((1, 8), np.float32)])
+    assert ex.last_gear == 1

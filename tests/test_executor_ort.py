@@ -118,7 +118,10 @@ def test_sink_reads_the_device_dims_back(tmp_path: Path) -> None:
     feeds = random_inputs(original, {"data": (1, 3, 20, 20)})
     with pytest.raises(gr.GearMismatchError, match="device"):
         ex.execute(feeds)
-    assert ex.last_dynamic_dims == (20, 20)
+    assert ex.last_dynamic_dims == (20, 20) and ex.last_gear is None
+    ex.set_dynamic_image_size(*spec.gears[1])
+    with pytest.raises(gr.DynamicInputLengthError, match="computed on the device"):
+        ex.execute(random_inputs(original, spec.shapes(0)))
 
 
 def test_eight_threads_each_with_its_own_executor(tmp_path: Path) -> None:
