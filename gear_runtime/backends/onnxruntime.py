@@ -105,6 +105,10 @@ class OrtModel(BackendModel):
             output_dtypes=tuple(gear_file.output_dtypes),
             output_shapes=tuple(gear_file.output_shapes),
             hybrid=gear_file.dynamic is not None, sink=gear_file.kind == "sink")
+        if cuda_graph and self.info.sink:
+            raise BackendError("cuda_graph=True needs a gear file compiled without sink=True: "
+                               "a sink file routes with If nodes, which CUDA graphs cannot "
+                               "capture")
         # The one copy of the weights, on the sessions' device (add_initializer needs that).
         shared = {n: a for n, a in gear_file.weights.items() if a.nbytes >= SHARE_MIN_BYTES}
         self.weights = {n: self._ortvalue(a) for n, a in shared.items()}
@@ -112,8 +116,10 @@ class OrtModel(BackendModel):
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._weights_dir, True)
         self._branch_bytes = [self._with_shared_weights(m) for m in gear_file.branches]
         # Sessions are shared by all executors, except under CUDA graphs, where a captured
-        # graph owns fixed addresses and each executor builds its own.
-        self.sessions = [] if cuda_graph else [self.new_session(b) for b in self._branch_bytes]
+        # graph owns fixed addresses and each executor builds its own. A sink file runs whole
+        # (the dims are computed inside it): no per-gear sessions.
+        per_gear = not (cuda_graph or self.info.sink)
+        self.sessions = [self.new_session(b) for b in self._branch_bytes] if per_gear else []
         self.dynamic_session = (self.new_session(self._with_shared_weights(gear_file.dynamic))
                                 if gear_file.dynamic is not None else None)
         self.sink_session = (self.new_session(gear_file.model_bytes, share=False)
@@ -126,9 +132,10 @@ class OrtModel(BackendModel):
     def _with_shared_weights(self, model: onnx.ModelProto) -> bytes:
         """Serialized ``model`` whose weights are placeholders filled by add_initializer."""
         # The reader hands us fresh protos, owned by this model: editing in place is safe.
-        used = _used_names(model.graph) & self.file.weights.keys()
         declared = {t.name for t in model.graph.initializer}
-        for name in sorted(used - declared):
+        for name in self.file.weight_names_of(model):
+            if name in declared:
+                continue
             value = self.file.weights[name]
             if name not in self.weights:  # small: inline
                 model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
@@ -190,17 +197,6 @@ def _write_weights(weights: dict[str, np.ndarray]) -> tuple[str, dict[str, tuple
     return folder, spans
 
 
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a graph's nodes read, subgraphs included (outer-scope weights)."""
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                names |= _used_names(sub)
-    return names
-
-
 def _aligned_empty(nbytes: int) -> np.ndarray:
     """A zeroed uint8 buffer of ``nbytes`` whose data pointer is 64-byte aligned."""
     raw = np.zeros(nbytes + _ALIGN, dtype=np.uint8)
@@ -237,8 +233,10 @@ class OrtSession(BackendSession):
                                 {"device_id": model.device[1], "enable_cuda_graph": "1"})])
         else:
             self._sessions = list(model.sessions)
-        self._device = _DeviceStaging(model, layout, self.staging) if model.on_cuda else None
-        self._bindings = [self._bind(g) for g in gears]
+        on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
+        self._device = _DeviceStaging(model, layout, self.staging) if on_device else None
+        # A sink file runs whole through run_sink: nothing to bind per gear.
+        self._bindings = [] if info.sink else [self._bind(g) for g in gears]
         if model.cuda_graph:
             for g in order:  # the first run captures the graph
                 self.run_gear(g)
