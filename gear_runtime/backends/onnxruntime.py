@@ -318,6 +318,8 @@ class _DeviceStaging:
         for g in range(info.spec.gear_count):
             start, end = layout.merged_span(g)
             self.merged.append(self._alloc(end - start) if end > start else None)
+            # Empty inputs need no copy (update_inplace wants equal sizes): bound to a 1-byte
+            # buffer that is never written.
             self.separate.append({i: self._alloc(layout.nbytes(g, i))
                                   for i in range(layout.input_count) if not layout.fused(i)})
             self.outputs.append([
@@ -345,8 +347,9 @@ class _DeviceStaging:
         if value is not None:
             value.update_inplace(self.staging[start:end])  # the ONE merged copy
         for i, dev in self.separate[g].items():
-            off = self.layout.offset(g, i)
-            dev.update_inplace(self.staging[off:off + self.layout.nbytes(g, i)])
+            off, n = self.layout.offset(g, i), self.layout.nbytes(g, i)
+            if n:
+                dev.update_inplace(self.staging[off:off + n])
 
     def to_host(self, g: int, host: list[np.ndarray]) -> None:
         for dev, out in zip(self.outputs[g], host, strict=True):
