@@ -8,6 +8,7 @@ weights, an ACL model id, ...). Per-request state lives in executors, one per th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 
 #: GE's default ``ge.exec.input_fusion_size``: inputs up to this many bytes share the one
 #: merged host-to-device copy.
-DEFAULT_INPUT_FUSION_SIZE = 128 * 1024
+DEFAULT_INPUT_FUSION_SIZE = core.DEFAULT_FUSION_SIZE
 
 
 def load(path: str, backend: str = "onnxruntime", *,
@@ -34,10 +35,11 @@ def load(path: str, backend: str = "onnxruntime", *,
     mindspore_lite, ``device_id=`` for acl). ``input_fusion_size`` mirrors GE's
     ``ge.exec.input_fusion_size`` (negative turns merging off).
     """
-    if not isinstance(path, str | bytes) and not hasattr(path, "__fspath__"):
-        raise InputError(f"path must be a file path, got {type(path).__name__}")
-    return GearModel(open_model(str(path), backend, **options),
-                     input_fusion_size=input_fusion_size)
+    try:
+        path = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise InputError(f"path must be a file path, got {type(path).__name__}") from None
+    return GearModel(open_model(path, backend, **options), input_fusion_size=input_fusion_size)
 
 
 class GearModel:

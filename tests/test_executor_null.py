@@ -207,6 +207,9 @@ def test_load_refuses_unknown_backend_and_bad_path() -> None:
         gr.load("x.onnx", backend="tpu")
     with pytest.raises(gr.InputError):
         gr.load(42)  # type: ignore[arg-type]
+    with pytest.raises(gr.InputError, match="providerz") as info:
+        gr.load("x.onnx", providerz=["CPUExecutionProvider"])
+    assert "providers" in str(info.value)  # says what it does take
 
 
 def test_hybrid_miss_goes_to_the_dynamic_graph_and_is_checked_like_a_hit() -> None:

@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
-from gear_runtime.errors import BackendUnavailableError, GearRuntimeError
+from gear_runtime.errors import BackendUnavailableError, GearRuntimeError, InputError
 
 #: backend name -> (module, what to install when its runtime is missing)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -46,4 +47,10 @@ def open_model(path: str, backend: str, **options: Any) -> BackendModel:
         raise BackendUnavailableError(
             f"backend {backend!r} needs a runtime that is not installed here ({exc}); "
             f"install {install}") from exc
+    try:  # a misspelt or foreign option is the user's error, not a TypeError from inside
+        inspect.signature(module.open_model).bind(path, **options)
+    except TypeError as exc:
+        accepted = [p for p in inspect.signature(module.open_model).parameters if p != "path"]
+        raise InputError(f"backend {backend!r} does not take these options ({exc}); it takes: "
+                         f"{', '.join(accepted)}") from None
     return module.open_model(path, **options)
