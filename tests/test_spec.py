@@ -373,3 +373,52 @@ def test_to_atc_refuses_specs_that_would_not_read_back(spec, code, quoted) -> No
 
 def test_to_atc_needs_a_gear_spec() -> None:
     rejects("E10001", "dict", spec_to_atc, {"input_shape": "a:-1"})
+
+
+# ---- queries: shapes / full_dims / largest_shapes / gear_index ---------------------------------
+def test_shapes_takes_numpy_integer_indices() -> None:
+    spec = gr.GearSpec.from_atc(**SEED000)
+    assert spec.shapes(np.int64(2)) == spec.shapes(2)
+    assert spec.full_dims(np.int32(0)) == (1, 1, 40, 20, 1, 20, 1, 1)
+
+
+@pytest.mark.parametrize(("index", "quoted"), [
+    (3, "gear index 3 is out of range"), (-1, "gear index -1 is out of range"),
+    (1.0, "1.0 is not an integer"), ("0", "'0' is not an integer"),
+    (True, "True is not an integer"), (None, "None is not an integer"),
+])
+def test_shapes_and_full_dims_refuse_what_is_not_a_gear_index(index, quoted) -> None:
+    spec = gr.GearSpec.from_atc(**SEED000)
+    for query in (spec.shapes, spec.full_dims):
+        with pytest.raises(gr.InputError) as info:
+            query(index)
+        assert type(info.value) is gr.InputError and info.value.code == "145000"
+        assert quoted in info.value.message and "3 gears (0..2)" in info.value.message
+
+
+def test_largest_shapes_of_a_spec_without_gears_is_a_spec_error() -> None:
+    empty = gr.GearSpec("dims", ("x",), ((1, -1),), ())
+    rejects("E10035", "no gears", empty.largest_shapes)
+    with pytest.raises(gr.InputError, match="out of range: the spec has 0 gears$"):
+        empty.shapes(0)
+
+
+def test_gear_index_is_exact_and_never_guesses() -> None:
+    spec = gr.GearSpec.from_atc(**SEED000)
+    assert spec.gear_index((40, 40, 2, 2)) == 1
+    assert spec.gear_index(np.array([80, 60, 4, 4], dtype=np.int64)) == 2
+    assert spec.gear_index((40, 40, 2, 3)) is None  # no nearest gear
+    assert spec.gear_index((40, 40, 2)) is None  # wrong length: no gear has it
+    assert spec.gear_index(()) is None
+
+
+@pytest.mark.parametrize("values", [
+    (40.5, 40, 2, 2),  # would be truncated to gear 1 by int()
+    (40.0, 40, 2, 2), ("40", "40", "2", "2"), "ab", b"\x14\x14\x01\x01", 20, None,
+    np.array([40.0, 40.0, 2.0, 2.0]),
+])
+def test_gear_index_refuses_values_that_are_not_integers(values) -> None:
+    spec = gr.GearSpec.from_atc(**SEED000)
+    with pytest.raises(gr.InputError, match="gear values must be a sequence of integers") as info:
+        spec.gear_index(values)
+    assert type(info.value) is gr.InputError

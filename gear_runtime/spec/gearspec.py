@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gear_runtime.errors import GearSpecError
+from gear_runtime.errors import GearSpecError, InputError
 
 Mode = Literal["batch", "image_size", "dims"]
 MODES: tuple[str, ...] = ("batch", "image_size", "dims")
@@ -104,21 +104,28 @@ class GearSpec:
         return max(v for _, _, v in self.dynamic_positions) + 1
 
     def shapes(self, i: int) -> dict[str, tuple[int, ...]]:
-        """Every input's full static shape in gear ``i`` (input order)."""
-        if not 0 <= i < len(self.gears):
-            raise IndexError(f"gear index {i} out of range: the spec has {len(self.gears)} gears")
-        gear = self.gears[i]
+        """Every input's full static shape in gear ``i`` (input order).
+
+        InputError (as :meth:`GearModel.gear_of <gear_runtime.model.GearModel.gear_of>`) when
+        ``i`` is not a gear index: out of range, negative, a bool or not an integer.
+        """
+        gear = self.gears[self._gear_number(i)]
         shapes = [list(s) for s in self.input_shapes]
         for inp, axis, v in self.dynamic_positions:
             shapes[inp][axis] = gear[v]
         return {n: tuple(s) for n, s in zip(self.input_names, shapes, strict=True)}
 
     def full_dims(self, i: int) -> tuple[int, ...]:
-        """Gear ``i`` as aclmdlGetInputDynamicDims gives it: all input shapes flattened."""
+        """Gear ``i`` as aclmdlGetInputDynamicDims gives it: all input shapes flattened.
+        InputError when ``i`` is not a gear index (see :meth:`shapes`)."""
         return tuple(d for s in self.shapes(i).values() for d in s)
 
     def largest_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per input, the element-wise max over gears: what GE sizes the Data inputs to."""
+        """Per input, the element-wise max over gears: what GE sizes the Data inputs to.
+        GearSpecError (E10035) for a directly built spec without gears."""
+        if not self.gears:
+            raise GearSpecError("the spec has no gears, so its inputs have no largest shapes",
+                                code="E10035")
         out: dict[str, list[int]] = {n: list(s) for n, s in self.shapes(0).items()}
         for i in range(1, len(self.gears)):
             for n, s in self.shapes(i).items():
@@ -126,11 +133,34 @@ class GearSpec:
         return {n: tuple(s) for n, s in out.items()}
 
     def gear_index(self, values: Sequence[int]) -> int | None:
-        """Index of the gear with exactly these dynamic values, or None (no fallback)."""
+        """Index of the gear with exactly these dynamic values, or None (no fallback; values
+        of the wrong length match no gear). InputError when ``values`` is not a sequence of
+        integers: 20.5 is refused, not truncated to gear 20 (numpy integers are fine)."""
         try:
-            return self.gears.index(tuple(int(v) for v in values))
+            if isinstance(values, (str, bytes, bytearray)):  # iterable, but not of gear values
+                raise TypeError
+            key = tuple(operator.index(v) for v in values)
+        except TypeError:
+            raise InputError(f"gear values must be a sequence of integers (one per dynamic "
+                             f"value, {self.values_per_gear} here), got {values!r}") from None
+        try:
+            return self.gears.index(key)
         except ValueError:
             return None
+
+    def _gear_number(self, i: object) -> int:
+        """``i`` as an index into :attr:`gears`; InputError when it is not one."""
+        n = len(self.gears)
+        legal = f"the spec has {n} gears" + (f" (0..{n - 1})" if n else "")
+        try:
+            index = None if isinstance(i, bool) else operator.index(i)
+        except TypeError:
+            index = None
+        if index is None:
+            raise InputError(f"gear index {i!r} is not an integer; {legal}")
+        if not 0 <= index < n:
+            raise InputError(f"gear index {index} is out of range: {legal}")
+        return index
 
     # ---- constructors (parsers live in gear_runtime.spec.parse / .config) ----------------
     @classmethod
