@@ -166,7 +166,8 @@ def test_spec_order_may_differ_from_model_order(tmp_path: Path) -> None:
             assert_same(run_model(with_weights(gf, gf.branches[i]), feeds), want)
             if sink:
                 *outs, dims = run_model(gf.model_bytes or b"", feeds)
-                assert_same(outs, want) and tuple(dims.tolist()) == spec.gears[i]
+                assert_same(outs, want)
+                assert tuple(dims.tolist()) == spec.gears[i]
 
 
 def test_reserved_names_are_refused(tmp_path: Path) -> None:
@@ -377,7 +378,8 @@ def test_sink_routing_for_old_and_new_reduce_signatures(tmp_path: Path, opset: i
     for i, (n,) in enumerate(spec.gears):
         feeds = random_inputs(model, spec.shapes(i), seed=i)
         *outs, dims = run_model(Path(path).read_bytes(), feeds)
-        assert_same(outs, run_model(model, feeds)) and dims.tolist() == [n]
+        assert_same(outs, run_model(model, feeds))
+        assert dims.tolist() == [n]
     *outs, dims = run_model(Path(path).read_bytes(),
                             random_inputs(model, {"data": (3, 3, 32, 32)}))
     assert outs[0].shape == (0, 10) and dims.tolist() == [3]
@@ -474,4 +476,5 @@ def test_100_gears_compile_in_reasonable_time(tmp_path: Path, sink: bool) -> Non
     if sink:
         feeds = random_inputs(model, spec.shapes(57), seed=57)
         *outs, got_dims = run_model(gf.model_bytes or b"", feeds)
-        assert_same(outs, run_model(model, feeds)) and got_dims.tolist() == [58, 58, 58, 4]
+        assert_same(outs, run_model(model, feeds))
+        assert got_dims.tolist() == [58, 58, 58, 4]
