@@ -257,6 +257,8 @@ def test_check_gears_accepts_zero_and_returns_tuples() -> None:
     ({"gears": (1, 2)}, "E10001", "(1, 2)"),
     ({"input_names": "x"}, "E10001", "'x'"),
     ({"input_names": (1,)}, "E10001", "(1,)"),
+    ({"input_names": ("x", "x"), "input_shapes": ((1, -1), (-1,)),
+      "gears": ((1, 2), (3, 4))}, "E10001", "'x' twice"),
     ({"mode": "range"}, "E10001", "'range'"),
     ({"input_format": 3}, "E10001", "3"),
 ])

@@ -62,6 +62,10 @@ class GearSpec:
             raise GearSpecError(f"input_names must be a sequence of str, got {self.input_names!r}",
                                 code="E10001")
         object.__setattr__(self, "input_names", tuple(self.input_names))
+        if len(set(self.input_names)) != len(self.input_names):  # shapes() would drop one
+            dup = next(n for i, n in enumerate(self.input_names) if n in self.input_names[:i])
+            raise GearSpecError(f"input_names names input {dup!r} twice; each input may appear "
+                                "once", code="E10001")
         object.__setattr__(self, "input_shapes", _int_rows(self.input_shapes, "input_shapes"))
         object.__setattr__(self, "gears", _int_rows(self.gears, "gears"))
         object.__setattr__(self, "hybrid", bool(self.hybrid))
