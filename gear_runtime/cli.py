@@ -19,7 +19,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -47,24 +47,19 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see '{self.prog} -h')")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: the text as an int >= ``minimum``, else a one-line usage error."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return parse
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -127,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "the naive per-input session.run and the original dynamic model.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--gears", default="all", metavar="0,2|all")
-    p.add_argument("--iterations", type=_positive_int, default=100, metavar="N")
-    p.add_argument("--warmup", type=_non_negative_int, default=10, metavar="N")
-    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--iterations", type=_int_at_least(1), default=100, metavar="N")
+    p.add_argument("--warmup", type=_int_at_least(0), default=10, metavar="N")
+    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
                    help="ORT intra-op threads of every session (default: ORT's)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a latency plot (needs matplotlib)")
@@ -140,10 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="build, compile, run, check and benchmark the example")
     p.add_argument("--workdir", metavar="DIR", help="keep the files here (default: a temp dir)")
-    p.add_argument("--iterations", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--iterations", type=_int_at_least(1), default=None, metavar="N",
                    help="benchmark iterations per gear (default 100; 20 with --quick)")
     p.add_argument("--quick", action="store_true", help="fewer benchmark iterations")
-    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--threads", type=_int_at_least(1), default=1, metavar="N",
                    help="ORT intra-op threads of the benchmark's sessions (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

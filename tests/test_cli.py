@@ -72,10 +72,14 @@ def test_help_exits_zero(capsys) -> None:
     assert code == 0 and "compile" in out and "demo" in out
 
 
-def test_bad_option_value(capsys, example) -> None:
-    code, _, err = run_cli(capsys, "bench", example.gear, "--iterations", "0")
-    assert code == 2
-    assert_one_line_error(err, "--iterations", "must be >= 1")
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--iterations", "0", "'0' must be >= 1"), ("--warmup", "-1", "'-1' must be >= 0"),
+    ("--warmup", "0.5", "'0.5' is not an integer"), ("--threads", "x", "'x' is not an integer"),
+])
+def test_bad_option_value(capsys, example, option, value, fragment) -> None:
+    code, out, err = run_cli(capsys, "bench", example.gear, option, value)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"argument {option}", fragment)
 
 
 @pytest.mark.parametrize("command", ["inspect", "run", "bench"])
