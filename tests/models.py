@@ -5,13 +5,15 @@ Every builder returns a fresh, checked ``onnx.ModelProto`` whose dynamic axes ar
 the model has a natural one (``*_SPEC`` constants below). Weights are float32, drawn from a
 seeded ``numpy.random.default_rng`` so two calls with the same arguments give the same model.
 
-Also here: :func:`random_inputs` (seeded random feeds of a given shape set) and
-:func:`run_model` (run a ModelProto on ONNX Runtime's CPU provider), used across test files.
+Also here, used across test files: :data:`CASES` (every builder with the spec the tests
+compile it for), :func:`random_inputs` (seeded random feeds of a given shape set),
+:func:`run_model` (run a ModelProto on ONNX Runtime's CPU provider) and :func:`assert_same`
+(outputs equal to a reference run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -334,6 +336,20 @@ def two_batch_model(width: int = 4) -> onnx.ModelProto:
     return _finish(graph)
 
 
+#: name -> (builder, ATC arguments): the models whose every gear the tests compile and check
+#: against the original (a test file picks the names it runs).
+CASES: dict[str, tuple[Callable[[], onnx.ModelProto], dict[str, str]]] = {
+    "conv_batch": (conv_model, CONV_BATCH_SPEC),
+    "conv_image": (conv_model, CONV_IMAGE_SPEC),
+    "prefill": (prefill_model, PREFILL_SPEC),
+    "reshape": (reshape_model, RESHAPE_SPEC),
+    "heavy": (heavy_model, HEAVY_SPEC),
+    "control_flow": (control_flow_model, {"input_shape": "x:-1,4", "dynamic_batch_size": "1,3"}),
+    "sqrt_slice": (sqrt_slice_model, {"input_shape": "x:2,-1", "dynamic_dims": "4;9;17"}),
+    "passthrough": (passthrough_model, {"input_shape": "x:-1,4", "dynamic_batch_size": "2,5"}),
+}
+
+
 def random_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
                   seed: int = 0, int_high: int = 8) -> dict[str, np.ndarray]:
     """Seeded random feeds for ``model``'s inputs with the given static shapes.
@@ -368,3 +384,14 @@ def run_model(model: onnx.ModelProto | bytes, feeds: Mapping[str, np.ndarray],
     opts.log_severity_level = 3
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     return sess.run(list(output_names) if output_names else None, dict(feeds))
+
+
+def assert_same(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> None:
+    """Same count, shapes and dtypes; exact for integers, allclose 1e-5 for floats."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if np.issubdtype(w.dtype, np.floating):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(g, w)

@@ -10,21 +10,17 @@ import numpy as np
 import onnx
 import pytest
 from models import (
-    CONV_BATCH_SPEC,
+    CASES,
     CONV_IMAGE_SPEC,
-    HEAVY_SPEC,
     PREFILL_SPEC,
-    RESHAPE_SPEC,
-    control_flow_model,
+    assert_same,
     conv_model,
     custom_op_model,
     heavy_model,
-    passthrough_model,
     prefill_model,
     random_inputs,
     reshape_model,
     run_model,
-    sqrt_slice_model,
     sum_model,
     two_batch_model,
 )
@@ -42,31 +38,9 @@ from gear_runtime.gearfile import (
     read_gear_file,
 )
 
-CASES = {
-    "conv_batch": (conv_model, CONV_BATCH_SPEC),
-    "conv_image": (conv_model, CONV_IMAGE_SPEC),
-    "prefill": (prefill_model, PREFILL_SPEC),
-    "reshape": (reshape_model, RESHAPE_SPEC),
-    "heavy": (heavy_model, HEAVY_SPEC),
-    "control_flow": (control_flow_model, {"input_shape": "x:-1,4", "dynamic_batch_size": "1,3"}),
-    "sqrt_slice": (sqrt_slice_model, {"input_shape": "x:2,-1", "dynamic_dims": "4;9;17"}),
-    "passthrough": (passthrough_model, {"input_shape": "x:-1,4", "dynamic_batch_size": "2,5"}),
-}
 
-
-def spec_of(case: str, **over: str) -> gr.GearSpec:
-    return gr.GearSpec.from_atc(**{**CASES[case][1], **over})
-
-
-def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    """Exact for integers, allclose 1e-5 for floats; shapes and dtypes equal."""
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if np.issubdtype(w.dtype, np.floating):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-        else:
-            np.testing.assert_array_equal(g, w)
+def spec_of(case: str) -> gr.GearSpec:
+    return gr.GearSpec.from_atc(**CASES[case][1])
 
 
 def with_weights(gf: GearFile, model: onnx.ModelProto) -> onnx.ModelProto:
