@@ -154,9 +154,8 @@ def _existing_file(path: str, what: str) -> str:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    import dataclasses
-
     import gear_runtime as gr
+    from gear_runtime.spec.parse import spec_from_atc
 
     _existing_file(args.model, "model")
     gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
@@ -168,7 +167,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         _existing_file(args.config, "config file")
         spec = gr.GearSpec.from_config(args.config)
         if args.input_format is not None:
-            spec = dataclasses.replace(spec, input_format=args.input_format)
+            # parsed again, not replaced: the format is checked (E10001) and picks the H/W
+            # axes of dynamic image size, as it would in the config itself
+            spec = spec_from_atc(**{**spec.to_atc(), "input_format": args.input_format},
+                                 hybrid=spec.hybrid)
     elif args.input_shape is not None:
         if all(v is None for v in gear_flags.values()):
             raise _UsageError("--input-shape needs one of --dynamic-batch-size, "

@@ -15,7 +15,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import onnx
 import pytest
+from models import conv_model
 
 import gear_runtime as gr
 from gear_runtime import cli
@@ -115,6 +117,31 @@ def test_compile_spec_rejected_with_ge_code(capsys, example, tmp_path) -> None:
     assert code == 2
     assert_one_line_error(err, "[E10035]")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_compile_config_with_a_bad_input_format(capsys, example, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "compile", example.model, "--config", example.config,
+                           "--input-format", "XYZ", "-o", tmp_path / "o.onnx")
+    assert code == 2
+    assert_one_line_error(err, "[E10001]", "input_format 'XYZ'")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_compile_config_input_format_picks_the_image_axes(capsys, tmp_path) -> None:
+    """--input-format overrides the config's and moves H/W, as in the config itself."""
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model(), str(model))
+    config = tmp_path / "c.ini"
+    config.write_text('[acl_build_options]\ninput_shape="data:1,3,-1,-1"\n'
+                      'dynamic_image_size="8,8;16,16"\n')
+    code, _, err = run_cli(capsys, "compile", model, "--config", config, "--input-format",
+                           "NHWC", "-o", tmp_path / "o.onnx")  # NHWC: H, W are dims 1, 2
+    assert code == 2
+    assert_one_line_error(err, "NHWC")
+    code, out, _ = run_cli(capsys, "compile", model, "--config", config, "--input-format",
+                           "NCHW", "-o", tmp_path / "o.onnx")
+    assert code == 0 and "image_size mode" in out
+    assert gr.load(str(tmp_path / "o.onnx")).spec.input_format == "NCHW"
 
 
 # ---- compile / inspect ------------------------------------------------------------------------
