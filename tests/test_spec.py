@@ -236,6 +236,9 @@ def test_hybrid_is_only_for_dims_mode() -> None:
     ([(1,), (-2,)], "E10038", "-2"),
     ([(1, 2), (1, 2)], "E10039", "[1, 2]"),
     ([(1,), ("x",)], "E10001", "x"),
+    ([(1,), (2.5,)], "E10001", "2.5"),  # not truncated to 2
+    ([(1,), ("3",)], "E10001", "'3'"),  # not parsed
+    ([(1,), 2], "E10001", "2"),
 ])
 def test_check_gears_codes(gears, code, quoted) -> None:
     rejects(code, quoted, check_gears, gears)
@@ -250,7 +253,7 @@ def test_check_gears_accepts_zero_and_returns_tuples() -> None:
 @pytest.mark.parametrize(("kwargs", "code", "quoted"), [
     ({"gears": ((1,), (-1,))}, "E10038", "[-1]"),
     ({"gears": ((1,), (1,))}, "E10039", "[1]"),
-    ({"gears": ((1, 2), (3, 4))}, "E10037", "(1, 2)"),
+    ({"gears": ((1, 2), (3, 4))}, "E10037", "[1, 2]"),
     ({"input_shapes": ((-2, -1),)}, "E10002", "'x'"),
     ({"input_shapes": ((1.5, -1),)}, "E10001", "1.5"),
     ({"input_shapes": (("3", -1),)}, "E10001", "'3'"),

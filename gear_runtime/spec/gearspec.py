@@ -82,18 +82,8 @@ class GearSpec:
                                     "-1 (dynamic)", code="E10002")
         object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
         width = self.values_per_gear
-        for g in self.gears:
-            if len(g) != width:
-                raise GearSpecError(
-                    f"gear {g} has {len(g)} values, {self.mode} mode over this input_shape "
-                    f"needs {width}", code="E10037")
-            if any(v < 0 for v in g):
-                raise GearSpecError(f"gear {list(g)} has a negative value; gear values must be "
-                                    ">= 0", code="E10038")
-        if len(set(self.gears)) != len(self.gears):
-            dup = next(g for i, g in enumerate(self.gears) if g in self.gears[:i])
-            raise GearSpecError(f"gear {list(dup)} appears more than once; gears must be unique",
-                                code="E10039")
+        _check_gear_rows(self.gears, width,
+                         f"{self.mode} mode over this input_shape needs {width}", "gears")
 
     # ---- derived facts -------------------------------------------------------------------
     @property
@@ -248,3 +238,25 @@ def _int_rows(rows: object, what: str) -> tuple[tuple[int, ...], ...]:
     except TypeError:
         raise GearSpecError(f"{what} must be a sequence of sequences of integers, got {rows!r}",
                             code="E10001") from None
+
+
+def _check_gear_rows(gears: tuple[tuple[int, ...], ...], width: int, why: str,
+                     what: str) -> None:
+    """GE's CheckDynamicParams on the gears themselves, in GE's order: gear by gear its length
+    (E10037: ``width`` values; ``why`` says where that number comes from) and its values
+    (E10038: none negative; 0 is accepted, as current GE does), then duplicates (E10039).
+    ``what`` names the gears in messages. Shared by GearSpec and parse.check_gears."""
+    for g in gears:
+        if len(g) != width:
+            raise GearSpecError(f"{what}: gear {list(g)} has {len(g)} values but {why}; all "
+                                "gears must have the same size", code="E10037")
+        neg = next((v for v in g if v < 0), None)
+        if neg is not None:
+            raise GearSpecError(f"{what}: gear {list(g)} has the negative value {neg}; gear "
+                                "values must be >= 0", code="E10038")
+    seen: set[tuple[int, ...]] = set()
+    for g in gears:
+        if g in seen:
+            raise GearSpecError(f"{what}: gear {list(g)} appears more than once; gears must be "
+                                "unique", code="E10039")
+        seen.add(g)

@@ -57,7 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec
+from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec, _check_gear_rows, _int_rows
 
 __all__ = [
     "DEFAULT_MAX_GEARS",
@@ -311,15 +311,13 @@ def check_gears(gears: Iterable[Sequence[int]], max_gears: int = DEFAULT_MAX_GEA
                 option: str = "gears") -> tuple[tuple[int, ...], ...]:
     """GE's CheckDynamicParams on a parsed gear list; returns it as a tuple of tuples.
 
-    E10035 fewer than 2 gears, E10036 more than ``max_gears``, E10037 gears of different
-    lengths, E10038 a negative value (0 is fine), E10039 a duplicate gear. ``option`` names
-    the option in messages.
+    E10001 a value that is not an integer (2.5 and "3" are refused, not converted), E10035
+    fewer than 2 gears, E10036 more than ``max_gears``, E10037 gears of different lengths,
+    E10038 a negative value (0 is fine), E10039 a duplicate gear. ``option`` names the option
+    in messages.
     """
     limit = _check_max_gears(max_gears)
-    try:
-        out = tuple(tuple(int(v) for v in g) for g in gears)
-    except (TypeError, ValueError):
-        _fail("E10001", f"{option} must be a sequence of sequences of integers, got {_q(gears)}")
+    out = _int_rows(gears, option)
     if len(out) < 2:
         _fail("E10035", f"{option} has {len(out)} gear(s) {_q(list(out))}; at least 2 are "
                         "needed")
@@ -327,20 +325,7 @@ def check_gears(gears: Iterable[Sequence[int]], max_gears: int = DEFAULT_MAX_GEA
         _fail("E10036", f"{option} has {len(out)} gears; at most {limit} are supported "
                         "(max_gears)")
     width = len(out[0])
-    for g in out:
-        if len(g) != width:
-            _fail("E10037", f"{option}: gear {list(g)} has {len(g)} values but the first gear "
-                            f"{list(out[0])} has {width}; all gears must have the same size")
-        neg = next((v for v in g if v < 0), None)
-        if neg is not None:
-            _fail("E10038", f"{option}: gear {list(g)} has the negative value {neg}; gear "
-                            "values must be >= 0")
-    seen: set[tuple[int, ...]] = set()
-    for g in out:
-        if g in seen:
-            _fail("E10039", f"{option}: gear {list(g)} appears more than once; gears must be "
-                            "unique")
-        seen.add(g)
+    _check_gear_rows(out, width, f"the first gear {list(out[0])} has {width}", option)
     return out
 
 
