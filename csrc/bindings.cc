@@ -168,6 +168,39 @@ Layout plan_layout(py::handle input_nbytes, py::handle dims_count, py::handle fu
 
 py::tuple span_tuple(const Span& s) { return py::make_tuple(s.start, s.end); }
 
+// ---- instances of the bound classes ------------------------------------------------------------
+// An instance made with T.__new__ alone (no __init__) has storage but no T in it: reading it
+// (as pybind11's cast<T&> does) is a wild read. Every use of a bound instance goes through
+// value_of<> instead.
+template <typename T>
+const py::detail::type_info* bound_type() {
+  static const py::detail::type_info* info = py::detail::get_type_info(typeid(T));
+  return info;
+}
+
+// The T inside obj, or nullptr when obj is not a T or its __init__ was not called.
+template <typename T>
+T* value_of(py::handle obj) {
+  const py::detail::type_info* info = bound_type<T>();
+  if (!PyObject_TypeCheck(obj.ptr(), info->type)) return nullptr;
+  auto* inst = reinterpret_cast<py::detail::instance*>(obj.ptr());
+  py::detail::value_and_holder vh = inst->get_value_and_holder(info, true);
+  return vh.holder_constructed() ? vh.value_ptr<T>() : nullptr;
+}
+
+// `self` of a bound method: not a T, or a T whose __init__ was not called, is a TypeError (as
+// for Python's own methods on a wrong self), never a wild read.
+template <typename T>
+T& self_of(py::handle self) {
+  PyTypeObject* type = bound_type<T>()->type;
+  if (!PyObject_TypeCheck(self.ptr(), type)) throw py::type_error("wrong self type");
+  T* value = value_of<T>(self);
+  if (value == nullptr) {
+    throw py::type_error(std::string(type->tp_name) + ".__init__ was not called");
+  }
+  return *value;
+}
+
 // ---- ExecutorCore ------------------------------------------------------------------------------
 
 std::vector<std::string> to_names(py::handle obj) {
@@ -355,7 +388,12 @@ class ExecutorCore {
     if (!py::isinstance<Layout>(layout_obj)) {
       throw_input("layout must be a Layout from plan_layout, got " + type_name(layout_obj));
     }
-    const Layout& layout = layout_obj.cast<const Layout&>();
+    const Layout* planned = value_of<Layout>(layout_obj);
+    if (planned == nullptr) {
+      throw_input("layout must be a Layout from plan_layout, got one whose __init__ was not "
+                  "called");
+    }
+    const Layout& layout = *planned;
     const size_t n = dims_.input_count();
     const size_t width = table_.values_per_gear();
     if (layout.gear_count() != table_.gear_count()) {
@@ -557,20 +595,6 @@ bool parse_args(const char* fname, PyObject* const* args, Py_ssize_t nargs, PyOb
     }
   }
   return true;
-}
-
-// The C++ object behind a Python instance of a bound class. Every bound method goes through
-// it: an instance made with T.__new__ alone (no __init__) is a TypeError, not a wild read.
-template <typename T>
-T& self_of(py::handle self) {
-  static const py::detail::type_info* info = py::detail::get_type_info(typeid(T));
-  if (!PyObject_TypeCheck(self.ptr(), info->type)) throw py::type_error("wrong self type");
-  auto* inst = reinterpret_cast<py::detail::instance*>(self.ptr());
-  py::detail::value_and_holder vh = inst->get_value_and_holder(info, true);
-  if (!vh.holder_constructed()) {
-    throw py::type_error(std::string(info->type->tp_name) + ".__init__ was not called");
-  }
-  return *vh.value_ptr<T>();
 }
 
 ExecutorCore& core_of(PyObject* self) { return self_of<ExecutorCore>(self); }

@@ -404,6 +404,8 @@ def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
         (dict(layout=impl.plan_layout([[80, 16], [160, 32]], 1)), gr.InputError,
          "layout dims buffer has 4 bytes, the model's gears have 2 values (8 bytes as int32)"),
         (dict(layout="nope"), gr.InputError, "layout must be a Layout from plan_layout, got str"),
+        (dict(layout=impl.Layout.__new__(impl.Layout)), gr.InputError,  # no wild read
+         "layout must be a Layout from plan_layout, got one whose __init__ was not called"),
         (dict(staging=np.zeros(good.total_bytes - 1, np.uint8)), gr.InputError,
          f"staging buffer has {good.total_bytes - 1} bytes, the layout needs "
          f"{good.total_bytes}"),

@@ -508,6 +508,9 @@ class ExecutorCore:
     def _init_staging(self, layout: Any, staging: Any) -> None:
         if not isinstance(layout, Layout):
             raise _input(f"layout must be a Layout from plan_layout, got {type(layout).__name__}")
+        if not hasattr(layout, "_total_bytes"):  # Layout.__new__ alone: no plan in it
+            raise _input("layout must be a Layout from plan_layout, got one whose __init__ was "
+                         "not called")
         n, width = len(self._names), self._dims.width
         if layout.gear_count != len(self._gears):
             raise _input(f"layout has {layout.gear_count} gears, the model has {len(self._gears)}")
