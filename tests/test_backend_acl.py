@@ -473,8 +473,18 @@ def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
     host, _ = acl.rt.malloc_host(8)
     assert acl.rt.memcpy(dims_ptr, 16, host, 32, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # > max
     assert acl.rt.memcpy(host, 8, dims_ptr, 8, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # kind
+    other, _ = acl.rt.create_context(0)  # now bound to this thread instead of the default
+    assert acl.mdl.execute(model_id, ds, ds) == fake_acl.ACL_ERROR_RT_MODEL_CONTEXT
+    assert acl.mdl.unload(model_id) == fake_acl.ACL_ERROR_RT_MODEL_CONTEXT
+    errors: list[int] = []
+    worker = threading.Thread(target=lambda: errors.append(acl.rt.memcpy(dims_ptr, 8, host, 8, 1)))
+    worker.start()
+    worker.join()
+    assert errors == [fake_acl.ACL_ERROR_RT_CONTEXT_NULL]  # a fresh thread has no context
     assert acl.rt.free(dims_ptr) == 0
     assert acl.rt.memcpy(dims_ptr, 8, host, 8, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # freed
+    assert acl.rt.destroy_context(other) == 0
+    assert acl.rt.memcpy(host, 8, host, 8, 0) == fake_acl.ACL_ERROR_RT_CONTEXT_NULL  # unbound
 
 
 # ---- through gr.load and the executor (needs the C++ core) -----------------------------------

@@ -14,7 +14,13 @@ What is faithful (CANN pyACL reference, "aclpythondevg" pages on hiascend.com; C
 * error codes: 100000 ACL_ERROR_INVALID_PARAM, 100001 ACL_ERROR_UNINITIALIZE, 100002
   ACL_ERROR_REPEAT_INITIALIZE, 100037 ACL_ERROR_REPEAT_FINALIZE (acl_base.h), 145002 model
   path invalid, 145003 model id invalid, 145006 model data size invalid, 145012 dynamic input
-  length invalid, 145013 dynamic batch size invalid (ge_error_codes.h), 107002 context null;
+  length invalid, 145013 dynamic batch size invalid (ge_error_codes.h), 107002 context null,
+  107004 model not in current context (rt_error_codes.h);
+* contexts are per thread, as in acl_rt.h: ``set_device`` binds the device's default context
+  to the calling thread, ``create_context`` binds the new context, ``set_context`` rebinds;
+  malloc, memcpy and loading need a bound context (else 107002), and a model is executed and
+  unloaded in the context it was loaded in ("must be performed in the same context", pyACL
+  load_from_file / execute restrictions; else 107004);
 * rejections the real stack makes: use before ``acl.init``, loading before a device is set,
   ``dimCount`` 0 / over 128 / not the model's total, static dims that differ, dims / batch /
   HW that are no gear, batch 0, H or W 0, memcpy beyond an allocation or with a kind that
@@ -55,6 +61,7 @@ ACL_ERROR_REPEAT_INITIALIZE = 100002
 ACL_ERROR_INVALID_FILE = 100003
 ACL_ERROR_REPEAT_FINALIZE = 100037
 ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_MODEL_CONTEXT = 107004
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = 145003
 ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
@@ -195,7 +202,9 @@ class FakeAclState:
 
     initialized: bool = False
     finalized: bool = False
-    devices: set[int] = field(default_factory=set)
+    #: device -> reference count: set_device adds one, reset_device takes one away
+    #: (aclrtResetDevice "involves the implementation of reference counting")
+    devices: dict[int, int] = field(default_factory=dict)
     contexts: dict[int, int] = field(default_factory=dict)  # ctx -> device
     host: dict[int, _Host] = field(default_factory=dict)
     freed_host: list[_Host] = field(default_factory=list)
@@ -221,7 +230,8 @@ class FakeAclState:
         """Live resources (all zero once everything was closed)."""
         return {"host": len(self.host), "device": len(self.device), "models": len(self.models),
                 "descs": len(self.descs), "buffers": len(self.buffers),
-                "datasets": len(self.datasets), "contexts": len(self.contexts)}
+                "datasets": len(self.datasets), "contexts": len(self.contexts),
+                "devices": len(self.devices)}
 
 
 class FakeAcl:
@@ -234,6 +244,9 @@ class FakeAcl:
         self._device_next = _DEVICE_BASE
         self._device_starts: list[int] = []
         self._model_next = 0
+        self._bound = threading.local()  # .context: the context bound to the calling thread
+        self._default_contexts: dict[int, int] = {}  # device -> its default context
+        self._load_contexts: dict[int, int] = {}  # model id -> the context it was loaded in
         m = types.ModuleType("acl")
         m.__doc__ = "fake pyACL (tests/doubles/fake_acl.py)"
         m.rt = types.SimpleNamespace()
@@ -265,6 +278,10 @@ class FakeAcl:
     def _handle(self) -> int:
         self.state.next_handle += 0x10
         return self.state.next_handle
+
+    def current_context(self) -> int | None:
+        """The context bound to the calling thread (None: none yet)."""
+        return getattr(self._bound, "context", None)
 
     # ---- acl -------------------------------------------------------------------------------
     def _init(self, config_path: str | None = None) -> int:
@@ -302,13 +319,19 @@ class FakeAcl:
     def _rt_set_device(self, device_id: int) -> int:
         if not 0 <= device_id < self.device_count:
             return ACL_ERROR_INVALID_PARAM
-        self.state.devices.add(device_id)
+        self.state.devices[device_id] = self.state.devices.get(device_id, 0) + 1
+        # the device's default context (never in state.contexts: it cannot be destroyed)
+        if device_id not in self._default_contexts:
+            self._default_contexts[device_id] = self._handle()
+        self._bound.context = self._default_contexts[device_id]
         return ACL_SUCCESS
 
     def _rt_reset_device(self, device_id: int) -> int:
         if device_id not in self.state.devices:
             return ACL_ERROR_INVALID_PARAM
-        self.state.devices.discard(device_id)
+        self.state.devices[device_id] -= 1
+        if not self.state.devices[device_id]:
+            del self.state.devices[device_id]
         return ACL_SUCCESS
 
     def _rt_create_context(self, device_id: int) -> tuple[int, int]:
@@ -316,20 +339,26 @@ class FakeAcl:
             return 0, ACL_ERROR_INVALID_PARAM
         ctx = self._handle()
         self.state.contexts[ctx] = device_id
+        self._bound.context = ctx  # "ctx1 is bound to thread1 by default"
         return ctx, ACL_SUCCESS
 
     def _rt_set_context(self, ctx: int) -> int:
-        return ACL_SUCCESS if ctx in self.state.contexts else ACL_ERROR_INVALID_PARAM
+        if ctx not in self.state.contexts:
+            return ACL_ERROR_INVALID_PARAM
+        self._bound.context = ctx
+        return ACL_SUCCESS
 
     def _rt_destroy_context(self, ctx: int) -> int:
         if self.state.contexts.pop(ctx, None) is None:
             return ACL_ERROR_INVALID_PARAM
+        if self.current_context() == ctx:
+            self._bound.context = None
         return ACL_SUCCESS
 
     def _rt_malloc(self, size: int, policy: int) -> tuple[int, int]:
         if size <= 0 or policy not in range(6):
             return 0, ACL_ERROR_INVALID_PARAM
-        if not self.state.devices:
+        if self.current_context() is None:
             return 0, ACL_ERROR_RT_CONTEXT_NULL
         ptr = self._device_next
         # aclrtMalloc rounds the size up to 32 and adds 32 (pyACL malloc page); the next block
@@ -380,6 +409,8 @@ class FakeAcl:
     def _rt_memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
         if count > dest_max or count < 0 or kind not in range(5):
             return ACL_ERROR_INVALID_PARAM
+        if self.current_context() is None:
+            return ACL_ERROR_RT_CONTEXT_NULL
         src_dev, dst_dev = self._find_device(src, count), self._find_device(dst, count)
         src_host, dst_host = self._find_host(src, count), self._find_host(dst, count)
         where = {ACL_MEMCPY_HOST_TO_HOST: (src_host, dst_host),
@@ -401,7 +432,7 @@ class FakeAcl:
 
     # ---- acl.mdl: model and description ------------------------------------------------------
     def _mdl_load_from_file(self, path: str) -> tuple[int, int]:
-        if not self.state.devices:
+        if self.current_context() is None:
             return 0, ACL_ERROR_RT_CONTEXT_NULL
         if not os.path.isfile(path):
             return 0, ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
@@ -413,12 +444,23 @@ class FakeAcl:
         self._model_next += 1  # model ids are small integers, from 1
         model_id = self._model_next
         self.state.models[model_id] = om
+        self._load_contexts[model_id] = self.current_context()
         return model_id, ACL_SUCCESS
 
-    def _mdl_unload(self, model_id: int) -> int:
-        if self.state.models.pop(model_id, None) is None:
+    def _model_context_error(self, model_id: int) -> int:
+        """Load, execute and unload must happen in the same context: 0 when they do."""
+        if model_id not in self.state.models:
             return ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
-        return ACL_SUCCESS
+        ctx = self.current_context()
+        if ctx is None:
+            return ACL_ERROR_RT_CONTEXT_NULL
+        return ACL_SUCCESS if ctx == self._load_contexts[model_id] else ACL_ERROR_RT_MODEL_CONTEXT
+
+    def _mdl_unload(self, model_id: int) -> int:
+        ret = self._model_context_error(model_id)
+        if ret == ACL_SUCCESS:
+            del self.state.models[model_id], self._load_contexts[model_id]
+        return ret
 
     def _mdl_create_desc(self) -> int:
         if not self.state.initialized:
@@ -648,9 +690,10 @@ class FakeAcl:
         return self._write_dims(model_id, dataset, index, "dims", dynamic)
 
     def _mdl_execute(self, model_id: int, dataset_in: int, dataset_out: int) -> int:
-        om = self.state.models.get(model_id)
-        if om is None:
-            return ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        ret = self._model_context_error(model_id)
+        if ret != ACL_SUCCESS:
+            return ret
+        om = self.state.models[model_id]
         ins, outs = self.state.datasets.get(dataset_in), self.state.datasets.get(dataset_out)
         if ins is None or outs is None or len(ins) != len(om.names) + 1 \
                 or len(outs) != len(OUTPUT_NAMES):
