@@ -226,6 +226,23 @@ def test_a_session_used_from_another_thread_sets_the_context(fake, tmp_path):
     model.close()
 
 
+def test_two_models_driven_from_one_thread_each_run_in_their_own_context(fake, tmp_path):
+    """ACL runs a model in the context it was loaded in; contexts are per thread, so a thread
+    that alternates between two models must switch contexts every time (the double answers
+    107004, "model not in current context", otherwise)."""
+    first = acl_backend.open_model(write(tmp_path, "batch"))
+    second = acl_backend.open_model(write(tmp_path, "image_size"))
+    assert first.context != second.context
+    sessions = [(m, *session_for(m)) for m in (first, second)]
+    for model, layout, session in [*sessions, *sessions]:
+        arrays, outputs = run(model, layout, session, 1)
+        np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+        assert fake.current_context() == model.context
+    first.close()
+    second.close()
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+
+
 class PaddedLayout:
     """A layout that keeps ACL's carving rule (64-aligned starts, ALIGN_UP(len,32)+32 bytes
     each) and merges nothing: every input and the dims are copied on their own."""

@@ -32,8 +32,10 @@ memcpy(s), one ``set_*``, ``execute``, output memcpys.
 Every non-zero ``ret`` raises :class:`BackendError` naming the call, with ``.code = str(ret)``.
 
 Threads: sessions are per executor, but ACL forbids concurrent use of one model id ("lock
-memcpy -> execute as one sequence"), so runs of one model are serialised by the model's lock;
-each thread makes the model's context current before its first run.
+memcpy -> execute as one sequence"), so runs of one model are serialised by the model's lock.
+ACL contexts are per thread and a model runs in the context it was loaded in, so every run
+makes the model's context current (``acl.rt.set_context``: binding a thread-local, cheap):
+an executor may move between threads, and one thread may drive several models.
 """
 
 from __future__ import annotations
@@ -438,7 +440,7 @@ class AclModel(BackendModel):
     # ---- sessions and lifetime -----------------------------------------------------------
     def activate(self) -> None:
         """Make this model's context current on the calling thread (ACL contexts are per
-        thread: an executor used from a new thread needs it)."""
+        thread, and the model must run in the context it was loaded in)."""
         _check(self.acl.rt.set_context(self.context), "acl.rt.set_context")
 
     def create_session(self, layout: Any) -> AclSession:
@@ -533,7 +535,6 @@ class AclSession(BackendSession):
         self._model, self._acl, self._layout = model, model.acl, layout
         self._mem = _Scratch(model.acl)
         self._closed = False
-        self._thread: int | None = None
         self.staging = np.empty(0, dtype=np.uint8)
         try:
             self._build()
@@ -550,7 +551,7 @@ class AclSession(BackendSession):
         model, layout, mem = self._model, self._layout, self._mem
         info = model.info
         spec = info.spec
-        self._bind_thread()
+        model.activate()  # the allocations below belong to the model's context
         self._check_layout()
         self._check_padding()
         self._total = int(layout.total_bytes)
@@ -645,12 +646,6 @@ class AclSession(BackendSession):
             self._out_copies.append(copies)
             self._out_views.append(views)
 
-    def _bind_thread(self) -> None:
-        ident = threading.get_ident()
-        if ident != self._thread:
-            self._model.activate()
-            self._thread = ident
-
     def _memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int,
                 what: str) -> None:
         # acl.rt.memcpy(dst, dest_max, src, count, kind) -> ret (aclpythondevg_01_0120)
@@ -666,7 +661,9 @@ class AclSession(BackendSession):
             raise InputError(f"gear index {gear} is out of range: the model has "
                              f"{len(self._in_datasets)} gears")
         with self._model.lock:
-            self._bind_thread()
+            # Every run, not once per thread: another model driven from this thread may have
+            # bound its own context since (and a thread id can be reused by a new thread).
+            self._model.activate()
             return self._run_locked(gear)
 
     def _run_locked(self, gear: int) -> list[np.ndarray]:
