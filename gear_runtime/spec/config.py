@@ -46,11 +46,15 @@ from collections.abc import Mapping
 from gear_runtime.errors import GearSpecError
 from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec
 from gear_runtime.spec.parse import (
+    _HW_AXES,
+    _OPTION_OF_MODE,
     _check_max_gears,
     _fail,
+    _gear_value,
+    _gears_text,
+    _hw_dynamic,
     _pieces,
     _q,
-    _to_int,
     parse_input_shape,
     spec_from_atc,
     spec_from_ge_options,
@@ -74,14 +78,14 @@ _GE_KEYS: dict[str, str] = {
 }
 _ASCEND_KEYS = ("input_shape", "dynamic_dims", "dynamic_batch_size", "dynamic_image_size",
                 "input_format")
-# Keys whose presence makes a section "carry gear options".
+# Keys whose presence makes a section "carry gear options" (every spelling of input_shape and
+# of the three gear options; _ASCEND_KEYS spells them as _GE_KEYS does).
 _GEAR_KEYS = frozenset(k for k, v in _GE_KEYS.items()
-                       if v not in ("ge.inputFormat", "ge.dynamicNodeType",
-                                    "ge.compileHybridMode")) | frozenset(_ASCEND_KEYS[:4])
+                       if v in ("ge.inputShape", "ge.dynamicDims", "ge.dynamicBatchSize",
+                                "ge.dynamicImageSize"))
 
 _NO_DEFAULT_SECTION = "\x00gear_runtime: no DEFAULT section\x00"  # makes [DEFAULT] ordinary
 _GROUPS = re.compile(r"\s*\[[^\[\]]*\]\s*(?:,\s*\[[^\[\]]*\]\s*)*")
-_DIGITS = re.compile(r"[0-9]+")
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -181,7 +185,7 @@ def _ascend_input_shape(text: str) -> str:
 
 
 def _ascend_number(value: str, item: str) -> int:
-    n = _to_int(item) if _DIGITS.fullmatch(item) else None
+    n = _gear_value(item)
     if n is None:
         _fail("E10001", f"dynamic_dims {_q(value)}: {_q(item)} is not a non-negative integer "
                         "written in digits")
@@ -223,9 +227,8 @@ def _ascend_mode(shapes: tuple[tuple[int, ...], ...], width: int, input_format: 
     dynamic = [s for s in shapes if -1 in s]
     if width == 1 and all(d != -1 or axis == 0 for s in dynamic for axis, d in enumerate(s)):
         return "batch"
-    hw = {"NCHW": (2, 3), "NHWC": (1, 2)}.get(input_format or "NCHW")
-    if width == 2 and hw is not None and all(
-            len(s) == 4 and s.count(-1) == 2 and s[hw[0]] == s[hw[1]] == -1 for s in dynamic):
+    hw = _HW_AXES.get(input_format or "NCHW")
+    if width == 2 and hw is not None and all(_hw_dynamic(s, hw) for s in dynamic):
         return "image_size"
     return "dims"
 
@@ -245,13 +248,10 @@ def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> GearSpec:
             width = len(gears[0]) if gears else 0
             mode = _ascend_mode(shapes, width, args.get("input_format", ""))
             del args["dynamic_dims"]
-            if mode == "batch":
-                key, atc = "dynamic_batch_size", ",".join(str(g[0]) for g in gears)
-            else:
-                key = "dynamic_image_size" if mode == "image_size" else "dynamic_dims"
-                atc = ";".join(",".join(map(str, g)) for g in gears)
+            key = _OPTION_OF_MODE[mode]
             try:
-                return spec_from_atc(shape, max_gears=max_gears, **args, **{key: atc})
+                return spec_from_atc(shape, max_gears=max_gears, **args,
+                                     **{key: _gears_text(mode, gears)})
             except GearSpecError as e:  # quote what the user wrote, not only our translation
                 raise GearSpecError(f"dynamic_dims {_q(dims)}, read as {key}: {e.message}",
                                     code=e.code) from None
@@ -270,8 +270,8 @@ def spec_to_config(spec: GearSpec) -> str:
     which an ini line cannot hold, and hybrid outside dims mode, which GE cannot express).
     """
     atc = spec_to_atc(spec)  # validates names and the round trip of the values themselves
-    if not all(n.isprintable() for n in spec.input_names):
-        bad = next(n for n in spec.input_names if not n.isprintable())
+    bad = next((n for n in spec.input_names if not n.isprintable()), None)
+    if bad is not None:
         _fail("E10001", f"input name {_q(bad)} has a non-printable character; a config line "
                         "cannot hold it")
     if spec.hybrid:
@@ -285,8 +285,7 @@ def spec_to_config(spec: GearSpec) -> str:
                   f'ge.dynamicDims="{atc["dynamic_dims"]}"',
                   'ge.dynamicNodeType="1"', 'ge.compileHybridMode="1"']
     else:
-        key = {"batch": "dynamic_batch_size", "image_size": "dynamic_image_size",
-               "dims": "dynamic_dims"}[spec.mode]
+        key = _OPTION_OF_MODE[spec.mode]
         written = "ge.dynamicDims" if key == "dynamic_dims" else key
         lines = ["[acl_build_options]"]
         if spec.input_format is not None:

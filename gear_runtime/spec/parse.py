@@ -87,6 +87,11 @@ _MODE_OPTIONS: tuple[tuple[str, str], ...] = (
     ("dynamic_image_size", "image_size"),
     ("dynamic_dims", "dims"),
 )
+_MODE_OF_OPTION: dict[str, str] = dict(_MODE_OPTIONS)
+_OPTION_OF_MODE: dict[str, str] = {mode: option for option, mode in _MODE_OPTIONS}
+
+#: dynamic_image_size's (H, W) axes per input_format (CheckDynamicImageSizeShape).
+_HW_AXES: dict[str, tuple[int, int]] = {"NCHW": (2, 3), "NHWC": (1, 2)}
 
 
 # ---- small helpers ----------------------------------------------------------------------------
@@ -127,6 +132,26 @@ def _to_int(digits: str) -> int | None:
         return None
     value = int(digits)
     return value if value <= INT64_MAX else None
+
+
+def _gear_value(text: str) -> int | None:
+    """A gear value: ``text`` as a non-negative int64 when it is ASCII digits only, else None."""
+    return _to_int(text) if _DIGITS.fullmatch(text) else None
+
+
+def _input_shape_text(names: Sequence[str], shapes: Sequence[Sequence[int]]) -> str:
+    """``names`` and ``shapes`` written as an ATC input_shape value."""
+    return ";".join(f"{n}:{','.join(map(str, s))}" for n, s in zip(names, shapes, strict=True))
+
+
+def _gears_text(mode: str, gears: Iterable[Sequence[int]]) -> str:
+    """``gears`` as the value of ``mode``'s ATC option (batch ``1,8``, else ``1,2;3,4``)."""
+    return ("," if mode == "batch" else ";").join(",".join(map(str, g)) for g in gears)
+
+
+def _hw_dynamic(shape: Sequence[int], hw: tuple[int, int]) -> bool:
+    """``shape`` is a dynamic_image_size input: 4-D, -1 exactly on the H and W axes ``hw``."""
+    return len(shape) == 4 and shape.count(-1) == 2 and shape[hw[0]] == shape[hw[1]] == -1
 
 
 # ---- input_shape ------------------------------------------------------------------------------
@@ -226,28 +251,24 @@ def _batch_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, .
 
 def _image_axes(input_format: str | None) -> tuple[int, int]:
     fmt = "NCHW" if input_format is None else input_format  # ATC's default for ONNX/Caffe
-    if fmt == "NCHW":
-        return 2, 3
-    if fmt == "NHWC":
-        return 1, 2
-    _fail("E10003", f"input_format {_q(fmt)}: when dynamic_image_size is set the input format "
-                    "only supports NCHW or NHWC")
+    if fmt not in _HW_AXES:
+        _fail("E10003", f"input_format {_q(fmt)}: when dynamic_image_size is set the input "
+                        "format only supports NCHW or NHWC")
+    return _HW_AXES[fmt]
 
 
 def _image_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
                  input_format: str | None) -> list[tuple[int, ...]]:
     """CheckDynamicImagesizeInputShapeValid (+ CheckDynamicImageSizeShape per input)."""
-    h_axis, w_axis = _image_axes(input_format)
+    hw = _image_axes(input_format)
     counted = 0
     for name, shape in _by_name(names, shapes):
-        n_dynamic = shape.count(-1)
-        if n_dynamic == 0:
+        if -1 not in shape:
             continue
-        if len(shape) != 4 or not (shape[h_axis] == -1 and shape[w_axis] == -1
-                                   and n_dynamic == 2):
+        if not _hw_dynamic(shape, hw):
             _fail("E10019", f"input {_q(name)} shape {list(shape)}: with dynamic_image_size an "
                             f"input must be 4-D {input_format or 'NCHW'} with exactly H (dim "
-                            f"{h_axis}) and W (dim {w_axis}) = -1")
+                            f"{hw[0]}) and W (dim {hw[1]}) = -1")
         counted += 1
     if counted == 0:
         _fail("E10019", f"no input in input_shape has H and W = -1 "
@@ -264,7 +285,7 @@ def _image_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, .
                             "values; each gear must be exactly \"height,width\"")
         gear = []
         for p in parts:
-            n = _to_int(p) if _DIGITS.fullmatch(p) else None
+            n = _gear_value(p)
             if n is None:
                 _fail("E10003", f"dynamic_image_size {_q(value)}: value {_q(p)} in gear "
                                 f"{_q(group)} is not a non-negative int64 written in digits")
@@ -292,7 +313,7 @@ def _dims_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, ..
                             f"values; each gear needs {n_dynamic}, one per -1 in input_shape")
         gear = []
         for p in parts:
-            n = _to_int(p) if _DIGITS.fullmatch(p) else None
+            n = _gear_value(p)
             if n is None:
                 _fail("E10001", f"dynamic_dims {_q(value)}: value {_q(p)} in gear {_q(group)} "
                                 "must be a non-negative int64 written in digits")
@@ -302,8 +323,7 @@ def _dims_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, ..
 
 
 def _shapes_text(names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> str:
-    text = ";".join(f"{n}:{','.join(map(str, s))}" for n, s in zip(names, shapes, strict=True))
-    return f"input_shape {_q(text)}"
+    return f"input_shape {_q(_input_shape_text(names, shapes))}"
 
 
 # ---- gear list checks (CheckDynamicParams) ----------------------------------------------------
@@ -372,7 +392,7 @@ def spec_from_atc(input_shape: str, dynamic_batch_size: str | None = None,
         _fail("E10040", f"input_shape {_q(text)} contains '~'; with {option} it cannot hold a "
                         "shape range and must mark dynamic dims with -1")
     names, shapes = parse_input_shape(text)
-    mode = dict(_MODE_OPTIONS)[option]
+    mode = _MODE_OF_OPTION[option]
     if mode == "batch":
         raw = _batch_gears(value, names, shapes)
     elif mode == "image_size":
@@ -445,12 +465,8 @@ def spec_to_atc(spec: GearSpec) -> dict[str, str]:
         if not name or name != name.strip() or ";" in name or "~" in name:
             _fail("E10001", f"input name {_q(name)} cannot be written in input_shape: it must be "
                             "non-empty, without surrounding whitespace, ';' or '~'")
-    shape = ";".join(f"{n}:{','.join(map(str, s))}"
-                     for n, s in zip(spec.input_names, spec.input_shapes, strict=True))
-    key = {"batch": "dynamic_batch_size", "image_size": "dynamic_image_size",
-           "dims": "dynamic_dims"}[spec.mode]
-    sep = "," if spec.mode == "batch" else ";"
-    out = {"input_shape": shape, key: sep.join(",".join(map(str, g)) for g in spec.gears)}
+    out = {"input_shape": _input_shape_text(spec.input_names, spec.input_shapes),
+           _OPTION_OF_MODE[spec.mode]: _gears_text(spec.mode, spec.gears)}
     if spec.input_format is not None:
         out["input_format"] = spec.input_format
     # Prove the round trip instead of hoping for it: a directly built spec can hold things GE
