@@ -234,9 +234,21 @@ def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict
     return feeds
 
 
-def _safe_filename(name: str) -> str:
-    """An output name as a file name: path separators and odd characters become '_'."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "output"
+def _output_files(names: Sequence[str]) -> list[str]:
+    """One distinct ``.npy`` file name per output: path separators and odd characters become
+    '_'; a name that would collide with an earlier one (``y:0`` and ``y_0``) gets ``_2``,
+    ``_3``... so that no output overwrites another."""
+    used: set[str] = set()
+    files = []
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "output"
+        candidate, n = stem, 1
+        while candidate.lower() in used:  # lower(): case-insensitive file systems too
+            n += 1
+            candidate = f"{stem}_{n}"
+        used.add(candidate.lower())
+        files.append(f"{candidate}.npy")
+    return files
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -267,8 +279,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"no gear matched: dims {ex.last_dynamic_dims} ran on the dynamic-shape graph "
               "(hybrid)")
-    for name, value in zip(model.output_names, outputs, strict=True):
-        path = out_dir / f"{_safe_filename(name)}.npy"
+    files = _output_files(model.output_names)
+    for name, value, file in zip(model.output_names, outputs, files, strict=True):
+        path = out_dir / file
         np.save(path, value)
         print(f"  {name}: {value.dtype} {list(value.shape)} -> {path}")
     return EXIT_OK

@@ -207,6 +207,34 @@ def test_run_batch_size_on_a_dims_model(capsys, example, tmp_path) -> None:
     assert_one_line_error(err, "set_dynamic_batch_size")
 
 
+def test_run_outputs_whose_file_names_collide(capsys, tmp_path) -> None:
+    """``y:0`` and ``y_0`` both sanitise to y_0.npy: each output must keep its own file."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2])
+    outs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", 2])
+            for n in ("y:0", "y_0", "Y_0")]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y:0"]),
+         onnx.helper.make_node("Neg", ["x"], ["y_0"]),
+         onnx.helper.make_node("Identity", ["x"], ["Y_0"])], "g", [x], outs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src, gear = tmp_path / "three.onnx", tmp_path / "three.gear.onnx"
+    onnx.save(model, str(src))
+    assert cli.main(["compile", str(src), "--input-shape", "x:-1,2", "--dynamic-batch-size",
+                     "1,2", "-o", str(gear)]) == 0
+    x_value = np.array([[1.0, -2.0], [3.0, -4.0]], np.float32)
+    np.save(tmp_path / "x.npy", x_value)
+    code, out, _ = run_cli(capsys, "run", gear, "--input", f"x={tmp_path / 'x.npy'}",
+                           "--output-dir", tmp_path / "out")
+    assert code == 0
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["Y_0_3.npy", "y_0.npy", "y_0_2.npy"], out  # Y_0: case-insensitive FS
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y_0.npy"), np.maximum(x_value, 0))
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y_0_2.npy"), -x_value)
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "Y_0_3.npy"), x_value)
+    assert "y:0: float32 [2, 2] -> " in out and "y_0_2.npy" in out
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ("input_ids", "must be NAME=FILE.npy"),
     ("input_ids=/nonexistent/ids.npy", "does not exist"),
