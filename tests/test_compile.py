@@ -111,16 +111,18 @@ def test_symbolic_model_dim_accepts_a_static_spec_value(tmp_path: Path) -> None:
     assert batch == [1, 1, 1]
 
 
-@pytest.mark.parametrize(("shape", "gears", "code"), [
-    ((1, 3, 8, 8), ((),), "E10001"),     # no -1 at all
-    ((-1, 3, 8, 8), (), "E10035"),       # no gears
+@pytest.mark.parametrize(("shape", "gears", "code", "words"), [
+    ((1, 3, 8, 8), ((),), "E10001", "no -1"),
+    ((-1, 3, 8, 8), (), "E10035", "no gears"),
 ])
 def test_hand_built_specs_are_rechecked(tmp_path: Path, shape: tuple, gears: tuple,
-                                        code: str) -> None:
+                                        code: str, words: str) -> None:
     spec = gr.GearSpec("batch", ("data",), (shape,), gears)
-    with pytest.raises(CompileError) as err:
-        compile_model(conv_model(), spec, tmp_path / "x.gear.onnx", progress=False)
-    assert err.value.code == code
+    for sink in (False, True):
+        with pytest.raises(CompileError, match=words) as err:
+            compile_model(conv_model(), spec, tmp_path / "x.gear.onnx", sink=sink,
+                          progress=False)
+        assert err.value.code == code
 
 
 def test_spec_order_may_differ_from_model_order(tmp_path: Path) -> None:

@@ -159,18 +159,14 @@ def check_spec(info: GraphInfo, spec: GearSpec) -> None:
 
 
 def _check_gears(spec: GearSpec) -> None:
-    """What the spec parser already enforces, re-checked for hand-built GearSpecs: the
-    routing relies on at least one dynamic dim and on unique gears."""
+    """What the spec parsers enforce but ``GearSpec.__post_init__`` does not (it refuses
+    duplicate gears and input names itself), re-checked for hand-built GearSpecs: the routing
+    relies on at least one dynamic dim and at least one gear."""
     if not spec.dynamic_positions:
         raise CompileError("input_shape has no -1: there is nothing for gears to set",
                            code="E10001")
     if not spec.gears:
         raise CompileError("the spec has no gears", code="E10035")
-    seen: dict[tuple[int, ...], int] = {}
-    for i, gear in enumerate(spec.gears):
-        if gear in seen:
-            raise CompileError(f"gear {i} {gear} repeats gear {seen[gear]}", code="E10039")
-        seen[gear] = i
 
 
 def _check_dims(t: TensorInfo, shape: tuple[int, ...]) -> None:
