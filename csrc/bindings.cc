@@ -211,7 +211,15 @@ std::vector<std::string> to_names(py::handle obj) {
       throw_input("input_names item " + std::to_string(j) + " is " + type_name(items[j]) +
                   ", not a str");
     }
-    out[j] = py::handle(items[j]).cast<std::string>();
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(items[j], &size);
+    if (utf8 == nullptr) {  // lone surrogates: no UTF-8 form for the C++ side to hold
+      if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw py::error_already_set();
+      PyErr_Clear();
+      throw_input("input_names item " + std::to_string(j) + " " +
+                  py::repr(items[j]).cast<std::string>() + " cannot be encoded as UTF-8");
+    }
+    out[j].assign(utf8, static_cast<size_t>(size));
   }
   return out;
 }

@@ -275,6 +275,7 @@ def test_argument_errors_parity(arg: Any) -> None:
 CONSTRUCTOR_CASES: list[dict[str, Any]] = [
     {"input_names": ["x", 3]},
     {"input_names": "xyz"},  # a str is a sequence of 3 names: 3 names for 2 shapes
+    {"input_names": ["x", "\ud800"]},  # a lone surrogate has no UTF-8 form
     {"input_shapes": [[-1, 2]]},
     {"input_shapes": [[-1, 2], [-3]]},
     {"input_shapes": [[-1, 2], [-1, -1]]},

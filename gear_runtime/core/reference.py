@@ -465,6 +465,10 @@ class ExecutorCore:
         for j, n in enumerate(_items(input_names, "input_names")):
             if not isinstance(n, str):
                 raise _input(f"input_names item {j} is {type(n).__name__}, not a str")
+            try:
+                n.encode("utf-8")  # the C++ core holds names as UTF-8
+            except UnicodeEncodeError:
+                raise _input(f"input_names item {j} {n!r} cannot be encoded as UTF-8") from None
             names.append(n)
         shapes = [_int_list(s, f"input_shapes[{j}]")
                   for j, s in enumerate(_items(input_shapes, "input_shapes"))]
