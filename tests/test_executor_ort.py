@@ -13,37 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from models import (
-    CONV_BATCH_SPEC,
-    CONV_IMAGE_SPEC,
-    PREFILL_SPEC,
-    RESHAPE_SPEC,
-    conv_model,
-    heavy_model,
-    prefill_model,
-    random_inputs,
-    reshape_model,
-    run_model,
-)
+from models import CASES, assert_same, heavy_model, random_inputs, run_model
 
 import gear_runtime as gr
-
-CASES = {
-    "conv_batch": (conv_model, CONV_BATCH_SPEC),
-    "conv_image": (conv_model, CONV_IMAGE_SPEC),
-    "prefill": (prefill_model, PREFILL_SPEC),
-    "reshape": (reshape_model, RESHAPE_SPEC),
-}
-
-
-def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if np.issubdtype(w.dtype, np.floating):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-        else:
-            np.testing.assert_array_equal(g, w)
 
 
 def compiled(tmp_path: Path, case: str, **kw) -> tuple[onnx.ModelProto, gr.GearSpec, str]:

@@ -130,8 +130,14 @@ class OrtModel(BackendModel):
         return ort.OrtValue.ortvalue_from_numpy(array, self.device[0], self.device[1])
 
     def _with_shared_weights(self, model: onnx.ModelProto) -> bytes:
-        """Serialized ``model`` whose weights are placeholders filled by add_initializer."""
+        """Serialized ``model`` whose weights are placeholders filled by add_initializer.
+
+        Outputs that are an input or a weight as they stand get an Identity node and a
+        private name (``PASSTHROUGH_SUFFIX``): ORT hands such outputs back as the input's or
+        the initializer's own value and never writes a pre-bound output buffer.
+        """
         # The reader hands us fresh protos, owned by this model: editing in place is safe.
+        _compute_passthrough_outputs(model.graph)
         declared = {t.name for t in model.graph.initializer}
         for name in self.file.weight_names_of(model):
             if name in declared:
@@ -183,6 +189,21 @@ class OrtModel(BackendModel):
         self.sessions = []
         self.dynamic_session = self.sink_session = None
         self._cleanup()
+
+
+#: Suffix of the private name an output gets when it is an input or a weight as it stands.
+PASSTHROUGH_SUFFIX = "__gear_runtime_output"
+
+
+def _compute_passthrough_outputs(graph: onnx.GraphProto) -> None:
+    """Give every graph output that no node computes an Identity node of its own."""
+    computed = {o for node in graph.node for o in node.output}
+    for out in graph.output:
+        if out.name not in computed:
+            graph.node.append(onnx.helper.make_node(
+                "Identity", [out.name], [out.name + PASSTHROUGH_SUFFIX],
+                name=out.name + PASSTHROUGH_SUFFIX))
+            out.name += PASSTHROUGH_SUFFIX
 
 
 def _write_weights(weights: dict[str, np.ndarray]) -> tuple[str, dict[str, tuple[int, int]]]:
@@ -255,8 +276,8 @@ class OrtSession(BackendSession):
                 device, ptr = "cpu", self.staging.ctypes.data + self.layout.offset(g, i)
             binding.bind_input(name, device, self.model.device[1], info.input_dtypes[i],
                                list(shapes[name]), ptr)
-        for k, name in enumerate(info.output_names):
-            out = self._outputs[g][k]
+        for k, output in enumerate(sess.get_outputs()):  # same order, private names kept
+            name, out = output.name, self._outputs[g][k]
             if self._device is not None:
                 binding.bind_output(name, "cuda", self.model.device[1], out.dtype,
                                     list(out.shape), self._device.output_ptr(g, k))
