@@ -385,13 +385,10 @@ def spec_from_atc(input_shape: str, dynamic_batch_size: str | None = None,
     option = given[0]
     value = values[option]
     assert text is not None and value is not None  # narrowed above, for the type checker
-    if not text:
-        _fail("E10004", f"input_shape is empty; {option} needs input_shape such as "
-                        "\"data:-1,3,224,224\"")
     if "~" in text:
         _fail("E10040", f"input_shape {_q(text)} contains '~'; with {option} it cannot hold a "
                         "shape range and must mark dynamic dims with -1")
-    names, shapes = parse_input_shape(text)
+    names, shapes = parse_input_shape(text)  # E10004 when empty, as GE
     mode = _MODE_OF_OPTION[option]
     if mode == "batch":
         raw = _batch_gears(value, names, shapes)
