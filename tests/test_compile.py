@@ -155,6 +155,32 @@ def test_reserved_names_are_refused(tmp_path: Path) -> None:
         compile_model(model, spec, tmp_path / "x.gear.onnx", progress=False)
 
 
+def _relu_model(input_type: int, outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", input_type, ["N", 4])], outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("model", "words"), [
+    (_relu_model(onnx.TensorProto.FLOAT, []), "the model has no outputs"),
+    (_relu_model(onnx.TensorProto.UNDEFINED,
+                 [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]),
+     "model input 'x' has no supported element type"),
+    (_relu_model(onnx.TensorProto.FLOAT,
+                 [helper.make_tensor_value_info("y", onnx.TensorProto.UNDEFINED, None)]),
+     "model output 'y' has no supported element type"),
+])
+def test_models_a_gear_file_cannot_hold(tmp_path: Path, model: onnx.ModelProto,
+                                        words: str) -> None:
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
+    for sink in (False, True):
+        with pytest.raises(CompileError, match=words):
+            compile_model(model, spec, tmp_path / "x.gear.onnx", sink=sink, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
 def test_bad_model_argument(tmp_path: Path) -> None:
     spec = spec_of("conv_batch")
     with pytest.raises(CompileError, match="does not exist"):

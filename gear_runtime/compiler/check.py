@@ -88,6 +88,11 @@ def _tensor_info(vi: onnx.ValueInfoProto, what: str) -> TensorInfo:
         raise CompileError(f"{what} {vi.name!r} is not a tensor (sequences, maps and optionals "
                            f"cannot be gear inputs or outputs)")
     tt = vi.type.tensor_type
+    try:  # once here, so TensorInfo.dtype cannot fail later (zero feeds, empty miss outputs)
+        helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    except KeyError:
+        raise CompileError(f"{what} {vi.name!r} has no supported element type (elem_type "
+                           f"{tt.elem_type}); declare its type in the model") from None
     dims: tuple[Dim, ...] | None = None
     if tt.HasField("shape"):
         dims = tuple(d.dim_value if d.HasField("dim_value")
@@ -98,11 +103,14 @@ def _tensor_info(vi: onnx.ValueInfoProto, what: str) -> TensorInfo:
 
 def inspect_model(model: onnx.ModelProto) -> GraphInfo:
     """Inputs (initializers that are also listed as inputs count as weights), outputs,
-    weights and opset of ``model``; CompileError for what a gear file cannot hold."""
+    weights and opset of ``model``; CompileError for what a gear file cannot hold (no
+    outputs, a non-tensor or untyped input/output, an output listed twice, no ai.onnx opset)."""
     g = model.graph
     weights = frozenset(t.name for t in g.initializer)
     inputs = tuple(_tensor_info(vi, "model input") for vi in g.input if vi.name not in weights)
     outputs = tuple(_tensor_info(vi, "model output") for vi in g.output)
+    if not outputs:
+        raise CompileError("the model has no outputs: there is nothing for a gear to compute")
     names = [o.name for o in outputs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
