@@ -287,6 +287,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_output_file(flag: str, path: str) -> None:
+    """InputError naming ``flag`` when ``path`` cannot be written as a file: its directory is
+    missing, or it is a directory itself."""
+    if Path(path).is_dir():
+        raise InputError(f"{flag} {path!r} is a directory; give a file path")
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from gear_runtime import bench
 
@@ -294,9 +304,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.reference is not None:
         _existing_file(args.reference, "reference model")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        parent = Path(path).resolve().parent if path is not None else None
-        if parent is not None and not parent.is_dir():  # fail now, not after the benchmark
-            raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+        if path is not None:
+            _check_output_file(flag, path)  # fail now, not after the benchmark
     if args.plot is not None:
         bench.check_plotting()
     report = bench.bench_model(args.file, gears=args.gears, iterations=args.iterations,

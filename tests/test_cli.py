@@ -286,6 +286,13 @@ def test_bench_output_directory_checked_first(capsys, example, tmp_path) -> None
     assert_one_line_error(err, "--json", "does not exist")
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_output_that_is_a_directory_checked_first(capsys, example, tmp_path, flag) -> None:
+    code, out, err = run_cli(capsys, "bench", example.gear, flag, tmp_path)
+    assert code == 2 and out == ""  # refused before any benchmark ran
+    assert_one_line_error(err, "[145000]", flag, str(tmp_path), "is a directory")
+
+
 def test_bench_bad_gears(capsys, example) -> None:
     code, _, err = run_cli(capsys, "bench", example.gear, "--gears", "0,9")
     assert code == 2
