@@ -461,12 +461,8 @@ class ExecutorCore {
 
   // Count, ndarray type and shape of every input, in input order, before any dim check.
   void read_shapes(const Items& items, ShapeRef* shapes) const {
-    const size_t n = dims_.input_count();
-    if (items.size() != n) {
-      throw_input("expected " + std::to_string(n) + " input arrays (" + dims_.names_text() +
-                  "), got " + std::to_string(items.size()));
-    }
-    for (size_t i = 0; i < n; ++i) {
+    dims_.check_count(items.size());  // before writing n entries into shapes
+    for (size_t i = 0; i < items.size(); ++i) {
       PyObject* a = items[i];
       if (!npy().PyArray_Check_(a)) {
         throw_input("input '" + dims_.name(i) + "' must be a numpy.ndarray, got " + type_name(a));

@@ -125,11 +125,15 @@ void DimsExtractor::check_input(size_t i, const int64_t* dims, size_t ndim, int6
   }
 }
 
-void DimsExtractor::extract(const ShapeRef* shapes, size_t n, int64_t* out) const {
+void DimsExtractor::check_count(size_t n) const {
   if (n != inputs_.size()) {
     throw_input("expected " + std::to_string(inputs_.size()) + " input arrays (" + names_text() +
                 "), got " + std::to_string(n));
   }
+}
+
+void DimsExtractor::extract(const ShapeRef* shapes, size_t n, int64_t* out) const {
+  check_count(n);
   for (size_t i = 0; i < n; ++i) check_input(i, shapes[i].dims, shapes[i].ndim, out);
 }
 

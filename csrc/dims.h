@@ -41,7 +41,11 @@ class DimsExtractor {
   const std::string& name(size_t i) const { return inputs_.at(i).name; }
   const std::vector<int64_t>& shape(size_t i) const { return inputs_.at(i).shape; }
 
-  // Values from the inputs' shapes. n must equal input_count() (else InputError 145000); each
+  // InputError 145000 "expected 2 input arrays (x, m), got 1" unless n == input_count(): the
+  // one arity check of every caller that reads the inputs' shapes.
+  void check_count(size_t n) const;
+
+  // Values from the inputs' shapes. n must equal input_count() (check_count); each
   // rank must equal the model's, each static dim must equal the model's, and positions that
   // carry the same value must agree (else DynamicInputLengthError 145012). Writes
   // values_per_gear() values to out. Checks run input by input, axis by axis; the first
