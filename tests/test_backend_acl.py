@@ -429,6 +429,51 @@ def test_close_releases_everything_and_is_idempotent(fake, tmp_path):
             closed.run_gear(0)
 
 
+def test_closing_the_model_waits_for_a_run_in_flight(fake, tmp_path):
+    """model.close() from another thread must not unload or free under a run: it waits for
+    the model's lock; a run that was waiting for the lock then finds its session closed."""
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    layout, session = session_for(model)
+    arrays = inputs_for(model.info.spec, model.info.input_dtypes, 1)
+    stage(session.staging, layout, model.info.spec, model.info.input_dtypes, 1, arrays)
+    outcome: list = []
+
+    def runner():
+        try:
+            outcome.append([o.copy() for o in session.run_gear(1)])
+        except BackendError as exc:
+            outcome.append(exc)
+
+    worker, closer = threading.Thread(target=runner), threading.Thread(target=model.close)
+    with model.lock:  # a run of the model is in flight
+        worker.start()
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close did not wait for the run"
+        assert fake.state.calls_named("mdl.unload") == []
+    worker.join()
+    closer.join()
+    (result,) = outcome
+    if isinstance(result, BackendError):  # the close went first
+        assert "closed" in result.message
+    else:  # the run went first, on a model that was still loaded
+        np.testing.assert_array_equal(result[1], expected_outputs(arrays)[1])
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+
+
+def test_closing_the_model_releases_it_even_when_a_session_fails_to_close(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    _, session = session_for(model)  # left open (kept alive): the model's close closes it
+    fake.state.fail["rt.free"] = 507899
+    with pytest.raises(BackendError, match=r"acl\.rt\.free") as info:
+        model.close()
+    assert info.value.code == "507899"
+    leaks = fake.state.leaks()
+    assert leaks["device"] > 0  # what rt.free refused to free
+    assert {k: v for k, v in leaks.items() if k != "device"} == dict.fromkeys(
+        (k for k in leaks if k != "device"), 0)  # the model, its context and the rest: released
+
+
 def test_a_dropped_session_frees_its_memory(fake, tmp_path):
     model = acl_backend.open_model(write(tmp_path, "batch"))
     loaded = fake.state.leaks()

@@ -213,8 +213,10 @@ class AclModel(BackendModel):
         self._sessions: weakref.WeakSet[AclSession] = weakref.WeakSet()
         #: aclmdlExecute: threads sharing one model id must lock "memcpy inputs -> execute"
         #: (-> outputs) as one sequence (pyACL "execute" constraints, canncommercial 62RC1
-        #: aclpythondevg_01_0127). Held by every session's run_gear.
-        self.lock = threading.Lock()
+        #: aclpythondevg_01_0127). Held by every session's run_gear, and by closing (a
+        #: session's, the model's: so nothing is freed under a run in flight). Reentrant:
+        #: the model's close closes its sessions.
+        self.lock = threading.RLock()
         try:
             self._open()
         except BaseException:
@@ -444,22 +446,30 @@ class AclModel(BackendModel):
         _check(self.acl.rt.set_context(self.context), "acl.rt.set_context")
 
     def create_session(self, layout: Any) -> AclSession:
-        if self._closed:
-            raise BackendError(f"acl model {self.path!r} is closed")
-        session = AclSession(self, layout)
-        self._sessions.add(session)
-        return session
+        with self.lock:  # not while the model is being closed
+            if self._closed:
+                raise BackendError(f"acl model {self.path!r} is closed")
+            session = AclSession(self, layout)
+            self._sessions.add(session)
+            return session
 
     def close(self) -> None:
-        """Close the sessions, unload, destroy the description and the context; idempotent."""
-        self._release(strict=True)
+        """Close the sessions, unload, destroy the description and the context; idempotent.
+        Waits for a run in flight; every resource is released even when one release fails
+        (the first failure is raised afterwards)."""
+        with self.lock:
+            self._release(strict=True)
 
     def _release(self, strict: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        session_errors = []
         for session in list(self._sessions):
-            session.close()
+            try:
+                session.close()
+            except BackendError as exc:  # still unload the model and free the rest
+                session_errors.append(exc)
         acl, failures = self.acl, []
         if self.context is not None:
             failures.append(("acl.rt.set_context", acl.rt.set_context(self.context)))
@@ -474,6 +484,8 @@ class AclModel(BackendModel):
         if strict:
             for call, ret in failures:
                 _check(ret, call, " (while closing)")
+            if session_errors:
+                raise session_errors[0]
 
 
 class _Scratch:
@@ -655,12 +667,12 @@ class AclSession(BackendSession):
     def run_gear(self, gear: int) -> list[np.ndarray]:
         """Copy gear ``gear``'s staged inputs to the device (ONE memcpy for the merged span,
         one per separate span), select the gear, execute, copy the outputs back."""
-        if self._closed:
-            raise BackendError("this acl session is closed")
         if not 0 <= gear < len(self._in_datasets):
             raise InputError(f"gear index {gear} is out of range: the model has "
                              f"{len(self._in_datasets)} gears")
         with self._model.lock:
+            if self._closed:  # checked under the lock: the model may close meanwhile
+                raise BackendError("this acl session is closed")
             # Every run, not once per thread: another model driven from this thread may have
             # bound its own context since (and a thread id can be reused by a new thread).
             self._model.activate()
@@ -690,13 +702,15 @@ class AclSession(BackendSession):
         return list(self._out_views[gear])
 
     def close(self) -> None:
-        """Destroy the datasets and free the buffers; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self.staging = np.empty(0, dtype=np.uint8)
-        self._out_views = []
-        self._finalizer.detach()
-        if self._model.context is not None:
-            self._acl.rt.set_context(self._model.context)
-        self._mem.release(strict=True)
+        """Destroy the datasets and free the buffers; idempotent. Takes the model's lock, so a
+        close from another thread (the model's close) never frees memory under a run."""
+        with self._model.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.staging = np.empty(0, dtype=np.uint8)
+            self._out_views = []
+            self._finalizer.detach()
+            if self._model.context is not None:
+                self._acl.rt.set_context(self._model.context)
+            self._mem.release(strict=True)
