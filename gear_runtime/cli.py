@@ -234,6 +234,15 @@ def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict
     return feeds
 
 
+def _make_dir(flag: str, path: str) -> Path:
+    """Create directory ``path`` (and its parents) if needed; InputError naming ``flag``."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {path!r} cannot be created: {exc}") from None
+    return Path(path)
+
+
 def _output_files(names: Sequence[str]) -> list[str]:
     """One distinct ``.npy`` file name per output: path separators and odd characters become
     '_'; a name that would collide with an earlier one (``y:0`` and ``y_0``) gets ``_2``,
@@ -269,11 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
         ex.set_dynamic_image_size(*hw)
     outputs = ex.execute(feeds)
-    out_dir = Path(args.output_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"--output-dir {args.output_dir!r} cannot be created: {exc}") from None
+    out_dir = _make_dir("--output-dir", args.output_dir)
     if ex.last_gear is not None:
         print(f"gear {ex.last_gear}: dims {','.join(map(str, model.gears[ex.last_gear]))}")
     else:
@@ -328,6 +333,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gear_runtime.demo import run_demo
 
+    if args.workdir is not None:
+        _make_dir("--workdir", args.workdir)  # before the demo starts printing
     return run_demo(args.workdir, iterations=args.iterations, quick=args.quick,
                     progress=not args.no_progress, threads=args.threads)
 

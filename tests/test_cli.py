@@ -333,6 +333,18 @@ def test_installed_entry_point(example) -> None:
     assert bad.stderr.startswith("gear-runtime: error:") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize("command", ["demo", "run"])
+def test_directory_that_cannot_be_created(capsys, example, tmp_path, command) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = (["demo", "--workdir", blocker] if command == "demo" else
+            ["run", example.gear, *example.input_args, "--output-dir", blocker])
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    flag = "--workdir" if command == "demo" else "--output-dir"
+    assert_one_line_error(err, "[145000]", f"{flag} {str(blocker)!r} cannot be created")
+
+
 def test_demo_exit_code_1_when_a_check_fails(capsys, tmp_path, monkeypatch) -> None:
     from gear_runtime import demo
 
