@@ -427,3 +427,14 @@ def test_gear_index_refuses_values_that_are_not_integers(values) -> None:
     with pytest.raises(gr.InputError, match="gear values must be a sequence of integers") as info:
         spec.gear_index(values)
     assert type(info.value) is gr.InputError
+
+
+def test_the_spec_package_exports_the_parsers() -> None:
+    import gear_runtime.spec as spec_pkg
+    from gear_runtime.spec import config, parse
+
+    for name in spec_pkg.__all__:
+        assert getattr(spec_pkg, name) is not None, name
+    assert spec_pkg.spec_from_atc is parse.spec_from_atc
+    assert spec_pkg.spec_from_config is config.spec_from_config
+    assert spec_pkg.spec_from_atc("a:-1", dynamic_dims="1;2", hybrid=True).hybrid is True
