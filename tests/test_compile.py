@@ -321,6 +321,45 @@ def test_files_over_2gib_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not list(tmp_path.iterdir())
 
 
+def _no_gear_compiled(*args: object) -> None:
+    raise AssertionError("a gear was compiled before the refusal")
+
+
+@pytest.mark.parametrize(("model", "output", "sink", "words"), [
+    (conv_model(opset=10), "x.gear.onnx", True, "sink mode needs ai.onnx opset >= 11"),
+    (conv_model(), "missing/x.gear.onnx", False, "directory .* does not exist"),
+])
+def test_refusals_come_before_any_gear_is_compiled(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   model: onnx.ModelProto, output: str,
+                                                   sink: bool, words: str) -> None:
+    monkeypatch.setattr(compiler_mod, "infer_gear", _no_gear_compiled)
+    with pytest.raises(CompileError, match=words):
+        compile_model(model, spec_of("conv_batch"), tmp_path / output, sink=sink,
+                      progress=False)
+
+
+@pytest.mark.parametrize(("patch", "error"), [
+    ("mkstemp", PermissionError(13, "Permission denied")),   # a read-only directory
+    ("replace", OSError(28, "No space left on device")),
+    ("replace", KeyboardInterrupt()),                         # not an OSError: re-raised
+])
+def test_a_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       patch: str, error: BaseException) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(compiler_mod.tempfile if patch == "mkstemp" else compiler_mod.os,
+                        patch, fail)
+    expected = CompileError if isinstance(error, OSError) else type(error)
+    with pytest.raises(expected) as err:
+        compile_model(conv_model(), spec_of("conv_batch"), tmp_path / "x.gear.onnx",
+                      progress=False)
+    if expected is CompileError:
+        assert f"cannot write '{tmp_path / 'x.gear.onnx'}': {error.strerror}" in str(err.value)
+    assert not list(tmp_path.iterdir())
+
+
 # ---- sink: runnable by stock ONNX Runtime -----------------------------------------------------
 @pytest.mark.parametrize("case", ["conv_batch", "conv_image", "prefill", "reshape",
                                   "control_flow", "passthrough"])

@@ -8,7 +8,9 @@ The file format and its reader are in :mod:`gear_runtime.gearfile`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -28,7 +30,7 @@ from gear_runtime.compiler.branch import (
 )
 from gear_runtime.compiler.check import check_reserved, check_spec, inspect_model, load_model
 from gear_runtime.compiler.outputs import gear_output_shapes, set_output_shapes
-from gear_runtime.compiler.route import build_case_model, build_sink_model
+from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
     FORMAT_VERSION,
@@ -75,8 +77,10 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     tqdm bar on stderr while compiling gears (only when stderr is a terminal).
 
     Raises CompileError when the spec does not fit the model (naming the input, the axis, the
-    spec's value and the model's), when a gear's output shape cannot be determined, or when
-    the file would exceed 2 GiB.
+    spec's value and the model's), when the output directory does not exist, when ``sink``
+    is asked of a model below opset 11 (these before any gear is compiled), when a gear's
+    output shape cannot be determined, when the file would exceed 2 GiB, or when it cannot
+    be written.
     """
     return compile_gears(model, spec, output, hybrid=hybrid, sink=sink,
                          progress=progress).path
@@ -90,10 +94,14 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     if not isinstance(spec, GearSpec):
         raise CompileError(f"spec must be a GearSpec, got {type(spec).__name__}")
     path = os.fspath(output)
+    # everything that can be refused is refused before the first gear is compiled
+    _check_output_dir(path)
     source = load_model(model)
     info = inspect_model(source)
     check_reserved(source)
     check_spec(info, spec)
+    if sink:
+        check_sink_opset(info)
     if hybrid and not spec.hybrid:
         spec = dataclasses.replace(spec, hybrid=True)
     report = CompileReport(path, KIND_SINK if sink else KIND_CASE, spec.gear_count)
@@ -144,8 +152,6 @@ def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
     ours = {META_FORMAT: FORMAT_VERSION, META_SPEC: spec_to_json(spec), META_KIND: kind,
             META_HYBRID: "1" if spec.hybrid else "0"}
     if kind == KIND_SINK:
-        import json
-
         ours[META_OUTPUT_DIMS] = json.dumps(format_output_dims(shapes))
     kept = [p for p in model.metadata_props if p.key not in ours]
     del model.metadata_props[:]
@@ -154,8 +160,15 @@ def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
         model.metadata_props.add(key=key, value=value)
 
 
+def _check_output_dir(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CompileError(f"cannot write {path!r}: directory {directory!r} does not exist")
+
+
 def _save(model: onnx.ModelProto, path: str) -> int:
-    """Check and write ``model`` to ``path`` (atomically: a temp file then rename)."""
+    """Check and write ``model`` to ``path`` (atomically: a temp file then rename; the temp
+    file never outlives a failure)."""
     try:
         size = model.ByteSize()
     except Exception:  # some protobuf builds refuse to size a message past 2 GiB
@@ -169,16 +182,17 @@ def _save(model: onnx.ModelProto, path: str) -> int:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"internal error: the compiled model fails onnx.checker: {exc}") from exc
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise CompileError(f"cannot write {path!r}: directory {directory!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".gear-", suffix=".onnx.tmp", dir=directory)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".gear-", suffix=".onnx.tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
         with os.fdopen(fd, "wb") as f:
             f.write(model.SerializeToString())
         os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        return os.path.getsize(path)
+    except OSError as exc:  # mkstemp included: a read-only or vanished directory
         raise CompileError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
-    return os.path.getsize(path)
+    finally:
+        if tmp is not None:  # gone after a successful replace
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)

@@ -317,13 +317,19 @@ def _route(lo: int, hi: int, out_names: Sequence[str], leaves: Sequence[onnx.Gra
                              then_branch=sides[0], else_branch=sides[1])]
 
 
-def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
-                     branches: Sequence[onnx.GraphProto], shapes: Shapes,
-                     dynamic: onnx.GraphProto | None) -> onnx.ModelProto:
-    """The stock-ORT-runnable root model (see the module docstring)."""
+def check_sink_opset(info: GraphInfo) -> None:
+    """CompileError unless the model's ai.onnx opset is one the sink routing is written for
+    (checked before any gear is compiled)."""
     if info.opset < SINK_MIN_OPSET:
         raise CompileError(f"sink mode needs ai.onnx opset >= {SINK_MIN_OPSET}, the model has "
                            f"{info.opset}; convert it with onnx.version_converter first")
+
+
+def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
+                     branches: Sequence[onnx.GraphProto], shapes: Shapes,
+                     dynamic: onnx.GraphProto | None) -> onnx.ModelProto:
+    """The stock-ORT-runnable root model (see the module docstring); the model passed
+    :func:`check_sink_opset`."""
     names = _Names()
     g = _root_graph(source)
     g.input.extend(dynamic_inputs(info, spec.input_names, spec.input_shapes))
