@@ -87,10 +87,12 @@ class Layout {
 
   std::string repr() const;
 
- private:
+  // Error(kind "input", 145000) "gear index 3 out of range: the layout has 2 gears" unless
+  // g < gear_count() (and the same for input indices): every checked accessor's bound.
   void check_gear(size_t g) const;
   void check_input(size_t i) const;
 
+ private:
   size_t gear_count_ = 0;
   size_t input_count_ = 0;
   bool merged_ = false;

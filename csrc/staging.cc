@@ -18,10 +18,7 @@ Stager::Stager(Layout layout, uint8_t* base, size_t size)
 
 void Stager::check(size_t gear, const StageSource* srcs, size_t n, const int64_t* values,
                    size_t nvalues, const std::string* names) const {
-  if (gear >= layout_.gear_count()) {
-    throw_input("gear index " + std::to_string(gear) + " out of range: the layout has " +
-                std::to_string(layout_.gear_count()) + " gears");
-  }
+  layout_.check_gear(gear);
   if (n != layout_.input_count()) {
     throw_input("expected " + std::to_string(layout_.input_count()) + " inputs to stage, got " +
                 std::to_string(n));
