@@ -590,6 +590,8 @@ class AclSession(BackendSession):
                     mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
             self._in_datasets.append(ds)
             self._set_dims.append(model.dims_call(spec, ds, g))
+        # error-message suffixes, formatted here rather than on every run
+        self._labels = [f" (gear {g}: {values})" for g, values in enumerate(spec.gears)]
         self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
         self._separate = [[_span(s) for s in layout.separate(g)] for g in range(spec.gear_count)]
 
@@ -661,8 +663,9 @@ class AclSession(BackendSession):
     def _memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int,
                 what: str) -> None:
         # acl.rt.memcpy(dst, dest_max, src, count, kind) -> ret (aclpythondevg_01_0120)
-        _check(self._acl.rt.memcpy(dst, dest_max, src, count, kind), "acl.rt.memcpy",
-               f" ({what}, {count} bytes)")
+        ret = self._acl.rt.memcpy(dst, dest_max, src, count, kind)
+        if ret != 0:  # the message is formatted only on failure: this is the hot path
+            _check(ret, "acl.rt.memcpy", f" ({what}, {count} bytes)")
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
         """Copy gear ``gear``'s staged inputs to the device (ONE memcpy for the merged span,
@@ -691,11 +694,10 @@ class AclSession(BackendSession):
         # After the copies: set_* writes the dims into ascend_mbatch_shape_data in the
         # model's own width, overwriting the int32 dims the merged copy may have carried.
         call, fn, args = self._set_dims[gear]
-        values = self._model.info.spec.gears[gear]
-        _check(fn(*args), call, f" (gear {gear}: {values})")
+        _check(fn(*args), call, self._labels[gear])
         _check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[gear],
                                      self._out_dataset),
-               "acl.mdl.execute", f" (gear {gear}: {values})")
+               "acl.mdl.execute", self._labels[gear])
         for host, cap, dev, nbytes in self._out_copies[gear]:
             if nbytes:
                 self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
