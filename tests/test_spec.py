@@ -264,6 +264,8 @@ def test_check_gears_accepts_zero_and_returns_tuples() -> None:
       "gears": ((1, 2), (3, 4))}, "E10001", "'x' twice"),
     ({"mode": "range"}, "E10001", "'range'"),
     ({"input_format": 3}, "E10001", "3"),
+    ({"hybrid": "0"}, "E10001", "'0'"),
+    ({"hybrid": 1}, "E10001", "hybrid must be a bool"),
 ])
 def test_direct_construction_rejects_what_would_break_matching(kwargs, code, quoted) -> None:
     base = {"mode": "dims", "input_names": ("x",), "input_shapes": ((1, -1),),

@@ -68,7 +68,8 @@ class GearSpec:
                                 "once", code="E10001")
         object.__setattr__(self, "input_shapes", _int_rows(self.input_shapes, "input_shapes"))
         object.__setattr__(self, "gears", _int_rows(self.gears, "gears"))
-        object.__setattr__(self, "hybrid", bool(self.hybrid))
+        if not isinstance(self.hybrid, bool):  # bool("0") is True: no silent hybrid mode
+            raise GearSpecError(f"hybrid must be a bool, got {self.hybrid!r}", code="E10001")
         if self.input_format is not None and not isinstance(self.input_format, str):
             raise GearSpecError(f"input_format must be a str or None, got {self.input_format!r}",
                                 code="E10001")
