@@ -21,6 +21,7 @@ overhead is the median of the per-iteration differences ``execute_i - bare_i``.
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -265,18 +266,24 @@ def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
 
 
 def parse_gears(text: str | Sequence[int] | None, gear_count: int) -> list[int]:
-    """``"all"`` / None -> every gear; ``"0,2"`` or ``[0, 2]`` -> those (checked, in order)."""
+    """``"all"`` / None -> every gear; ``"0,2"`` or ``[0, 2]`` -> those (checked, in order).
+
+    InputError for anything else: an index out of range, or one that is not an integer (a
+    float such as 1.5 is refused, never truncated to another gear).
+    """
     if text is None or (isinstance(text, str) and text.strip().lower() == "all"):
         return list(range(gear_count))
-    items = ([p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str)
-             else list(text))
+    expected = f"expected 'all' or indices like 0,2 in 0..{gear_count - 1}"
+    try:
+        items = ([p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str)
+                 else list(text))
+    except TypeError:  # not iterable, e.g. a bare 2
+        raise InputError(f"gears: {text!r} is not a gear list; {expected}") from None
     gears: list[int] = []
     for item in items:
-        try:
-            g = int(item)
-        except (TypeError, ValueError):
-            raise InputError(f"gears: {item!r} is not a gear index; expected 'all' or indices "
-                             f"like 0,2 in 0..{gear_count - 1}") from None
+        g = _gear_index(item)
+        if g is None:
+            raise InputError(f"gears: {item!r} is not a gear index; {expected}")
         if not 0 <= g < gear_count:
             raise InputError(f"gears: index {g} is out of range: the model has {gear_count} "
                              f"gears (0..{gear_count - 1})")
@@ -285,6 +292,17 @@ def parse_gears(text: str | Sequence[int] | None, gear_count: int) -> list[int]:
     if not gears:
         raise InputError(f"gears: no gear given in {text!r}; expected 'all' or indices like 0,2")
     return gears
+
+
+def _gear_index(item: object) -> int | None:
+    """``item`` as an index: the text of an integer, or an integer; None for anything else
+    (1.5 and True are not indices: int() would quietly make them gear 1)."""
+    if isinstance(item, bool):
+        return None
+    try:
+        return int(item) if isinstance(item, str) else operator.index(item)
+    except (TypeError, ValueError):
+        return None
 
 
 # ---- the engine -------------------------------------------------------------------------------

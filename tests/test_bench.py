@@ -52,6 +52,16 @@ def test_parse_gears() -> None:
         bench.parse_gears("0,x", 4)
     with pytest.raises(InputError, match="no gear"):
         bench.parse_gears(",", 4)
+    assert bench.parse_gears(np.array([3, 1]), 4) == [3, 1]  # numpy integers are indices
+
+
+@pytest.mark.parametrize("gears, match", [
+    ([1.5], "1.5 is not a gear index"), (["1.5"], "'1.5' is not a gear index"),
+    ([True], "True is not a gear index"), (2, "2 is not a gear list"),
+])
+def test_parse_gears_never_truncates_to_another_gear(gears, match) -> None:
+    with pytest.raises(InputError, match=match):
+        bench.parse_gears(gears, 4)
 
 
 def test_every_gear_with_all_comparison_columns(example) -> None:
