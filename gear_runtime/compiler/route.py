@@ -199,7 +199,7 @@ def _reduce(op: str, x: str, out: str, axis: int, opset: int, names: _Names
     return [helper.make_node(op, [x], [out], name=f"{out}_node", axes=[axis], keepdims=0)]
 
 
-def _dims_nodes(spec: GearSpec, opset: int, names: _Names) -> tuple[list[onnx.NodeProto], str]:
+def _dims_nodes(spec: GearSpec, names: _Names) -> tuple[list[onnx.NodeProto], str]:
     """GetDynamicDims: every dynamic position's dim, int64 [P], in dynamic_positions order."""
     nodes: list[onnx.NodeProto] = []
     parts = []
@@ -333,7 +333,7 @@ def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     names = _Names()
     g = _root_graph(source)
     g.input.extend(dynamic_inputs(info, spec.input_names, spec.input_shapes))
-    dim_nodes, dims = _dims_nodes(spec, info.opset, names)
+    dim_nodes, dims = _dims_nodes(spec, names)
     g.node.extend(dim_nodes)
     g.node.extend(_index_nodes(spec, dims, info.opset, names))
     g.node.extend(_dims_output_nodes(spec, dims, names))
