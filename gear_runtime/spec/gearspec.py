@@ -13,6 +13,7 @@ the same mapping instead of re-deriving it.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -41,6 +42,8 @@ class GearSpec:
         hybrid: GE's hybrid mode was asked for (ge.dynamicNodeType == "1" and
             ge.compileHybridMode == "1"): a miss runs the dynamic-shape graph.
         input_format: the ATC ``--input_format`` when given (``"NCHW"``, ``"NHWC"``, ``"ND"``).
+        dynamic_positions: derived, not passed: ``(input index, axis, index into the gear
+            tuple)`` for every ``-1`` of input_shapes, in input order then axis order.
     """
 
     mode: Mode
@@ -54,7 +57,8 @@ class GearSpec:
     def __post_init__(self) -> None:
         # Cheap checks only (one pass over the values): what the parsers validate with GE's full
         # rules is re-checked here just enough that a directly built spec cannot hold values
-        # that would break matching (negative or duplicate gears) or crash later stages.
+        # that would break matching (negative or duplicate gears, duplicate input names) or
+        # crash later stages.
         if self.mode not in MODES:
             raise GearSpecError(f"mode {self.mode!r} is not one of {MODES}", code="E10001")
         if isinstance(self.input_names, str) or not all(
@@ -179,7 +183,8 @@ class GearSpec:
         return spec_from_ge_options(options, max_gears=max_gears)
 
     @classmethod
-    def from_config(cls, path: str, max_gears: int = DEFAULT_MAX_GEARS) -> GearSpec:
+    def from_config(cls, path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEARS,
+                    ) -> GearSpec:
         """Spec from an ATC / MindSpore Lite config file (see gear_runtime.spec.config)."""
         from gear_runtime.spec.config import spec_from_config
 
