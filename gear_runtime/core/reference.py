@@ -124,6 +124,13 @@ def _footprint(n: int, tail_padding: int) -> int:
     return _checked(_align_up(n, _PADDING_GRANULE) + tail_padding)
 
 
+def _place(cursor: int, nbytes: int, alignment: int, tail_padding: int) -> tuple[int, int]:
+    """``(offset, end)`` of a buffer placed at ``cursor`` rounded up to ``alignment``; ``end``
+    is where its footprint stops (layout.cc's ``place``)."""
+    offset = _align_up(cursor, alignment)
+    return offset, _checked(offset + _footprint(nbytes, tail_padding))
+
+
 class Layout:
     """Where each input and the dims buffer sit in the staging buffer, per gear.
 
@@ -166,25 +173,21 @@ class Layout:
         self._nbytes = [list(row) for row in table]
         self._dims_offsets = [0] * gears
         self._merged_end = [0] * gears
+        fused_inputs = [i for i in range(inputs) if self._fused[i]]
+        other_inputs = [i for i in range(inputs) if not self._fused[i]]
         total = 0
         for g in range(gears):
             cursor = 0
-            order = [i for i in range(inputs) if self._fused[i]]
-            for i in order:
-                cursor = _align_up(cursor, alignment)
-                self._offsets[g][i] = cursor
-                cursor = _checked(cursor + _footprint(table[g][i], tail_padding))
+            for i in fused_inputs:
+                self._offsets[g][i], cursor = _place(cursor, table[g][i], alignment, tail_padding)
             cursor = _align_up(cursor, alignment)
             self._dims_offsets[g] = cursor
             if self._dims_nbytes:  # no dims buffer: nothing to own, not even padding
                 cursor = _checked(cursor + _footprint(self._dims_nbytes, tail_padding))
             if self._merged:
                 self._merged_end[g] = cursor
-            for i in range(inputs):
-                if not self._fused[i]:
-                    cursor = _align_up(cursor, alignment)
-                    self._offsets[g][i] = cursor
-                    cursor = _checked(cursor + _footprint(table[g][i], tail_padding))
+            for i in other_inputs:
+                self._offsets[g][i], cursor = _place(cursor, table[g][i], alignment, tail_padding)
             total = max(total, cursor)
         self._total_bytes = total
 
