@@ -144,9 +144,7 @@ def _host_array(ptr: int, nbytes: int) -> np.ndarray:
 
 
 def _span(value: Any) -> tuple[int, int]:
-    """A layout span as (start, end): a pybind Span (.start/.end) or a pair."""
-    if hasattr(value, "start") and hasattr(value, "end"):
-        return int(value.start), int(value.end)
+    """A layout span ``(start, end)`` (both cores return a pair) as ints."""
     start, end = value
     return int(start), int(end)
 
