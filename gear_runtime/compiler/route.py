@@ -59,13 +59,13 @@ _AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMin": 18}
 
 # ---- shared -----------------------------------------------------------------------------------
 def root_output_dims(info: GraphInfo, shapes: Shapes, hybrid: bool,
-                     zeroed: Sequence[Sequence[bool]] | None = None) -> list[list[int | str]]:
+                     miss: Sequence[tuple[int, ...]] | None = None) -> list[list[int | str]]:
     """Declared dims of each root output: static where every gear agrees (and, hybrid, the
-    original model fixes that dim too; and, sink, a miss does not zero it), symbolic
-    otherwise (the original dim name when it had one). ONNX wants a shape on every root
-    output: an output whose rank differs between gears is declared with gear 0's rank, all
-    symbolic; a scalar stays rank 0 even though a sink miss returns shape [0] (ONNX Runtime
-    then logs a shape warning on that miss)."""
+    original model fixes that dim too; and, given the ``miss`` shapes of a sink file, a miss
+    returns that value too), symbolic otherwise (the original dim name when it had one).
+    ONNX wants a shape on every root output: an output whose rank differs between gears is
+    declared with gear 0's rank, all symbolic; a scalar stays rank 0 even though a sink miss
+    returns shape [0] (ONNX Runtime then logs a shape warning on that miss)."""
     out: list[list[int | str]] = []
     for k, t in enumerate(info.outputs):
         ranks = {len(s[k]) for s in shapes}
@@ -78,12 +78,11 @@ def root_output_dims(info: GraphInfo, shapes: Shapes, hybrid: bool,
             values = {s[k][axis] for s in shapes}
             orig = t.dims[axis] if t.dims is not None and axis < len(t.dims) else None
             static = len(values) == 1
-            if hybrid and orig != next(iter(values)):
-                static = False
-            if zeroed is not None and axis < len(zeroed[k]) and zeroed[k][axis]:
+            value = next(iter(values))
+            if (hybrid and orig != value) or (miss is not None and miss[k][axis] != value):
                 static = False
             if static:
-                dims.append(next(iter(values)))
+                dims.append(value)
             else:
                 dims.append(orig if isinstance(orig, str) else f"{t.name}_dim{axis}")
         out.append(dims)
@@ -343,11 +342,9 @@ def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     leaves = [as_if_branch(b) for b in branches]
     g.node.extend(_route(0, spec.gear_count, routing_outputs(info, spec), leaves, miss, empty,
                          info, names))
-    zeroed = None if dynamic is not None else [
-        [d == 0 and any(s[k][a] != 0 for s in shapes if len(s[k]) > a)
-         for a, d in enumerate(e)] for k, e in enumerate(empty)]
-    g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, dynamic is not None,
-                                                            zeroed)))
+    hybrid = dynamic is not None  # a hybrid miss runs the dynamic graph: nothing is emptied
+    g.output.extend(_declare_outputs(
+        info, root_output_dims(info, shapes, hybrid, miss=None if hybrid else empty)))
     g.output.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
                                                   [spec.values_per_gear]))
     return _make_model(source, g, extra_domain=False)
