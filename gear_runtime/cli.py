@@ -75,6 +75,9 @@ def _int_list(text: str, what: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     from gear_runtime import __version__
+    from gear_runtime.backends import BACKENDS
+
+    backends = f"one of {', '.join(sorted(BACKENDS))} (default onnxruntime)"
 
     parser = _Parser(prog=PROG, description="Run models compiled with dynamic gears (CANN GE "
                      "dynamic batch / image size / dims) on ONNX Runtime or Ascend.")
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a dynamic ONNX model into one gear file",
                        description="Compile MODEL.onnx for the gears of an ATC-style spec "
                        "(--input-shape + one gear flag) or a config file (--config).")
-    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("model", metavar="MODEL.onnx", help="the model with dynamic input dims")
     p.add_argument("--input-shape", metavar="S",
                    help='ATC --input_shape, e.g. "data:-1,3,224,224" or "x:1,-1;m:-1,-1"')
     gears = p.add_mutually_exclusive_group()
@@ -102,35 +105,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="gear file to write")
 
     p = sub.add_parser("inspect", help="describe a gear file")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="a gear file written by compile")
 
     p = sub.add_parser("run", help="execute a gear file once on .npy inputs",
-                       description="Execute once; outputs are saved as <output name>.npy.")
-    p.add_argument("file", metavar="FILE")
+                       description="Execute once; every output is saved in --output-dir as "
+                       "<output name>.npy (odd characters as '_', a suffix _2, _3... where "
+                       "two names would share a file). Without a --dynamic-* flag the gear "
+                       "comes from the inputs' shapes.")
+    p.add_argument("file", metavar="FILE", help="a gear file written by compile")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input (repeat for every input)")
     dims = p.add_mutually_exclusive_group()
     dims.add_argument("--dynamic-dims", metavar="D",
                       help="full dims of all inputs flattened, or the gear's dynamic values")
-    dims.add_argument("--dynamic-batch-size", metavar="N", type=int)
-    dims.add_argument("--dynamic-image-size", metavar="H,W")
-    p.add_argument("--output-dir", default=".", metavar="DIR")
-    p.add_argument("--backend", default="onnxruntime", metavar="B")
+    dims.add_argument("--dynamic-batch-size", metavar="N", type=int,
+                      help="the batch gear (dynamic batch models)")
+    dims.add_argument("--dynamic-image-size", metavar="H,W",
+                      help="the image-size gear (dynamic image size models)")
+    p.add_argument("--output-dir", default=".", metavar="DIR",
+                   help="where the outputs go (created if needed; default: here)")
+    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends)
 
     p = sub.add_parser("bench", help="per-gear latency, throughput, overhead and memory",
                        description="Benchmark every gear: execute vs the backend's bare run, "
                        "the naive per-input session.run and the original dynamic model.")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--gears", default="all", metavar="0,2|all")
-    p.add_argument("--iterations", type=_int_at_least(1), default=100, metavar="N")
-    p.add_argument("--warmup", type=_int_at_least(0), default=10, metavar="N")
+    p.add_argument("file", metavar="FILE", help="a gear file written by compile")
+    p.add_argument("--gears", default="all", metavar="0,2|all",
+                   help="gear indices to benchmark (default all)")
+    p.add_argument("--iterations", type=_int_at_least(1), default=100, metavar="N",
+                   help="timed runs per gear (default 100)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=10, metavar="N",
+                   help="untimed runs per gear first (default 10)")
     p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
                    help="ORT intra-op threads of every session (default: ORT's)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a latency plot (needs matplotlib)")
     p.add_argument("--reference", metavar="ORIGINAL.onnx",
                    help="the original dynamic model, for the dynamic-model comparison")
-    p.add_argument("--backend", default="onnxruntime", metavar="B")
+    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("demo", help="build, compile, run, check and benchmark the example")
