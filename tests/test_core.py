@@ -213,6 +213,13 @@ def test_layout_tail_padding_keeps_the_acl_rule(impl: ModuleType, fusion: int,
                 assert start + (n + 31) // 32 * 32 + 32 <= limit, (table, g, start, n)
 
 
+def test_reference_layout_built_directly_checks_its_alignment() -> None:
+    """layout.cc's Layout::plan refuses alignment 0 itself; so does the reference's Layout,
+    which (unlike the C++ class) Python can construct without plan_layout."""
+    with pytest.raises(gr.InputError, match="alignment must be a power of two >= 1, got 0"):
+        reference.Layout([[1]], 1, 10, 0)
+
+
 def test_layout_index_errors_are_input_errors(impl: ModuleType) -> None:
     lay = impl.plan_layout([[1, 2]], 1)
     with pytest.raises(gr.InputError, match="gear index 1 out of range: the layout has 1 gears"):

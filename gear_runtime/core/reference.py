@@ -145,7 +145,7 @@ class Layout:
                  alignment: int, tail_padding: int = 0) -> None:
         if not table:
             raise _input("input_nbytes has no gears: at least one is needed")
-        if alignment & (alignment - 1):
+        if alignment <= 0 or alignment & (alignment - 1):  # 0 would put every buffer at 0
             raise _input(f"alignment must be a power of two >= 1, got {alignment}")
         if tail_padding < 0:
             raise _input(f"tail_padding must be >= 0, got {tail_padding}")
