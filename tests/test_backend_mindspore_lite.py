@@ -14,6 +14,7 @@ the dynamic-shape graph on a miss.
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -216,6 +217,37 @@ def test_closed_sessions_and_models_refuse_to_run(fake, tmp_path, config):
     model.close()
     with pytest.raises(BackendError, match="closed"):
         other.run_gear(0)
+
+
+def test_closing_the_model_waits_for_a_run_in_flight(fake, tmp_path, config):
+    """model.close() from another thread must not drop the Model under a predict: it waits
+    for the model's lock; a run that was waiting then finds the model closed."""
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    layout, session = session_for(model)
+    arrays = inputs_for(model.info.spec, model.info.input_dtypes, 0)
+    stage(session.staging, layout, model.info.spec, model.info.input_dtypes, 0, arrays)
+    outcome: list = []
+
+    def runner():
+        try:
+            outcome.append(session.run_gear(0))
+        except BackendError as exc:
+            outcome.append(exc)
+
+    worker, closer = threading.Thread(target=runner), threading.Thread(target=model.close)
+    with model.lock:  # a run of the model is in flight
+        worker.start()
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close did not wait for the run"
+        assert model.model is not None
+    worker.join()
+    closer.join()
+    (result,) = outcome  # a BackendError or the outputs, never an AttributeError
+    if isinstance(result, BackendError):  # the close went first
+        assert "closed" in result.message
+    else:
+        np.testing.assert_array_equal(result[1], expected_outputs(arrays)[1])
 
 
 def test_no_mindspore_lite_is_backend_unavailable(monkeypatch, tmp_path, config):

@@ -228,10 +228,12 @@ class MsliteModel(BackendModel):
         return MsliteSession(self, layout)
 
     def close(self) -> None:
-        """Drop the Model (MindSpore Lite frees it when collected); idempotent."""
-        self._closed = True
-        self.model = None
-        self.inputs = []
+        """Drop the Model (MindSpore Lite frees it when collected); idempotent. Waits for a
+        run in flight (the model's lock): the Model is never dropped under a predict."""
+        with self.lock:
+            self._closed = True
+            self.model = None
+            self.inputs = []
 
 
 class MsliteSession(BackendSession):
@@ -265,15 +267,19 @@ class MsliteSession(BackendSession):
             self._views.append(views)
         self._closed = False
 
+    def _check_open(self) -> None:
+        """Call with the model's lock held: the model may be closed by another thread."""
+        if self._closed or self._model.model is None:
+            raise BackendError("this mindspore_lite session (or its model) is closed")
+
     def run_gear(self, gear: int) -> list[np.ndarray]:
         """Resize if the model is on another gear, copy the staged inputs in, predict."""
         model = self._model
-        if self._closed or model.model is None:
-            raise BackendError("this mindspore_lite session (or its model) is closed")
-        if not 0 <= gear < len(self._views):
+        if not 0 <= gear < model.info.spec.gear_count:
             raise InputError(f"gear index {gear} is out of range: the model has "
-                             f"{len(self._views)} gears")
+                             f"{model.info.spec.gear_count} gears")
         with model.lock:
+            self._check_open()
             model.select(gear)
             outputs = model.predict(self._views[gear])
             arrays = [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
@@ -290,12 +296,11 @@ class MsliteSession(BackendSession):
         model = self._model
         if not model.info.hybrid:
             return super().run_dynamic(arrays)
-        if self._closed or model.model is None:
-            raise BackendError("this mindspore_lite session (or its model) is closed")
         ordered: list[np.ndarray] = [np.empty(0)] * len(arrays)
         for i, j in enumerate(model.order):
             ordered[j] = np.ascontiguousarray(arrays[i])
         with model.lock:
+            self._check_open()
             model.resize([[int(d) for d in a.shape] for a in ordered])
             outputs = model.predict(ordered)
             return [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
