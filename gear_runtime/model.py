@@ -12,6 +12,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from gear_runtime import core
 from gear_runtime.backends import BackendModel, ModelInfo, open_model
 from gear_runtime.errors import GearMismatchError, InputError
@@ -92,19 +94,17 @@ class GearModel:
 
     def gear_of(self, gear: int | Sequence[int]) -> int:
         """Index of ``gear``: an index, or a gear's dynamic values. Raises, never guesses."""
-        if isinstance(gear, int) and not isinstance(gear, bool):
+        if isinstance(gear, int | np.integer) and not isinstance(gear, bool):
             if 0 <= gear < self.gear_count:
-                return gear
+                return int(gear)
             raise InputError(f"gear index {gear} is out of range: the model has "
                              f"{self.gear_count} gears (0..{self.gear_count - 1})")
-        try:
-            values = tuple(int(v) for v in gear)  # type: ignore[union-attr]
-        except (TypeError, ValueError) as exc:
+        if isinstance(gear, str | bytes) or not isinstance(gear, Sequence | np.ndarray):
             raise InputError(f"gear must be an index or a tuple of dynamic values, got "
-                             f"{gear!r}") from exc
-        index = self.spec.gear_index(values)
+                             f"{gear!r}")
+        index = self.spec.gear_index(gear)  # integers only: 40.7 is no gear 40
         if index is None:
-            raise GearMismatchError(f"dynamic dims {values} are not a gear of the model; "
+            raise GearMismatchError(f"dynamic dims {tuple(gear)} are not a gear of the model; "
                                     f"gears: {', '.join(map(str, self.spec.gears))}")
         return index
 
@@ -118,10 +118,11 @@ class GearModel:
 
     def _output_index(self, index: int) -> int:
         n = len(self.info.output_names)
-        if not isinstance(index, int) or not 0 <= index < n:
+        if not isinstance(index, int | np.integer) or isinstance(index, bool) \
+                or not 0 <= index < n:
             raise InputError(f"output index {index!r} is out of range: the model has {n} "
                              f"outputs ({', '.join(self.info.output_names)})")
-        return index
+        return int(index)
 
     # ---- ACL-style queries (acl_mdl.h, GE-NOTES section 8) -------------------------------
     def get_input_dynamic_gear_count(self) -> int:

@@ -192,6 +192,11 @@ def test_acl_style_queries(seed_model: GearModel) -> None:
     with pytest.raises(gr.GearMismatchError):
         m.output_shape((1, 2, 3, 4), 0)
     with pytest.raises(gr.InputError):
+        m.output_shape((40.7, 40.2, 2.9, 2.5), 0)  # never truncated to gear 1
+    with pytest.raises(gr.InputError):
+        m.output_shape("0", 0)
+    assert m.output_shape(np.int64(1), 0) == (1, 40)
+    with pytest.raises(gr.InputError):
         m.output_shape(3, 0)
     with pytest.raises(gr.InputError):
         m.output_shape(0, 5)
