@@ -38,24 +38,17 @@ GEARS_TARGET = 1.2  # 100-gear match at most this many times the 2-gear match
 COPY_TARGET = 0.8  # staging bandwidth at least this fraction of np.copyto's
 
 
-def per_call_ns(stmt: str, env: dict[str, Any], calls: int, repeats: int) -> float:
-    """Best-of-``repeats`` time of one execution of ``stmt`` (a loop of ``calls`` each).
-
-    ``stmt`` is compiled into timeit's loop with bound methods prefetched into ``env``, so
-    the time is the call itself, not a lambda or attribute lookups around it.
-    """
-    timer = timeit.Timer(stmt, globals=env, timer=time.perf_counter_ns)
-    timer.timeit(1)  # warm up (first-touch page faults, caches)
-    return min(timer.repeat(repeat=repeats, number=calls)) / calls
-
-
 def interleaved_ns(stmts: list[str], env: dict[str, Any], calls: int,
                    repeats: int) -> list[float]:
     """Best-of-``repeats`` per-call times of several statements measured in turn, so that
-    they share the machine's conditions (other processes, memory bandwidth)."""
+    they share the machine's conditions (other processes, memory bandwidth).
+
+    Each statement is compiled into timeit's loop of ``calls`` with bound methods prefetched
+    into ``env``, so the time is the call itself, not a lambda or attribute lookups around it.
+    """
     timers = [timeit.Timer(s, globals=env, timer=time.perf_counter_ns) for s in stmts]
     for t in timers:
-        t.timeit(1)
+        t.timeit(1)  # warm up (first-touch page faults, caches)
     best = [float("inf")] * len(stmts)
     for _ in range(repeats):
         for k, t in enumerate(timers):
@@ -63,10 +56,15 @@ def interleaved_ns(stmts: list[str], env: dict[str, Any], calls: int,
     return best
 
 
+def per_call_ns(stmt: str, env: dict[str, Any], calls: int, repeats: int) -> float:
+    """Best-of-``repeats`` per-call time of one statement (see :func:`interleaved_ns`)."""
+    return interleaved_ns([stmt], env, calls, repeats)[0]
+
+
 def make_core(mod: Any, names: list[str], shapes: list[list[int]],
               positions: list[tuple[int, int, int]], gears: list[list[int]],
               dtype: Any = np.float32, fusion_size: int = 131072) -> tuple[Any, np.ndarray]:
-    """A core over float32 inputs with its own staging buffer (dims mode positions given)."""
+    """A core over inputs of one ``dtype`` with its own staging buffer (positions given)."""
     itemsize = np.dtype(dtype).itemsize
     nbytes = []
     for gear in gears:
