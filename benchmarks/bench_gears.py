@@ -47,11 +47,11 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
         # Default (one shared copy of the weights, ORT prepacking off) and prepack=True
         # (each gear's session prepacks its own weights: faster kernels, more memory).
         for prepack in (False, True):
-            model = gr.load(gear_path, intra_op_num_threads=threads, prepack=prepack)
-            reports[prepack] = bench_model(
-                model, iterations=iterations, warmup=warmup, threads=threads,
-                reference=str(model_path), progress=verbose,
-                inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
+            with gr.load(gear_path, intra_op_num_threads=threads, prepack=prepack) as model:
+                reports[prepack] = bench_model(
+                    model, iterations=iterations, warmup=warmup, threads=threads,
+                    reference=str(model_path), progress=verbose,
+                    inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
             reports[prepack].model = f"built-in prefill example, prepack={prepack}"
     rows = []
     for prepack, report in reports.items():

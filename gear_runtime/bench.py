@@ -21,6 +21,7 @@ overhead is the median of the per-iteration differences ``execute_i - bare_i``.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import sys
@@ -327,43 +328,45 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InputError(f"threads must be an integer >= 1, got {threads!r}")
 
-    if isinstance(model, str | os.PathLike):
-        from gear_runtime.model import load
+    # What this call opens it closes: on Ascend a loaded model holds device memory until then.
+    with contextlib.ExitStack() as owned:
+        if isinstance(model, str | os.PathLike):
+            from gear_runtime.model import load
 
-        path = os.fspath(model)
-        options: dict[str, Any] = {}
-        if threads is not None and backend == "onnxruntime":
-            options["intra_op_num_threads"] = threads
-        model = load(path, backend=backend, **options)
-    else:
-        path = repr(model)
-    rss = rss_bytes()
-    selected = parse_gears(gears, model.gear_count)
-    executor = model.create_executor()
-    handles = _backend_handles(model, executor)
+            path = os.fspath(model)
+            options: dict[str, Any] = {}
+            if threads is not None and backend == "onnxruntime":
+                options["intra_op_num_threads"] = threads
+            model = owned.enter_context(load(path, backend=backend, **options))
+        else:
+            path = repr(model)
+        rss = rss_bytes()
+        selected = parse_gears(gears, model.gear_count)
+        executor = owned.enter_context(model.create_executor())
+        handles = _backend_handles(model, executor)
 
-    ref_session, ref_name = None, None
-    if reference is not None:
-        ref_session = _reference_session(reference, model.input_names, threads)
-        ref_name = os.fspath(reference) if isinstance(reference, str | os.PathLike) else "proto"
-    elif handles.dynamic_session is not None:
-        ref_session, ref_name = handles.dynamic_session, "hybrid graph"
+        ref_session, ref_name = None, None
+        if reference is not None:
+            ref_session = _reference_session(reference, model.input_names, threads)
+            ref_name = os.fspath(reference) if isinstance(reference, str | os.PathLike) else "proto"
+        elif handles.dynamic_session is not None:
+            ref_session, ref_name = handles.dynamic_session, "hybrid graph"
 
-    report = BenchReport(model=path, backend=model.backend, mode=model.mode,
-                         iterations=iterations, warmup=warmup, threads=threads,
-                         reference=ref_name, rss_after_load_bytes=rss,
-                         staging_bytes=handles.staging_bytes,
-                         output_buffer_bytes=handles.output_buffer_bytes)
-    make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed))
-    from tqdm import tqdm
+        report = BenchReport(model=path, backend=model.backend, mode=model.mode,
+                             iterations=iterations, warmup=warmup, threads=threads,
+                             reference=ref_name, rss_after_load_bytes=rss,
+                             staging_bytes=handles.staging_bytes,
+                             output_buffer_bytes=handles.output_buffer_bytes)
+        make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed))
+        from tqdm import tqdm
 
-    with tqdm(total=len(selected) * (warmup + iterations), desc="bench", unit="it",
-              file=sys.stderr, disable=not progress, leave=False) as bar:
-        for g in selected:
-            report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
-                                            dict(make_inputs(model, g)), iterations, warmup,
-                                            bar))
-    return report
+        with tqdm(total=len(selected) * (warmup + iterations), desc="bench", unit="it",
+                  file=sys.stderr, disable=not progress, leave=False) as bar:
+            for g in selected:
+                report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
+                                                dict(make_inputs(model, g)), iterations, warmup,
+                                                bar))
+        return report
 
 
 def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,

@@ -139,6 +139,31 @@ def test_other_backends_get_no_comparison_columns(example) -> None:
     assert report.backend == "null"
 
 
+@pytest.mark.parametrize("given", ["path", "model"])
+def test_closes_what_it_opened(example, monkeypatch, given) -> None:
+    """The executor it creates is closed; the model only when it loaded it (the caller's
+    model stays open for the caller)."""
+    from gear_runtime.executor import Executor
+    from gear_runtime.model import GearModel
+
+    closed: list[str] = []
+
+    def record_close(cls: type) -> None:
+        real = cls.close
+
+        def close(self) -> None:
+            closed.append(cls.__name__)
+            real(self)
+
+        monkeypatch.setattr(cls, "close", close)
+
+    record_close(GearModel)
+    record_close(Executor)
+    model = str(example.gear) if given == "path" else gr.load(str(example.gear), backend="null")
+    bench.bench_model(model, backend="null", iterations=1, warmup=0, progress=False)
+    assert closed == (["Executor", "GearModel"] if given == "path" else ["Executor"])
+
+
 def test_plot_writes_a_png(example, tmp_path) -> None:
     report = bench.bench_model(str(example.gear), gears="0,1", iterations=2, warmup=0,
                                reference=str(example.model), inputs=example_inputs,
