@@ -125,6 +125,20 @@ def spec_from_json(text: str) -> GearSpec:
                     input_format=d.get("input_format"))
 
 
+def case_gear_table(spec: GearSpec) -> np.ndarray:
+    """Kind ``"case"``'s gear table (GE's MapIndex Const): the gears flattened, int32
+    [gear_count * values_per_gear]."""
+    return np.asarray(spec.gears, dtype=np.int32).reshape(-1)
+
+
+def sink_gear_table(spec: GearSpec) -> np.ndarray:
+    """Kind ``"sink"``'s gear table, compared with GetDynamicDims' output: per gear, the
+    value at every dynamic position (``spec.dynamic_positions`` order), int64
+    [gear_count, len(dynamic_positions)]."""
+    return np.asarray([[g[v] for _, _, v in spec.dynamic_positions] for g in spec.gears],
+                      dtype=np.int64)
+
+
 def format_output_dims(shapes: Sequence[Sequence[Sequence[int]]]) -> list[str]:
     """``shapes[gear][output]`` -> GE's ``"gearIdx,outIdx,dim0,dim1,..."`` strings."""
     return [",".join(str(v) for v in (g, k, *shape))
@@ -433,7 +447,7 @@ class _Reader:
         tables = [t for t in graph.initializer if t.name == GEAR_TABLE_NAME]
         if len(tables) != 1:
             raise self.fail(f"expected one initializer {GEAR_TABLE_NAME!r}, found {len(tables)}")
-        self._check_table(numpy_helper.to_array(tables[0]))
+        self._check_table(numpy_helper.to_array(tables[0]), case_gear_table(spec))
         root = self._root_inputs()
         if ACL_DYNAMIC_TENSOR_NAME not in root:
             raise self.fail(f"no {ACL_DYNAMIC_TENSOR_NAME!r} input")
@@ -492,12 +506,11 @@ class _Reader:
             raise self.fail(f"{len(attrs.get(ATTR_BRANCHES, []))} branches for "
                             f"{spec.gear_count} gears")
 
-    def _check_table(self, table: np.ndarray) -> None:
-        """The case gear table: int32 flattened gears."""
-        expected = np.asarray(self.spec.gears, dtype=np.int32).reshape(-1)
+    def _check_table(self, table: np.ndarray, expected: np.ndarray) -> None:
+        """The stored gear table equals the one the spec gives (shape and values)."""
         if table.shape != expected.shape or not np.array_equal(table, expected):
-            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec's "
-                            f"gears flattened are {expected.tolist()}")
+            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec "
+                            f"gives {expected.tolist()}")
 
     # ---- kind "sink" ---------------------------------------------------------------------------
     def _read_sink(self, meta: dict[str, str]) -> GearFile:
@@ -506,12 +519,7 @@ class _Reader:
         outs = list(graph.output)
         if not outs or outs[-1].name != ACL_DYNAMIC_TENSOR_NAME:
             raise self.fail(f"the last output is not {ACL_DYNAMIC_TENSOR_NAME!r}")
-        table = self._sink_table(graph)
-        expected = np.asarray([[g[v] for _, _, v in spec.dynamic_positions]
-                               for g in spec.gears], dtype=np.int64)
-        if table.shape != expected.shape or not np.array_equal(table, expected):
-            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec "
-                            f"gives {expected.tolist()}")
+        self._check_table(self._sink_table(graph), sink_gear_table(spec))
         gears: list[onnx.GraphProto] = []
         dynamic_graphs: list[onnx.GraphProto] = []
         for sub in _walk_if_tree(graph):

@@ -177,6 +177,17 @@ def test_inconsistent_sink_file(sink_file: str, tmp_path: Path) -> None:
         read_gear_file(tampered(sink_file, tmp_path,
                                 lambda m: set_meta(m, "gear_runtime.dynamic_output_dims", "{")))
 
+    def bump_table(m: onnx.ModelProto) -> None:
+        node = next(n for n in m.graph.node if list(n.output) == ["ascend_mbatch_gear_table"])
+        values = numpy_helper.to_array(node.attribute[0].t).copy()
+        values[1, 0] = 5
+        node.attribute[0].t.CopyFrom(numpy_helper.from_array(values, node.attribute[0].t.name))
+
+    with pytest.raises(GearFileError, match=r"gear table 'ascend_mbatch_gear_table' is "
+                                            r"\[\[1\], \[5\], \[8\]\], the spec gives "
+                                            r"\[\[1\], \[4\], \[8\]\]"):
+        read_gear_file(tampered(sink_file, tmp_path, bump_table))
+
 
 # ---- what the reader returns -----------------------------------------------------------------
 def test_reader_fields(case_file: str) -> None:

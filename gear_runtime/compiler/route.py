@@ -45,7 +45,9 @@ from gear_runtime.gearfile import (
     OP_CASE,
     OP_MAP_INDEX,
     RESERVED_PREFIX,
+    case_gear_table,
     format_output_dims,
+    sink_gear_table,
 )
 from gear_runtime.spec import GearSpec
 
@@ -133,8 +135,7 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     g.input.extend(static_inputs(info, spec.input_names, spec.largest_shapes()))
     g.input.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
                                                  [spec.values_per_gear]))
-    table = np.asarray(spec.gears, dtype=np.int32).reshape(-1)
-    g.initializer.append(numpy_helper.from_array(table, GEAR_TABLE_NAME))
+    g.initializer.append(numpy_helper.from_array(case_gear_table(spec), GEAR_TABLE_NAME))
     g.node.append(helper.make_node(
         OP_MAP_INDEX, [ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME], [BRANCH_INDEX_NAME],
         name=f"{RESERVED_PREFIX}MapIndex", domain=DOMAIN))
@@ -222,10 +223,9 @@ def _index_nodes(spec: GearSpec, dims: str, opset: int, names: _Names
                  ) -> list[onnx.NodeProto]:
     """dims -> BRANCH_INDEX_NAME (int64 scalar): the gear whose table row equals dims, -1 if
     none. Gears are unique, so at most one row matches: index = sum(match * (g + 1)) - 1."""
-    table = np.asarray([[g[v] for _, _, v in spec.dynamic_positions] for g in spec.gears],
-                       dtype=np.int64)
     nodes = [helper.make_node("Constant", [], [GEAR_TABLE_NAME], name=f"{GEAR_TABLE_NAME}_node",
-                              value=numpy_helper.from_array(table, GEAR_TABLE_NAME))]
+                              value=numpy_helper.from_array(sink_gear_table(spec),
+                                                            GEAR_TABLE_NAME))]
     eq, eq_i, match, ranked, total = (names(w) for w in
                                       ("eq", "eq_i64", "match", "ranked", "ranked_sum"))
     nodes += [helper.make_node("Equal", [GEAR_TABLE_NAME, dims], [eq], name=f"{eq}_node"),
