@@ -178,6 +178,19 @@ def test_inputs_matched_by_name_when_the_model_orders_them_differently(fake, tmp
         np.testing.assert_array_equal(got, w)
 
 
+def test_the_warmup_feeds_a_reordered_model_in_its_own_order(fake, tmp_path, config):
+    """Output shapes known only after a run, inputs in another order: the zero inputs of the
+    warm-up go in MODEL order (set_data_from_numpy checks every dtype and size)."""
+    order = [2, 0, 3, 1]
+    path = write(tmp_path, [INPUTS[j] for j in order], [[g[j] for j in order] for g in GEARS],
+                 output_shapes_after_resize=False)
+    model = ms_backend.open_model(path, config=config)
+    fed = fake.state.calls_named("predict")
+    assert fed[1] == [GEARS[1][j] for j in order]
+    y_shape = tuple(GEARS[1][order[0]])  # y follows the model's input 0: position_ids
+    assert model.info.output_shapes[1] == (y_shape, (8 + 8 + 32 + 16,))
+
+
 def test_inputs_matched_by_position_when_the_names_differ(fake, tmp_path, config):
     renamed = [(f"input_{i}", s, d) for i, (_, s, d) in enumerate(INPUTS)]
     model = ms_backend.open_model(write(tmp_path, renamed), config=config)

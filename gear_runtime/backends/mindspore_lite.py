@@ -29,7 +29,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -58,6 +58,8 @@ MSLITE_DTYPES: dict[str, np.dtype] = {
 }
 
 _CODE = re.compile(r"\b(\d{6}|E[A-Z0-9]\d{4})\b")
+
+T = TypeVar("T")
 
 
 def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
@@ -167,13 +169,17 @@ class MsliteModel(BackendModel):
                                    f"{model_shape} does not fit the spec's {list(spec_shape)}")
         return order
 
+    def to_model_order(self, items: Sequence[T]) -> list[T]:
+        """``items`` given in spec order (one per input), in MODEL order: what resize and
+        predict take."""
+        out = list(items)
+        for i, j in enumerate(self.order):
+            out[j] = items[i]
+        return out
+
     def model_shapes(self, gear: int) -> list[list[int]]:
         """Every model input's shape in ``gear``, in MODEL order (what resize takes)."""
-        shapes = list(self.spec.shapes(gear).values())
-        out: list[list[int]] = [[] for _ in shapes]
-        for i, j in enumerate(self.order):
-            out[j] = [int(d) for d in shapes[i]]
-        return out
+        return self.to_model_order([[int(d) for d in s] for s in self.spec.shapes(gear).values()])
 
     def select(self, gear: int) -> None:
         """Resize the Model's inputs to ``gear`` unless they already are (seed 004: resize
@@ -200,10 +206,9 @@ class MsliteModel(BackendModel):
             outputs = list(_call("Model.get_outputs", self.model.get_outputs))
             got = [tuple(int(d) for d in o.shape) for o in outputs]
             if not got or any(d < 0 for s in got for d in s):
-                zeros = [np.zeros(s, dtype=dtypes[i]) for i, s in
-                         enumerate(spec.shapes(g).values())]
-                outputs = self.predict([zeros[self.order.index(j)]
-                                        for j in range(len(self.inputs))])
+                zeros = [np.zeros(s, dtype=dt) for s, dt in
+                         zip(spec.shapes(g).values(), dtypes, strict=True)]
+                outputs = self.predict(self.to_model_order(zeros))
                 got = [tuple(int(d) for d in o.shape) for o in outputs]
             shapes.append(tuple(got))
         names = tuple(str(getattr(o, "name", f"output_{k}")) for k, o in enumerate(outputs))
@@ -259,12 +264,12 @@ class MsliteSession(BackendSession):
         # Per gear, every input as a view of the staging, in MODEL order (what predict takes).
         self._views: list[list[np.ndarray]] = []
         for g in range(spec.gear_count):
-            views: list[np.ndarray] = [np.empty(0)] * len(spec.input_names)
+            views = []
             for i, shape in enumerate(spec.shapes(g).values()):
                 off = int(layout.offset(g, i))
                 view = self.staging[off:off + expected[g][i]].view(info.input_dtypes[i])
-                views[model.order[i]] = view.reshape(shape)
-            self._views.append(views)
+                views.append(view.reshape(shape))
+            self._views.append(model.to_model_order(views))
         self._closed = False
 
     def _check_open(self) -> None:
@@ -296,9 +301,7 @@ class MsliteSession(BackendSession):
         model = self._model
         if not model.info.hybrid:
             return super().run_dynamic(arrays)
-        ordered: list[np.ndarray] = [np.empty(0)] * len(arrays)
-        for i, j in enumerate(model.order):
-            ordered[j] = np.ascontiguousarray(arrays[i])
+        ordered = model.to_model_order([np.ascontiguousarray(a) for a in arrays])
         with model.lock:
             self._check_open()
             model.resize([[int(d) for d in a.shape] for a in ordered])
