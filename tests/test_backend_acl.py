@@ -308,6 +308,21 @@ def test_acl_asks_for_padded_layouts_and_refuses_packed_ones(fake, tmp_path):
     model.close()
 
 
+def test_a_layout_planned_for_other_sizes_is_refused(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    loaded = fake.state.leaks()
+    rows = [list(r) for r in model.info.input_nbytes()]
+    rows[2][1] -= 4  # label of gear 2: 4 bytes short
+    layout = plan_layout(rows, model.info.spec.values_per_gear, **model.layout_options)
+    end = layout.offset(2, 1) + rows[2][1]
+    with pytest.raises(BackendError, match="staging layout does not fit the model") as info:
+        model.create_session(layout)
+    assert (f"input 'label' of gear 2 gets {rows[2][1]} bytes ending at {end} of "
+            f"{layout.total_bytes}, it needs {rows[2][1] + 4}") in info.value.message
+    assert fake.state.leaks() == loaded
+    model.close()
+
+
 def input_slots(fake: fake_acl.FakeAcl, dataset: int) -> tuple[int, list[tuple[int, int, int]]]:
     """The device block holding ``dataset``'s buffers and each buffer's (offset in it, length,
     slot: bytes up to the next buffer's start or the block's end), read from the double."""

@@ -139,6 +139,18 @@ def test_missing_file_and_misfit_model(fake, tmp_path, config):
         ms_backend.open_model(write(tmp_path, wrong_rank), config=config)
 
 
+def test_a_layout_planned_for_other_sizes_is_refused(fake, tmp_path, config):
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    rows = [list(r) for r in model.info.input_nbytes()]
+    rows[1][2] -= 4  # position_ids of gear 1: 4 bytes short
+    layout = plan_layout(rows, model.info.spec.values_per_gear)
+    end = layout.offset(1, 2) + rows[1][2]
+    with pytest.raises(BackendError, match="staging layout does not fit the model") as info:
+        model.create_session(layout)
+    assert (f"input 'position_ids' of gear 1 gets {rows[1][2]} bytes ending at {end} of "
+            f"{layout.total_bytes}, it needs {rows[1][2] + 4}") in info.value.message
+
+
 # ---- running ---------------------------------------------------------------------------------
 def test_every_gear_runs_from_zero_copy_views_of_the_staging(fake, tmp_path, config):
     model = ms_backend.open_model(write(tmp_path), config=config)

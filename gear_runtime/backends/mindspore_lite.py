@@ -252,7 +252,8 @@ class MsliteSession(BackendSession):
         total = int(layout.total_bytes)
         for g, row in enumerate(expected):
             for i, nbytes in enumerate(row):
-                got, end = int(layout.nbytes(g, i)), int(layout.offset(g, i)) + nbytes
+                got = int(layout.nbytes(g, i))
+                end = int(layout.offset(g, i)) + got
                 if got != nbytes or end > total:
                     raise BackendError(
                         f"staging layout does not fit the model: input {spec.input_names[i]!r} "
