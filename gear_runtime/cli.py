@@ -157,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- commands ---------------------------------------------------------------------------------
-def _existing_file(path: str, what: str) -> str:
+def _existing_file(path: str, what: str,
+                   error: type[GearRuntimeError] = GearFileError) -> str:
+    """``path`` when it is an existing file, else ``error`` naming ``what`` and the path."""
     if not os.path.exists(path):
-        raise GearFileError(f"{what} {path!r} does not exist")
+        raise error(f"{what} {path!r} does not exist")
     if not os.path.isfile(path):
-        raise GearFileError(f"{what} {path!r} is not a file")
+        raise error(f"{what} {path!r} is not a file")
     return path
 
 
@@ -216,8 +218,7 @@ def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
             raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. input_ids=ids.npy)")
         if any(name == n for n, _ in pairs):
             raise InputError(f"--input {name!r} is given twice")
-        if not os.path.isfile(path):
-            raise InputError(f"--input {item!r}: file {path!r} does not exist")
+        _existing_file(path, f"--input {name}:", InputError)
         pairs.append((name, path))
     return pairs
 

@@ -249,7 +249,8 @@ def test_run_outputs_whose_file_names_collide(capsys, tmp_path) -> None:
 
 @pytest.mark.parametrize("bad, fragment", [
     ("input_ids", "must be NAME=FILE.npy"),
-    ("input_ids=/nonexistent/ids.npy", "does not exist"),
+    ("input_ids=/nonexistent/ids.npy", "--input input_ids: '/nonexistent/ids.npy' does not exist"),
+    ("input_ids={dir}", "is not a file"),
     ("pixel_values={dir}/input_ids.npy", "no input 'pixel_values'"),
 ])
 def test_run_bad_input(capsys, example, bad, fragment) -> None:
