@@ -98,6 +98,17 @@ PASSTHROUGH_PREFIX = "ascend_mbatch_passthrough_"
 #: spec.mode -> Case ``dynamic_type``.
 DYNAMIC_TYPES = {"batch": "batch", "image_size": "image_size", "dims": "dims"}
 
+#: The AttributeProto type of each Case attribute (``pred_value_<i>``: INTS), as written.
+CASE_ATTR_TYPES = {
+    ATTR_BATCH_NUM: onnx.AttributeProto.INT,
+    ATTR_SHAPE_ORDER: onnx.AttributeProto.STRINGS,
+    ATTR_DYNAMIC_TYPE: onnx.AttributeProto.STRING,
+    ATTR_INSERT_BY_MBATCH: onnx.AttributeProto.INT,
+    ATTR_BRANCHES: onnx.AttributeProto.GRAPHS,
+    ATTR_DYNAMIC_OUTPUT_DIMS: onnx.AttributeProto.STRINGS,
+    ATTR_DYNAMIC_GRAPH: onnx.AttributeProto.GRAPH,
+}
+
 
 def batch_label(gear: int) -> str:
     """GE's batch_label of gear ``gear``: ``Batch_<gear>``."""
@@ -321,13 +332,15 @@ class _Reader:
     def _weights(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for t in self.model.graph.initializer:
-            if t.name.startswith(RESERVED_PREFIX):
-                continue
-            try:
-                out[t.name] = numpy_helper.to_array(t)
-            except Exception as exc:
-                raise self.fail(f"weight {t.name!r} cannot be read ({exc})") from exc
+            if not t.name.startswith(RESERVED_PREFIX):
+                out[t.name] = self._array(t, f"weight {t.name!r}")
         return out
+
+    def _array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
+        try:
+            return numpy_helper.to_array(tensor)
+        except Exception as exc:  # bad raw_data length, unknown data type, ...
+            raise self.fail(f"{what} cannot be read ({exc})") from exc
 
     def _root_inputs(self) -> dict[str, onnx.ValueInfoProto]:
         inputs = {vi.name: vi for vi in self.model.graph.input}
@@ -352,8 +365,13 @@ class _Reader:
         g = onnx.GraphProto()
         g.CopyFrom(graph)
         g.name = name
+        passthrough = [n for n in g.node if n.name.startswith(PASSTHROUGH_PREFIX)]
+        for n in passthrough:
+            if n.op_type != "Identity" or len(n.input) != 1 or len(n.output) != 1:
+                raise self.fail(f"graph {name!r}: passthrough node {n.name!r} is not a "
+                                f"one-input, one-output Identity")
+        rename = {n.output[0]: n.input[0] for n in passthrough}
         keep = [n for n in g.node if not n.name.startswith(PASSTHROUGH_PREFIX)]
-        rename = {n.output[0]: n.input[0] for n in g.node if n.name.startswith(PASSTHROUGH_PREFIX)}
         del g.node[:]
         g.node.extend(keep)
         for o in g.output:
@@ -439,15 +457,19 @@ class _Reader:
         if list(mapi.input) != [ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]:
             raise self.fail(f"{OP_MAP_INDEX} reads {list(mapi.input)}, expected "
                             f"{[ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]}")
-        if list(case.input) != [mapi.output[0], *spec.input_names]:
+        if list(mapi.output) != [BRANCH_INDEX_NAME]:
+            raise self.fail(f"{OP_MAP_INDEX} writes {list(mapi.output)}, expected "
+                            f"{[BRANCH_INDEX_NAME]}")
+        if list(case.input) != [BRANCH_INDEX_NAME, *spec.input_names]:
             raise self.fail(f"{OP_CASE} reads {list(case.input)}, expected the branch index "
                             f"then {list(spec.input_names)}")
-        attrs = {a.name: helper.get_attribute_value(a) for a in case.attribute}
+        attrs = self._case_attrs(case)
         self._check_case_attrs(attrs)
         tables = [t for t in graph.initializer if t.name == GEAR_TABLE_NAME]
         if len(tables) != 1:
             raise self.fail(f"expected one initializer {GEAR_TABLE_NAME!r}, found {len(tables)}")
-        self._check_table(numpy_helper.to_array(tables[0]), case_gear_table(spec))
+        self._check_table(self._array(tables[0], f"gear table {GEAR_TABLE_NAME!r}"),
+                          case_gear_table(spec))
         root = self._root_inputs()
         if ACL_DYNAMIC_TENSOR_NAME not in root:
             raise self.fail(f"no {ACL_DYNAMIC_TENSOR_NAME!r} input")
@@ -468,8 +490,7 @@ class _Reader:
         if ATTR_DYNAMIC_GRAPH in attrs:
             dg = attrs[ATTR_DYNAMIC_GRAPH]
             dynamic = self._standalone(dg, DYNAMIC_GRAPH_NAME, list(dg.input), output_names)
-        dims = [s.decode() if isinstance(s, bytes) else s
-                for s in attrs.get(ATTR_DYNAMIC_OUTPUT_DIMS, [])]
+        dims = [_text(s) for s in attrs.get(ATTR_DYNAMIC_OUTPUT_DIMS, [])]
         return self._finish(
             KIND_CASE, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
             tuple(self._dtype(outs[n]) for n in output_names), dims, branches, dynamic, None)
@@ -486,6 +507,20 @@ class _Reader:
             if p != n and not (p == f"{RESERVED_PREFIX}out_{k}" and n in roots):
                 raise self.fail(f"root output {k} is {n!r} but the routing node writes {p!r}")
 
+    def _case_attrs(self, case: onnx.NodeProto) -> dict[str, Any]:
+        """Case's attributes by name, each of the type the compiler writes (so a tampered
+        attribute is a GearFileError, never a TypeError further on)."""
+        out: dict[str, Any] = {}
+        for a in case.attribute:
+            want = (onnx.AttributeProto.INTS if a.name.startswith(ATTR_PRED_VALUE)
+                    else CASE_ATTR_TYPES.get(a.name))
+            if want is not None and a.type != want:
+                names = onnx.AttributeProto.AttributeType.Name
+                raise self.fail(f"{OP_CASE} attribute {a.name!r} is of type {names(a.type)}, "
+                                f"expected {names(want)}")
+            out[a.name] = helper.get_attribute_value(a)
+        return out
+
     def _check_case_attrs(self, attrs: dict[str, Any]) -> None:
         spec = self.spec
         if attrs.get(ATTR_BATCH_NUM) != spec.gear_count:
@@ -495,11 +530,11 @@ class _Reader:
             got = attrs.get(f"{ATTR_PRED_VALUE}{i}")
             if got is None or tuple(got) != gear:
                 raise self.fail(f"{ATTR_PRED_VALUE}{i} is {got!r}, the spec's gear {i} is {gear}")
-        order = tuple(s.decode() for s in attrs.get(ATTR_SHAPE_ORDER, []))
+        order = tuple(_text(s) for s in attrs.get(ATTR_SHAPE_ORDER, []))
         if order != spec.input_names:
             raise self.fail(f"{ATTR_SHAPE_ORDER} is {list(order)}, the spec's inputs are "
                             f"{list(spec.input_names)}")
-        dtype = attrs.get(ATTR_DYNAMIC_TYPE, b"").decode()
+        dtype = _text(attrs.get(ATTR_DYNAMIC_TYPE, b""))
         if dtype != DYNAMIC_TYPES[spec.mode]:
             raise self.fail(f"{ATTR_DYNAMIC_TYPE} is {dtype!r}, the spec's mode is {spec.mode!r}")
         if len(attrs.get(ATTR_BRANCHES, [])) != spec.gear_count:
@@ -558,8 +593,14 @@ class _Reader:
             if node.op_type == "Constant" and list(node.output) == [GEAR_TABLE_NAME]:
                 for a in node.attribute:
                     if a.name == "value":
-                        return numpy_helper.to_array(a.t)
+                        return self._array(a.t, f"gear table {GEAR_TABLE_NAME!r}")
         raise self.fail(f"no Constant {GEAR_TABLE_NAME!r} in the root graph")
+
+
+def _text(value: bytes) -> str:
+    """A STRING(S) attribute value as text; bytes that are not UTF-8 become U+FFFD, so they
+    fail the comparison they are read for instead of raising UnicodeDecodeError."""
+    return value.decode("utf-8", "replace")
 
 
 def _walk_if_tree(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

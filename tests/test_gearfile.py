@@ -130,6 +130,21 @@ def _relabel(m: onnx.ModelProto) -> None:
     attr.graphs[2].name = "Batch_1"
 
 
+def _bad_passthrough(m: onnx.ModelProto) -> None:
+    attr = next(a for a in case_node(m).attribute if a.name == "branches")
+    attr.graphs[0].node.append(helper.make_node("Identity", [], [],
+                                                name="ascend_mbatch_passthrough_x"))
+
+
+def _truncate_table(m: onnx.ModelProto) -> None:
+    t = next(t for t in m.graph.initializer if t.name == "ascend_mbatch_gear_table")
+    t.raw_data = b"\x01\x02\x03"
+
+
+def _rename_index(m: onnx.ModelProto) -> None:
+    next(n for n in m.graph.node if n.op_type == "MapIndex").output[0] = "idx"
+
+
 def _bump_table(m: onnx.ModelProto) -> None:
     t = next(t for t in m.graph.initializer if t.name == "ascend_mbatch_gear_table")
     values = numpy_helper.to_array(t).copy()
@@ -150,6 +165,26 @@ def _bump_table(m: onnx.ModelProto) -> None:
      "output dims missing"),
     (_bump_table, r"gear table 'ascend_mbatch_gear_table' is \[9, 8, 8, 4,"),
     (lambda m: m.graph.node.remove(case_node(m)), "one MapIndex and one Case"),
+    # attributes of another type, unreadable tensors, bytes that are not UTF-8
+    (lambda m: set_attr(case_node(m), "user_designate_shape_order", 5),
+     "Case attribute 'user_designate_shape_order' is of type INT, expected STRINGS"),
+    (lambda m: set_attr(case_node(m), "dynamic_type", [1, 2]),
+     "'dynamic_type' is of type INTS, expected STRING"),
+    (lambda m: set_attr(case_node(m), "dynamic_output_dims", [1, 2]),
+     "'dynamic_output_dims' is of type INTS, expected STRINGS"),
+    (lambda m: set_attr(case_node(m), "pred_value_0", "8,8,8,4"),
+     "'pred_value_0' is of type STRING, expected INTS"),
+    (lambda m: set_attr(case_node(m), "branches", helper.make_graph([], "Batch_0", [], [])),
+     "'branches' is of type GRAPH, expected GRAPHS"),
+    (lambda m: set_attr(case_node(m), "dynamic_graph", 3),
+     "'dynamic_graph' is of type INT, expected GRAPH"),
+    (lambda m: set_attr(case_node(m), "user_designate_shape_order", [b"\xff"]),
+     "user_designate_shape_order is"),
+    (lambda m: set_attr(case_node(m), "dynamic_output_dims", [b"\xff"]),
+     "dynamic_output_dims: invalid literal"),
+    (_truncate_table, "gear table 'ascend_mbatch_gear_table' cannot be read"),
+    (_bad_passthrough, "passthrough node 'ascend_mbatch_passthrough_x' is not a one-input"),
+    (_rename_index, r"MapIndex writes \['idx'\], expected \['ascend_mbatch_branch_index'\]"),
 ])
 def test_inconsistent_case_file(case_file: str, tmp_path: Path,
                                 change: Callable[[onnx.ModelProto], None], words: str) -> None:
