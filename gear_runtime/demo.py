@@ -185,7 +185,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
     off_feeds = prefill.inputs_for_shapes(prefill.example_shapes(OFF_GEAR_SEQ), seed=7)
     off_dims = (OFF_GEAR_SEQ,) * 3 + (prefill.IMAGE_TOKENS,)
     with _section(out, f"5. Out-of-gear request (seq_len {OFF_GEAR_SEQ}) on the gear file"):
-        _expect_refusal(out, checks, "execute with seq_len 100 inputs is refused",
+        _expect_refusal(out, checks, f"execute with seq_len {OFF_GEAR_SEQ} inputs is refused",
                         lambda: ex.execute(off_feeds))
         _expect_refusal(out, checks, f"set_dynamic_dims({list(off_dims)}) is refused",
                         lambda: ex.set_dynamic_dims(off_dims))
