@@ -27,7 +27,8 @@ class GearTable {
 
   size_t gear_count() const noexcept { return count_; }
   size_t values_per_gear() const noexcept { return width_; }
-  // Gear g's values (width() of them). g must be < gear_count() (unchecked: internal use).
+  // Gear g's values (values_per_gear() of them). g must be < gear_count() (unchecked:
+  // internal use).
   const int64_t* gear(size_t g) const noexcept { return flat_.data() + g * width_; }
   std::vector<int64_t> gear_vector(size_t g) const;
 
