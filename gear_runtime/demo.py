@@ -216,7 +216,9 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
 
 
 def _expect_refusal(out: TextIO, checks: _Checks, name: str, call: Callable[[], Any]) -> None:
-    """The call must raise GearMismatchError with GE's code 145013 and a message naming gears."""
+    """The call must raise GearMismatchError with GE's code 145013; its message (which names
+    the legal gears) is printed for the reader, not checked. Another GearRuntimeError
+    propagates: a failed step."""
     try:
         call()
     except GearMismatchError as exc:
