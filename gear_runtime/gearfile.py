@@ -128,11 +128,16 @@ def spec_to_json(spec: GearSpec) -> str:
 
 
 def spec_from_json(text: str) -> GearSpec:
-    """Inverse of :func:`spec_to_json`; GearSpecError / ValueError / KeyError on bad text."""
+    """Inverse of :func:`spec_to_json`; GearSpecError / ValueError / KeyError / TypeError on
+    bad text. The JSON values go to GearSpec as they are: its own checks refuse what is not
+    a spec (converting first would turn the string ``"ab"`` into the names ``("a", "b")``)."""
     d = json.loads(text)
-    return GearSpec(mode=d["mode"], input_names=tuple(d["input_names"]),
-                    input_shapes=tuple(tuple(s) for s in d["input_shapes"]),
-                    gears=tuple(tuple(g) for g in d["gears"]), hybrid=bool(d["hybrid"]),
+    if not isinstance(d, dict):
+        raise ValueError(f"a JSON object expected, got {type(d).__name__}")
+    if not isinstance(d["hybrid"], bool):
+        raise ValueError(f"'hybrid' must be true or false, got {d['hybrid']!r}")
+    return GearSpec(mode=d["mode"], input_names=d["input_names"],
+                    input_shapes=d["input_shapes"], gears=d["gears"], hybrid=d["hybrid"],
                     input_format=d.get("input_format"))
 
 
@@ -312,7 +317,7 @@ class _Reader:
                             f"version {FORMAT_VERSION!r}")
         try:
             spec = spec_from_json(meta.get(META_SPEC, ""))
-        except (GearSpecError, ValueError, KeyError, TypeError) as exc:
+        except (GearSpecError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise self.fail(f"metadata {META_SPEC!r} is not a valid spec ({exc})") from exc
         kind = meta.get(META_KIND)
         if kind not in KINDS:
@@ -581,7 +586,7 @@ class _Reader:
             dims = json.loads(meta.get(META_OUTPUT_DIMS, "null"))
             if not isinstance(dims, list):
                 raise ValueError("not a list")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise self.fail(f"metadata {META_OUTPUT_DIMS!r} is not a JSON list ({exc})") from exc
         return self._finish(
             KIND_SINK, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,

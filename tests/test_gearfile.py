@@ -110,6 +110,12 @@ def test_wrong_format_version(case_file: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("key", "value", "words"), [
     (META_SPEC, "{not json", "not a valid spec"),
     (META_SPEC, '{"mode": "batch"}', "not a valid spec"),
+    (META_SPEC, "[1, 2]", "a JSON object expected, got list"),
+    (META_SPEC, "[" * 100_000 + "]" * 100_000, "not a valid spec"),   # RecursionError inside
+    (META_SPEC, '{"mode": "batch", "input_names": "ab", "input_shapes": [[-1, 4]], '
+                '"gears": [[1], [2]], "hybrid": false}', "input_names must be a sequence of str"),
+    (META_SPEC, '{"mode": "dims", "input_names": ["input_ids"], "input_shapes": [[1, -1]], '
+                '"gears": [[8]], "hybrid": "0"}', "'hybrid' must be true or false, got '0'"),
     (META_KIND, "tree", "'tree', expected one of"),
     (META_HYBRID, "1", "hybrid"),
 ])
@@ -208,9 +214,10 @@ def test_inconsistent_sink_file(sink_file: str, tmp_path: Path) -> None:
 
     with pytest.raises(GearFileError, match="appears twice"):
         read_gear_file(tampered(sink_file, tmp_path, relabel))
-    with pytest.raises(GearFileError, match="not a JSON list"):
-        read_gear_file(tampered(sink_file, tmp_path,
-                                lambda m: set_meta(m, "gear_runtime.dynamic_output_dims", "{")))
+    for dims in ("{", "[" * 100_000):
+        with pytest.raises(GearFileError, match="not a JSON list"):
+            read_gear_file(tampered(sink_file, tmp_path, lambda m, dims=dims: set_meta(
+                m, "gear_runtime.dynamic_output_dims", dims)))
 
     def bump_table(m: onnx.ModelProto) -> None:
         node = next(n for n in m.graph.node if list(n.output) == ["ascend_mbatch_gear_table"])
