@@ -161,7 +161,7 @@ class OrtModel(BackendModel):
     def session_options(self, share: bool = True) -> ort.SessionOptions:
         so = ort.SessionOptions()
         # Errors reach the caller as BackendError; ORT's own copy on stderr would only
-        # duplicate them (and break one-line CLI errors). Warnings stay visible via config.
+        # duplicate them (and break one-line CLI errors): log errors and worse only.
         so.log_severity_level = 3
         if self._threads is not None:
             so.intra_op_num_threads = self._threads
