@@ -261,6 +261,17 @@ def custom_op_model() -> onnx.ModelProto:
     return model
 
 
+def nonzero_model(width: int = 4) -> onnx.ModelProto:
+    """An output shape that depends on the input VALUES: ``y = NonZero(x)``, int64 [2, K] with
+    K the count of non-zero entries of ``x`` float32 [N, width] (no gear can fix it: the
+    compiler must refuse it)."""
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["y"], name="nonzero")], "nonzero_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])])
+    return _finish(graph)
+
+
 def control_flow_model(width: int = 4, seed: int = 0) -> onnx.ModelProto:
     """A model with its own ``If`` whose branches read outer values (an intermediate ``h``
     and the weight ``w``): renaming a branch must follow references into subgraphs.

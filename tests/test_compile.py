@@ -17,6 +17,7 @@ from models import (
     conv_model,
     custom_op_model,
     heavy_model,
+    nonzero_model,
     prefill_model,
     random_inputs,
     reshape_model,
@@ -261,6 +262,15 @@ def test_an_output_shape_that_cannot_be_determined_is_an_error(tmp_path: Path) -
     spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
     with pytest.raises(CompileError, match=r"gear 0 .*could not run on ONNX Runtime"):
         compile_model(custom_op_model(), spec, tmp_path / "x.gear.onnx", progress=False)
+
+
+def test_an_output_shape_that_depends_on_the_input_values_is_an_error(tmp_path: Path) -> None:
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
+    with pytest.raises(CompileError, match=r"gear 0 .*output 'y' is \(2, 0\) with zero inputs "
+                                           r"but \(2, 4\) with float inputs of one: its shape "
+                                           r"depends on the input values"):
+        compile_model(nonzero_model(), spec, tmp_path / "x.gear.onnx", progress=False)
+    assert not list(tmp_path.iterdir())
 
 
 # ---- the GE structure -------------------------------------------------------------------------

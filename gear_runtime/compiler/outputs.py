@@ -1,10 +1,13 @@
 """Per-gear output shapes, known at compile time (GE's ATTR_NAME_DYNAMIC_OUTPUT_DIMS).
 
 First from static shape inference of the gear's branch; where inference leaves a dim unknown,
-from ONE real run of that branch on ONNX Runtime (CPU) with zero-filled inputs (zeros, not
-ones: a 1 can index past a small table in a Gather). An output whose shape still cannot be
-known is a CompileError: a gear file never holds an empty or guessed shape (GE's silent empty
-shape is the weakness we do not copy).
+from a real run of that branch on ONNX Runtime (CPU) with zero-filled inputs (zeros, not
+ones: a 1 can index past a small table in a Gather), run a second time with the float and
+bool inputs set to 1 / True: an output whose shape changes depends on the input VALUES
+(NonZero, Unique, Compress, ...), has no static shape per gear, and is refused. An output whose
+shape still cannot be known is a CompileError: a gear file never holds an empty or guessed
+shape (GE's silent empty shape is the weakness we do not copy). Limit: a shape that depends
+only on the values of integer inputs (kept 0 in both runs) is not caught.
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ def inferred_shapes(inferred: onnx.GraphProto,
 
 def run_for_shapes(branch: onnx.GraphProto, source: onnx.ModelProto, info: GraphInfo,
                    shapes: Mapping[str, Sequence[int]], gear: int) -> list[tuple[int, ...]]:
-    """Run ``branch`` once on ONNX Runtime (CPU) with zero inputs of ``shapes``; its real
-    output shapes. CompileError (naming the gear and the failure) when it cannot run."""
+    """Run ``branch`` on ONNX Runtime (CPU) with zero inputs of ``shapes``; its real output
+    shapes. CompileError (naming the gear and the failure) when it cannot run, or (naming
+    the output and both shapes) when a second run with float/bool inputs set to one gives
+    another shape."""
     import onnxruntime as ort
 
     g = onnx.GraphProto()
@@ -54,19 +59,28 @@ def run_for_shapes(branch: onnx.GraphProto, source: onnx.ModelProto, info: Graph
     model = helper.make_model(
         g, opset_imports=[o for o in source.opset_import if o.domain != DOMAIN])
     model.ir_version = source.ir_version
-    feeds = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+    zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+    ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
+    # positional: a passthrough output of the branch has its Identity's name
+    names = [o.name for o in branch.output]
     try:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model.SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
-        # positional: a passthrough output of the branch has its Identity's name
-        results = sess.run([o.name for o in branch.output], feeds)
+        runs = [[tuple(int(d) for d in np.shape(r)) for r in sess.run(names, feeds)]
+                for feeds in (zeros, ones)]
     except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
         raise CompileError(
             f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and the "
             f"branch could not run on ONNX Runtime to find them: {exc}") from exc
-    return [tuple(int(d) for d in np.shape(r)) for r in results]
+    for t, a, b in zip(info.outputs, *runs, strict=True):
+        if a != b:
+            raise CompileError(
+                f"gear {gear} {dict(shapes)}: output {t.name!r} is {a} with zero inputs but {b} "
+                f"with float inputs of one: its shape depends on the input values (NonZero, "
+                f"Unique, ...), so no gear can give it a static shape")
+    return runs[0]
 
 
 def gear_output_shapes(inferred: onnx.GraphProto, branch: onnx.GraphProto,
