@@ -486,8 +486,12 @@ class FakeAcl:
         model_id = self.state.descs.get(desc)
         return None if model_id is None else self.state.models.get(model_id)
 
-    def _input_entry(self, om: FakeOm, index: int) -> tuple[str, list[int], np.dtype, int] | None:
-        """(name, dims with -1, dtype, max bytes) of model input ``index``; dims input last."""
+    def _input_entry(self, desc: int, index: int) -> tuple[str, list[int], np.dtype, int] | None:
+        """(name, dims with -1, dtype, max bytes) of model input ``index`` of the model that
+        ``desc`` describes (the dims input last); None for a bad desc or index."""
+        om = self._om(desc)
+        if om is None:
+            return None
         n = len(om.names)
         if 0 <= index < n:
             return om.names[index], list(om.shapes[index]), om.dtypes[index], \
@@ -505,29 +509,29 @@ class FakeAcl:
         return 0 if self._om(desc) is None else len(OUTPUT_NAMES)
 
     def _mdl_get_input_name_by_index(self, desc: int, index: int) -> str:
-        om = self._om(desc)
-        entry = None if om is None else self._input_entry(om, index)
+        entry = self._input_entry(desc, index)
         return "" if entry is None else entry[0]
 
+    def _output_om(self, desc: int, index: int) -> FakeOm | None:
+        """The model ``desc`` describes when ``index`` is one of its outputs, else None."""
+        om = self._om(desc)
+        return om if om is not None and 0 <= index < len(OUTPUT_NAMES) else None
+
     def _mdl_get_output_name_by_index(self, desc: int, index: int) -> str:
-        ok = self._om(desc) is not None and 0 <= index < len(OUTPUT_NAMES)
-        return OUTPUT_NAMES[index] if ok else ""
+        return "" if self._output_om(desc, index) is None else OUTPUT_NAMES[index]
 
     def _mdl_get_input_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
-        om = self._om(desc)
-        entry = None if om is None else self._input_entry(om, index)
+        entry = self._input_entry(desc, index)
         if entry is None:
             return {}, ACL_ERROR_INVALID_PARAM
         return {"name": entry[0], "dimCount": len(entry[1]), "dims": entry[1]}, ACL_SUCCESS
 
     def _mdl_get_input_data_type(self, desc: int, index: int) -> int:
-        om = self._om(desc)
-        entry = None if om is None else self._input_entry(om, index)
+        entry = self._input_entry(desc, index)
         return -1 if entry is None else ACL_DTYPE[entry[2].name]
 
     def _mdl_get_input_size_by_index(self, desc: int, index: int) -> int:
-        om = self._om(desc)
-        entry = None if om is None else self._input_entry(om, index)
+        entry = self._input_entry(desc, index)
         return 0 if entry is None else entry[3]
 
     def _mdl_get_input_index_by_name(self, desc: int, name: str) -> tuple[int, int]:
@@ -542,26 +546,24 @@ class FakeAcl:
         return {"name": OUTPUT_NAMES[index], "dimCount": len(dims), "dims": dims}
 
     def _mdl_get_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
-        om = self._om(desc)
-        if om is None or not 0 <= index < len(OUTPUT_NAMES):
+        om = self._output_om(desc, index)
+        if om is None:
             return {}, ACL_ERROR_INVALID_PARAM
         return self._out_dims(om, om.largest_gear(), index), ACL_SUCCESS
 
     def _mdl_get_cur_output_dims(self, desc: int, index: int) -> tuple[dict[str, Any], int]:
-        om = self._om(desc)
-        if om is None or not 0 <= index < len(OUTPUT_NAMES):
+        om = self._output_om(desc, index)
+        if om is None:
             return {}, ACL_ERROR_INVALID_PARAM
         gear = om.largest_gear() if om.current_gear is None else om.current_gear
         return self._out_dims(om, gear, index), ACL_SUCCESS
 
     def _mdl_get_output_data_type(self, desc: int, index: int) -> int:
-        ok = self._om(desc) is not None and 0 <= index < len(OUTPUT_NAMES)
-        return ACL_DTYPE["float32"] if ok else -1
+        return -1 if self._output_om(desc, index) is None else ACL_DTYPE["float32"]
 
     def _mdl_get_output_size_by_index(self, desc: int, index: int) -> int:
-        om = self._om(desc)
-        ok = om is not None and 0 <= index < len(OUTPUT_NAMES)
-        return om.max_output_nbytes(index) if ok else 0  # type: ignore[union-attr]
+        om = self._output_om(desc, index)
+        return 0 if om is None else om.max_output_nbytes(index)
 
     def _mdl_get_dynamic_batch(self, desc: int) -> tuple[dict[str, Any], int]:
         om = self._om(desc)

@@ -76,8 +76,7 @@ class DataType(enum.Enum):
     FLOAT64 = 44
 
 
-_TO_DATATYPE = {np.dtype(n.lower() if n != "BOOL" else "bool"): m
-                for n, m in DataType.__members__.items() if n != "UNKNOWN"}
+_TO_DATATYPE = {np.dtype(n.lower()): m for n, m in DataType.__members__.items() if n != "UNKNOWN"}
 
 
 @dataclass

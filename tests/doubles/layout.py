@@ -11,24 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_FUSION_SIZE = 131072
+import numpy as np
 
-
-def real_core() -> Any | None:
-    """``gear_runtime.core`` when the C++ core is built (has plan_layout), else None."""
-    try:
-        from gear_runtime import core
-    except ImportError:
-        return None
-    return core if hasattr(core, "plan_layout") and hasattr(core, "ExecutorCore") else None
+from gear_runtime import core
 
 
 def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
-                fusion_size: int = DEFAULT_FUSION_SIZE, **options: int) -> Any:
+                fusion_size: int = core.DEFAULT_FUSION_SIZE, **options: int) -> Any:
     """``gear_runtime.core.plan_layout``; ``options`` are a backend's ``layout_options``
     (e.g. ``alignment``, ``tail_padding``)."""
-    from gear_runtime import core  # ImportError when the core is not built: it is required
-
     return core.plan_layout(input_nbytes, dims_count, fusion_size=fusion_size, **options)
 
 
@@ -36,8 +27,6 @@ def stage(staging: Any, layout: Any, spec: Any, dtypes: Sequence[Any], gear: int
           arrays: Sequence[Any]) -> None:
     """What the core's ``stage`` does for a known gear: every input at ``offset(gear, i)``,
     the int32 dynamic values at ``dims_offset(gear)`` (tests only; no checks)."""
-    import numpy as np
-
     for i, a in enumerate(arrays):
         off, n = int(layout.offset(gear, i)), int(layout.nbytes(gear, i))
         staging[off:off + n] = np.ascontiguousarray(a, dtype=dtypes[i]).view(np.uint8).ravel()
