@@ -258,6 +258,23 @@ def test_unknown_shapes_fall_back_to_one_real_run(compiled) -> None:
     assert gf.output_size(2, 0) == 2 * 4 * 4
 
 
+def test_the_fallback_builds_one_session_for_all_gears(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    built = []
+    real = ort.InferenceSession
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", counting)
+    report = compile_gears(CASES["sqrt_slice"][0](), spec_of("sqrt_slice"),
+                           tmp_path / "s.gear.onnx", progress=False)
+    assert report.ran_on_ort == [0, 1, 2] and len(built) == 1
+
+
 def test_an_output_shape_that_cannot_be_determined_is_an_error(tmp_path: Path) -> None:
     spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
     with pytest.raises(CompileError, match=r"gear 0 .*could not run on ONNX Runtime"):

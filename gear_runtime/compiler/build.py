@@ -29,7 +29,7 @@ from gear_runtime.compiler.branch import (
     static_inputs,
 )
 from gear_runtime.compiler.check import check_reserved, check_spec, inspect_model, load_model
-from gear_runtime.compiler.outputs import gear_output_shapes, set_output_shapes
+from gear_runtime.compiler.outputs import ShapeRunner, gear_output_shapes, set_output_shapes
 from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile import (
@@ -109,6 +109,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     skeleton = make_skeleton(source)
     branches: list[onnx.GraphProto] = []
     shapes: list[list[tuple[int, ...]]] = []
+    runner = ShapeRunner(source, info)
     bar = tqdm(total=spec.gear_count, desc="compiling gears", unit="gear", file=sys.stderr,
                disable=not progress or not _is_tty(sys.stderr))
     try:
@@ -118,7 +119,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
             inferred = infer_gear(skeleton, gear_shapes, i)
             inputs = static_inputs(info, spec.input_names, gear_shapes)
             branch = build_branch(inferred, i, inputs, list(inferred.output), info.weights)
-            out_shapes, ran = gear_output_shapes(inferred, branch, source, info, gear_shapes, i)
+            out_shapes, ran = gear_output_shapes(inferred, runner, info, gear_shapes, i)
             if ran:
                 report.ran_on_ort.append(i)
             set_output_shapes(branch, info, out_shapes)
@@ -127,6 +128,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
             bar.update(1)
     finally:
         bar.close()
+        runner.close()
 
     dynamic = None
     if spec.hybrid:

@@ -1,18 +1,20 @@
 """Per-gear output shapes, known at compile time (GE's ATTR_NAME_DYNAMIC_OUTPUT_DIMS).
 
 First from static shape inference of the gear's branch; where inference leaves a dim unknown,
-from a real run of that branch on ONNX Runtime (CPU) with zero-filled inputs (zeros, not
-ones: a 1 can index past a small table in a Gather), run a second time with the float and
-bool inputs set to 1 / True: an output whose shape changes depends on the input VALUES
-(NonZero, Unique, Compress, ...), has no static shape per gear, and is refused. An output whose
-shape still cannot be known is a CompileError: a gear file never holds an empty or guessed
-shape (GE's silent empty shape is the weakness we do not copy). Limit: a shape that depends
-only on the values of integer inputs (kept 0 in both runs) is not caught.
+from a real run of the model with the gear's input shapes on ONNX Runtime (CPU; one session
+for all gears) with zero-filled inputs (zeros, not ones: a 1 can index past a small table in
+a Gather), run a second time with the float and bool inputs set to 1 / True: an output whose
+shape changes depends on the input VALUES (NonZero, Unique, Compress, ...), has no static
+shape per gear, and is refused. An output whose shape still cannot be known is a
+CompileError: a gear file never holds an empty or guessed shape (GE's silent empty shape is
+the weakness we do not copy). Limit: a shape that depends only on the values of integer
+inputs (kept 0 in both runs) is not caught.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +22,6 @@ from onnx import helper
 
 from gear_runtime.compiler.check import GraphInfo
 from gear_runtime.errors import CompileError
-from gear_runtime.gearfile import DOMAIN
 
 
 def inferred_shapes(inferred: onnx.GraphProto,
@@ -45,46 +46,61 @@ def inferred_shapes(inferred: onnx.GraphProto,
     return out
 
 
-def run_for_shapes(branch: onnx.GraphProto, source: onnx.ModelProto, info: GraphInfo,
-                   shapes: Mapping[str, Sequence[int]], gear: int) -> list[tuple[int, ...]]:
-    """Run ``branch`` on ONNX Runtime (CPU) with zero inputs of ``shapes``; its real output
-    shapes. CompileError (naming the gear and the failure) when it cannot run, or (naming
-    the output and both shapes) when a second run with float/bool inputs set to one gives
-    another shape."""
-    import onnxruntime as ort
+class ShapeRunner:
+    """Runs the source model on ONNX Runtime (CPU) for the gears whose output shapes
+    inference leaves unknown: ONE session (one copy of the weights), built on first use and
+    reused for every such gear (a gear's branch is the source graph with the gear's static
+    inputs, so its outputs have the shapes the source gives for those inputs)."""
 
-    g = onnx.GraphProto()
-    g.CopyFrom(branch)
-    g.initializer.extend(source.graph.initializer)
-    model = helper.make_model(
-        g, opset_imports=[o for o in source.opset_import if o.domain != DOMAIN])
-    model.ir_version = source.ir_version
-    zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
-    ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
-    # positional: a passthrough output of the branch has its Identity's name
-    names = [o.name for o in branch.output]
-    try:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
-        runs = [[tuple(int(d) for d in np.shape(r)) for r in sess.run(names, feeds)]
-                for feeds in (zeros, ones)]
-    except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
-        raise CompileError(
-            f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and the "
-            f"branch could not run on ONNX Runtime to find them: {exc}") from exc
-    for t, a, b in zip(info.outputs, *runs, strict=True):
-        if a != b:
+    def __init__(self, source: onnx.ModelProto, info: GraphInfo) -> None:
+        self._source = source
+        self._info = info
+        self._session: Any = None
+
+    def _get_session(self) -> Any:
+        if self._session is None:
+            import onnxruntime as ort
+
+            model = onnx.ModelProto()
+            model.CopyFrom(self._source)
+            model.graph.ClearField("value_info")  # stale exporter shapes must not get in the way
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            self._session = ort.InferenceSession(model.SerializeToString(), opts,
+                                                 providers=["CPUExecutionProvider"])
+        return self._session
+
+    def close(self) -> None:
+        """Drop the session (and its copy of the weights)."""
+        self._session = None
+
+    def run(self, shapes: Mapping[str, Sequence[int]], gear: int) -> list[tuple[int, ...]]:
+        """The real output shapes for inputs of ``shapes``, from zero inputs. CompileError
+        (naming the gear and the failure) when the model cannot run, or (naming the output
+        and both shapes) when a second run with float/bool inputs set to one gives another
+        shape."""
+        info = self._info
+        zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+        ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
+        names = [t.name for t in info.outputs]
+        try:
+            session = self._get_session()
+            runs = [[tuple(int(d) for d in np.shape(r)) for r in session.run(names, feeds)]
+                    for feeds in (zeros, ones)]
+        except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
             raise CompileError(
-                f"gear {gear} {dict(shapes)}: output {t.name!r} is {a} with zero inputs but {b} "
-                f"with float inputs of one: its shape depends on the input values (NonZero, "
-                f"Unique, ...), so no gear can give it a static shape")
-    return runs[0]
+                f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and "
+                f"the model could not run on ONNX Runtime to find them: {exc}") from exc
+        for t, a, b in zip(info.outputs, *runs, strict=True):
+            if a != b:
+                raise CompileError(
+                    f"gear {gear} {dict(shapes)}: output {t.name!r} is {a} with zero inputs but "
+                    f"{b} with float inputs of one: its shape depends on the input values "
+                    f"(NonZero, Unique, ...), so no gear can give it a static shape")
+        return runs[0]
 
 
-def gear_output_shapes(inferred: onnx.GraphProto, branch: onnx.GraphProto,
-                       source: onnx.ModelProto, info: GraphInfo,
+def gear_output_shapes(inferred: onnx.GraphProto, runner: ShapeRunner, info: GraphInfo,
                        shapes: Mapping[str, Sequence[int]],
                        gear: int) -> tuple[list[tuple[int, ...]], bool]:
     """Every output's static shape in this gear, and whether ORT had to be run for it."""
@@ -92,7 +108,7 @@ def gear_output_shapes(inferred: onnx.GraphProto, branch: onnx.GraphProto,
     static = inferred_shapes(inferred, names)
     if all(s is not None for s in static):
         return [s for s in static if s is not None], False
-    real = run_for_shapes(branch, source, info, shapes, gear)
+    real = runner.run(shapes, gear)
     for k, (s, r) in enumerate(zip(static, real, strict=True)):
         if s is not None and s != r:
             raise CompileError(f"gear {gear}: output {names[k]!r} is {r} when run but shape "
