@@ -237,3 +237,11 @@ def test_hybrid_miss_goes_to_the_dynamic_graph_and_is_checked_like_a_hit() -> No
         ex.execute([np.zeros((1, 5), np.float64)])
     ex.execute([np.zeros((1, 8), np.float32)])
     assert ex.last_gear == 1
+
+
+def test_a_backend_whose_module_is_missing_says_what_to_install(monkeypatch) -> None:
+    from gear_runtime import backends
+
+    monkeypatch.setitem(backends.BACKENDS, "ghost", "ghost_runtime_module_xyz")
+    with pytest.raises(gr.BackendUnavailableError, match="pip install ghost_runtime_module_xyz"):
+        gr.load("x.onnx", backend="ghost")

@@ -14,21 +14,26 @@ import importlib
 import inspect
 from typing import Any
 
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.backends.base import (
+    BackendModel,
+    BackendSession,
+    ModelInfo,
+    aligned_buffer,
+    import_runtime,
+)
 from gear_runtime.errors import BackendUnavailableError, GearRuntimeError, InputError
 
-#: backend name -> (module, what to install when its runtime is missing)
-BACKENDS: dict[str, tuple[str, str]] = {
-    "onnxruntime": ("gear_runtime.backends.onnxruntime",
-                    "pip install onnxruntime (or onnxruntime-gpu)"),
-    "acl": ("gear_runtime.backends.acl",
-            "the CANN toolkit (pyACL): source set_env.sh of Ascend-cann-toolkit"),
-    "mindspore_lite": ("gear_runtime.backends.mindspore_lite",
-                       "pip install mindspore-lite (Ascend build)"),
-    "null": ("gear_runtime.backends.null", ""),
+#: backend name -> module. acl and mindspore_lite import their runtime only when a model is
+#: opened (and say what to install then); onnxruntime is a dependency of the package.
+BACKENDS: dict[str, str] = {
+    "onnxruntime": "gear_runtime.backends.onnxruntime",
+    "acl": "gear_runtime.backends.acl",
+    "mindspore_lite": "gear_runtime.backends.mindspore_lite",
+    "null": "gear_runtime.backends.null",
 }
 
-__all__ = ["BACKENDS", "BackendModel", "BackendSession", "ModelInfo", "open_model"]
+__all__ = ["BACKENDS", "BackendModel", "BackendSession", "ModelInfo", "aligned_buffer",
+           "import_runtime", "open_model"]
 
 
 def open_model(path: str, backend: str, **options: Any) -> BackendModel:
@@ -40,13 +45,12 @@ def open_model(path: str, backend: str, **options: Any) -> BackendModel:
     if backend not in BACKENDS:
         raise GearRuntimeError(
             f"backend {backend!r} is unknown; expected one of {', '.join(sorted(BACKENDS))}")
-    module_name, install = BACKENDS[backend]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(BACKENDS[backend])
     except ImportError as exc:
         raise BackendUnavailableError(
-            f"backend {backend!r} needs a runtime that is not installed here ({exc}); "
-            f"install {install}") from exc
+            f"backend {backend!r} needs a module that is not installed here ({exc}); "
+            f"pip install {exc.name or 'it'}") from exc
     try:  # a misspelt or foreign option is the user's error, not a TypeError from inside
         inspect.signature(module.open_model).bind(path, **options)
     except TypeError as exc:

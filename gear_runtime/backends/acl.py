@@ -51,10 +51,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.backends.base import (
+    BackendModel,
+    BackendSession,
+    ModelInfo,
+    import_runtime,
+)
 from gear_runtime.errors import (
     BackendError,
-    BackendUnavailableError,
     GearFileError,
     GearSpecError,
     InputError,
@@ -102,13 +106,7 @@ def open_model(path: str, *, device_id: int = 0) -> AclModel:
 
 
 def _import_acl() -> Any:
-    try:
-        import acl  # type: ignore[import-not-found]  # lazy: only on machines with CANN
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"backend 'acl' needs pyACL (Python module 'acl'), which cannot be imported here "
-            f"({exc}); {INSTALL_HINT}") from exc
-    return acl
+    return import_runtime("acl", "acl", f"pyACL: {INSTALL_HINT}")
 
 
 # ---- small helpers ---------------------------------------------------------------------------

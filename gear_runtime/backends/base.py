@@ -15,6 +15,7 @@ Every backend call that fails raises :class:`gear_runtime.errors.BackendError` n
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gear_runtime.errors import BackendError
+from gear_runtime.errors import BackendError, BackendUnavailableError
 from gear_runtime.spec import GearSpec
 
 
@@ -112,3 +113,25 @@ class BackendModel(ABC):
     def close(self) -> None:
         """Unload the model; idempotent. Backends with nothing to free keep this."""
         return None
+
+
+def import_runtime(module: str, backend: str, install: str) -> Any:
+    """Import a backend's runtime lazily (only machines that run it have it).
+
+    Raises BackendUnavailableError naming the backend, the module and ``install``: what to
+    install to get it.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend {backend!r} needs the Python module {module!r}, which cannot be imported "
+            f"here ({exc}); {install}") from exc
+
+
+def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """A zeroed uint8 host buffer of ``nbytes`` whose data pointer is ``alignment``-aligned
+    (what pinned allocators give; the staging layout's offsets assume it)."""
+    raw = np.zeros(nbytes + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + nbytes]

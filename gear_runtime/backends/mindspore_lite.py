@@ -33,10 +33,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.backends.base import (
+    BackendModel,
+    BackendSession,
+    ModelInfo,
+    aligned_buffer,
+    import_runtime,
+)
 from gear_runtime.errors import (
     BackendError,
-    BackendUnavailableError,
     CompileError,
     GearFileError,
     GearSpecError,
@@ -85,13 +90,7 @@ def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
 
 
 def _import_mslite() -> Any:
-    try:
-        import mindspore_lite  # type: ignore[import-not-found]  # lazy: Ascend machines only
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"backend 'mindspore_lite' needs the Python module 'mindspore_lite', which cannot "
-            f"be imported here ({exc}); {INSTALL_HINT}") from exc
-    return mindspore_lite
+    return import_runtime("mindspore_lite", "mindspore_lite", INSTALL_HINT)
 
 
 def _call(name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -259,9 +258,7 @@ class MsliteSession(BackendSession):
                         f"staging layout does not fit the model: input {spec.input_names[i]!r} "
                         f"of gear {g} gets {got} bytes ending at {end} of {total}, it needs "
                         f"{nbytes}")
-        raw = np.zeros(total + 64, dtype=np.uint8)
-        start = -raw.ctypes.data % 64  # 64-byte aligned, like pinned memory
-        self.staging = raw[start:start + total]
+        self.staging = aligned_buffer(total)  # 64-byte aligned, like pinned memory
         # Per gear, every input as a view of the staging, in MODEL order (what predict takes).
         self._views: list[list[np.ndarray]] = []
         for g in range(spec.gear_count):

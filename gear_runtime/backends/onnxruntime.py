@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo, aligned_buffer
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile import GearFile, read_gear_file
 
@@ -221,20 +221,13 @@ def _write_weights(weights: dict[str, np.ndarray]) -> tuple[str, dict[str, tuple
     return folder, spans
 
 
-def _aligned_empty(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 buffer of ``nbytes`` whose data pointer is 64-byte aligned."""
-    raw = np.zeros(nbytes + _ALIGN, dtype=np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
-    return raw[start:start + nbytes]
-
-
 class OrtSession(BackendSession):
     """Per-executor bindings: every gear pre-bound to staging offsets and output buffers."""
 
     def __init__(self, model: OrtModel, layout: Any) -> None:
         self.model = model
         self.layout = layout
-        self.staging = _aligned_empty(max(int(layout.total_bytes), 1))
+        self.staging = aligned_buffer(max(int(layout.total_bytes), 1))
         info = model.info
         self._run_options = ort.RunOptions()
         gears = range(info.spec.gear_count)
