@@ -158,6 +158,12 @@ class GearModel:
         return Executor(self, self._backend.create_session(self.layout))
 
     def close(self) -> None:
+        """Unload the model (device memory, sessions). Idempotent.
+
+        Close only when no executor of this model is running: executors read buffers the
+        backend owns (on Ascend, pinned host memory), and closing under a running execute
+        frees them. Close the executors first, or let them finish.
+        """
         self._backend.close()
 
     def __enter__(self) -> GearModel:
