@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from doubles import fake_acl
 from doubles.layout import plan_layout, stage
+from doubles.races import close_during_run
 
 import gear_runtime as gr
 from gear_runtime.backends import acl as acl_backend
@@ -451,24 +452,8 @@ def test_closing_the_model_waits_for_a_run_in_flight(fake, tmp_path):
     layout, session = session_for(model)
     arrays = inputs_for(model.info.spec, model.info.input_dtypes, 1)
     stage(session.staging, layout, model.info.spec, model.info.input_dtypes, 1, arrays)
-    outcome: list = []
-
-    def runner():
-        try:
-            outcome.append([o.copy() for o in session.run_gear(1)])
-        except BackendError as exc:
-            outcome.append(exc)
-
-    worker, closer = threading.Thread(target=runner), threading.Thread(target=model.close)
-    with model.lock:  # a run of the model is in flight
-        worker.start()
-        closer.start()
-        closer.join(0.2)
-        assert closer.is_alive(), "close did not wait for the run"
-        assert fake.state.calls_named("mdl.unload") == []
-    worker.join()
-    closer.join()
-    (result,) = outcome
+    result = close_during_run(model, lambda: [o.copy() for o in session.run_gear(1)],
+                              lambda: fake.state.calls_named("mdl.unload") == [])
     if isinstance(result, BackendError):  # the close went first
         assert "closed" in result.message
     else:  # the run went first, on a model that was still loaded

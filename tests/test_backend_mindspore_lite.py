@@ -14,12 +14,12 @@ the dynamic-shape graph on a miss.
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 import pytest
 from doubles import fake_mslite
 from doubles.layout import plan_layout, stage
+from doubles.races import close_during_run
 
 import gear_runtime as gr
 from gear_runtime.backends import mindspore_lite as ms_backend
@@ -251,24 +251,9 @@ def test_closing_the_model_waits_for_a_run_in_flight(fake, tmp_path, config):
     layout, session = session_for(model)
     arrays = inputs_for(model.info.spec, model.info.input_dtypes, 0)
     stage(session.staging, layout, model.info.spec, model.info.input_dtypes, 0, arrays)
-    outcome: list = []
-
-    def runner():
-        try:
-            outcome.append(session.run_gear(0))
-        except BackendError as exc:
-            outcome.append(exc)
-
-    worker, closer = threading.Thread(target=runner), threading.Thread(target=model.close)
-    with model.lock:  # a run of the model is in flight
-        worker.start()
-        closer.start()
-        closer.join(0.2)
-        assert closer.is_alive(), "close did not wait for the run"
-        assert model.model is not None
-    worker.join()
-    closer.join()
-    (result,) = outcome  # a BackendError or the outputs, never an AttributeError
+    # a BackendError or the outputs, never an AttributeError
+    result = close_during_run(model, lambda: session.run_gear(0),
+                              lambda: model.model is not None)
     if isinstance(result, BackendError):  # the close went first
         assert "closed" in result.message
     else:
