@@ -153,15 +153,13 @@ class Executor:
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
         """Inputs as a list of arrays in input order; clear errors for missing/unknown names."""
         if isinstance(inputs, Mapping):
-            missing = [n for n in self._names if n not in inputs]
-            unknown = [n for n in inputs if n not in self._names]
-            if missing or unknown:
-                raise InputError(
-                    "inputs do not match the model"
-                    + (f"; missing: {', '.join(missing)}" if missing else "")
-                    + (f"; unknown: {', '.join(map(str, unknown))}" if unknown else "")
-                    + f"; the model's inputs are: {', '.join(self._names)}")
-            values = [inputs[n] for n in self._names]
+            # Hot path: one lookup per input; the names are diffed only on the error path.
+            try:
+                values = [inputs[n] for n in self._names]
+            except KeyError:
+                values = []
+            if len(values) != len(self._names) or len(inputs) != len(self._names):
+                self._raise_name_mismatch(inputs)
         elif isinstance(inputs, Sequence) and not isinstance(inputs, str | bytes):
             if len(inputs) != len(self._names):
                 raise InputError(f"got {len(inputs)} inputs, the model takes {len(self._names)}"
@@ -174,6 +172,15 @@ class Executor:
             if not isinstance(v, np.ndarray):
                 values[i] = self._as_array(self._names[i], v, self._dtypes[i])
         return values
+
+    def _raise_name_mismatch(self, inputs: Mapping[str, Any]) -> None:
+        missing = [n for n in self._names if n not in inputs]
+        unknown = [n for n in inputs if n not in self._names]
+        raise InputError(
+            "inputs do not match the model"
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+            + (f"; unknown: {', '.join(map(str, unknown))}" if unknown else "")
+            + f"; the model's inputs are: {', '.join(self._names)}")
 
     @staticmethod
     def _as_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
