@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -525,7 +526,9 @@ def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
 
     assert set_dims([1, 1, 40, 20, 1, 20, 1, 1]) == 0
     assert set_dims([], 0) == fake_acl.ACL_ERROR_INVALID_PARAM  # dimCount 0
-    assert set_dims([1, 1, 40, 20, 1, 20, 1, 1], 7) == fake_acl.ACL_ERROR_INVALID_PARAM
+    # pyACL reads only the first dimCount values: GE then sees 7 dims for 8 (145012)
+    assert set_dims([1, 1, 40, 20, 1, 20, 1, 1], 7) == \
+        fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
     assert set_dims([1, 1, 40, 20, 1, 20, 1]) == fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
     assert set_dims([2, 1, 40, 20, 1, 20, 1, 1]) == \
         fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID  # a static dim differs
@@ -547,6 +550,162 @@ def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
     assert acl.rt.memcpy(dims_ptr, 8, host, 8, 1) == fake_acl.ACL_ERROR_INVALID_PARAM  # freed
     assert acl.rt.destroy_context(other) == 0
     assert acl.rt.memcpy(host, 8, host, 8, 0) == fake_acl.ACL_ERROR_RT_CONTEXT_NULL  # unbound
+
+
+def test_the_double_parses_the_dims_dict_as_pyacl_does(fake, tmp_path):
+    """pyACL's C extension takes a dict whose 'dims' is a list (PyList_Check) of Python ints
+    (PyLong type check): a tuple, numpy integers or floats raise before any ACL call."""
+    acl = fake.module
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    model_id, _ = acl.mdl.load_from_file(write(tmp_path, "dims"))
+    ptr, _ = acl.rt.malloc(64, 0)
+    ds = acl.mdl.create_dataset()
+    for _ in range(len(DIMS_INPUTS) + 1):
+        acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(ptr, 64))
+    good = [1, 1, 40, 20, 1, 20, 1, 1]
+
+    def set_dims(dims, count=8, name=""):
+        return acl.mdl.set_input_dynamic_dims(model_id, ds, len(DIMS_INPUTS), {
+            "name": name, "dimCount": count, "dims": dims})
+
+    assert set_dims(good) == 0
+    for bad in (tuple(good), np.array(good), [np.int64(v) for v in good],
+                [float(v) for v in good], good[:7]):
+        with pytest.raises(TypeError):
+            set_dims(bad)
+    with pytest.raises(TypeError):
+        set_dims(good, count=np.int64(8))
+    with pytest.raises(TypeError):
+        acl.mdl.set_input_dynamic_dims(model_id, ds, len(DIMS_INPUTS), good)  # not a dict
+    assert fake.state.calls_named("mdl.set_input_dynamic_dims")[-1][3] == good
+
+
+@pytest.mark.parametrize(("length", "width"), [(8, 4), (12, 4), (16, 8), (40, 8)])
+def test_the_double_writes_the_dims_in_the_width_ge_chooses(fake, tmp_path, length, width):
+    """GeExecutor::SetDynamicDims writes uint64 values when the data buffer holds 8 bytes per
+    value, else uint32 ones, whatever the model's dims dtype (ge_executor.cc)."""
+    acl = fake.module
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    inputs = [("x", [1, -1], "float32"), ("m", [-1, 2], "float32")]
+    path = fake_acl.write_om(tmp_path / "w.om", inputs, "dims", [(5, 6), (7, 8)])
+    model_id, _ = acl.mdl.load_from_file(path)
+    ptr, _ = acl.rt.malloc(64, 0)
+    ds = acl.mdl.create_dataset()
+    for _ in range(2):
+        acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(ptr + 32, 16))
+    acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(ptr, length))
+    dims = {"name": "", "dimCount": 4, "dims": [1, 7, 8, 2]}
+    assert acl.mdl.set_input_dynamic_dims(model_id, ds, 2, dims) == 0
+    mem, off = fake._find_device(ptr, 16)
+    written = np.frombuffer(bytes(mem[off:off + 2 * width]), dtype=f"<u{width}")
+    assert written.tolist() == [7, 8]
+    ds_short = acl.mdl.create_dataset()
+    for n in (16, 16, 7):
+        acl.mdl.add_dataset_buffer(ds_short, acl.create_data_buffer(ptr, n))
+    assert acl.mdl.set_input_dynamic_dims(model_id, ds_short, 2, dims) == \
+        fake_acl.ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID  # under 4 bytes per value
+
+
+# ---- the dims follow ATC's --input_shape order, not the input index --------------------------
+#: model inputs A then B; ATC's --input_shape listed B first: "B:1,-1;A:-1,3"
+ORDER_INPUTS = [("A", [-1, 3], "float32"), ("B", [1, -1], "int32")]
+ORDER_GEARS = [(4, 2), (8, 5)]  # (B's -1, A's -1), in --input_shape order
+
+
+def order_model(tmp_path, inputs=ORDER_INPUTS, gears=ORDER_GEARS) -> str:
+    return fake_acl.write_om(tmp_path / "order.om", inputs, "dims", gears,
+                             input_shape_order=["B", "A"])
+
+
+def model_order_outputs(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """The fake's rule over the MODEL's inputs (A is input 0): y = 2A + 1, cat = A, B."""
+    return [a.astype(np.float32) * 2 + 1,
+            np.concatenate([a.astype(np.float32).ravel(), b.astype(np.float32).ravel()])]
+
+
+def test_dims_follow_the_input_shape_order_not_the_input_index(fake, tmp_path):
+    model = acl_backend.open_model(order_model(tmp_path))
+    spec = model.info.spec
+    assert spec.input_names == ("B", "A")
+    assert spec.shapes(0) == {"B": (1, 4), "A": (2, 3)}
+    assert spec.shapes(1) == {"B": (1, 8), "A": (5, 3)}
+    assert model.info.input_dtypes == (np.dtype(np.int32), np.dtype(np.float32))
+    model.close()
+
+
+def test_a_model_in_input_shape_order_runs_every_gear_with_the_right_buffers(fake, tmp_path):
+    model = gr.load(order_model(tmp_path), backend="acl")
+    ex = model.create_executor()
+    rng = np.random.default_rng(3)
+    for g, (b_len, a_rows) in enumerate(ORDER_GEARS):
+        a = rng.standard_normal((a_rows, 3)).astype(np.float32)
+        b = rng.integers(-9, 9, (1, b_len)).astype(np.int32)
+        outputs = ex.execute({"A": a, "B": b})
+        for got, want in zip(outputs, model_order_outputs(a, b), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert fake.state.executions[-1][1] == g
+    # the last run was gear 1: full dims in --input_shape order, B's (1, 8) then A's (5, 3)
+    assert fake.state.calls_named("mdl.set_input_dynamic_dims")[-1][3]["dims"] == [1, 8, 5, 3]
+    model.close()
+
+
+#: A and B of the same rank and static dims: the gears' full dims fit both orders
+AMBIGUOUS_INPUTS = [("A", [1, -1], "float32"), ("B", [1, -1], "float32")]
+AMBIGUOUS_GEARS = [(4, 2), (8, 5)]
+
+
+def test_an_order_the_dims_cannot_tell_is_refused_until_input_shape_is_given(fake, tmp_path):
+    path = order_model(tmp_path, AMBIGUOUS_INPUTS, AMBIGUOUS_GEARS)
+    with pytest.raises(GearFileError, match="input_shape=") as info:
+        acl_backend.open_model(path)
+    assert "'A'" in str(info.value) and "'B'" in str(info.value)
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+    model = gr.load(path, backend="acl", input_shape="B:1,-1;A:1,-1")
+    assert list(model.input_names) == ["B", "A"]
+    ex = model.create_executor()
+    a, b = np.arange(2, dtype=np.float32)[None], np.arange(4, dtype=np.float32)[None]
+    for got, want in zip(ex.execute({"A": a, "B": b}), model_order_outputs(a, b), strict=True):
+        np.testing.assert_array_equal(got, want)
+    model.close()
+
+
+def test_an_input_shape_that_does_not_fit_the_model_is_refused(fake, tmp_path):
+    path = order_model(tmp_path)
+    for bad in ("B:1,-1", "B:1,-1;A:-1,3;C:1", "B:1,-1;A:-1,4", "B:1,-1,1;A:-1,3"):
+        with pytest.raises(gr.GearSpecError, match="input_shape"):
+            acl_backend.open_model(path, input_shape=bad)
+    assert fake.state.leaks() == dict.fromkeys(fake.state.leaks(), 0)
+
+
+def test_the_dims_buffer_is_sized_so_ge_writes_the_models_width(fake, tmp_path):
+    """GE writes 8 bytes per value when the dims data buffer holds 8 per value. A model that
+    reports a padded size for its int32 dims input must still get int32 dims: the backend
+    sizes that buffer count * itemsize of the input's own dtype."""
+    inputs, gears = MODELS["dims"]
+    path = fake_acl.write_om(tmp_path / "padded.om", inputs, "dims", gears, dims_size=96)
+    model = acl_backend.open_model(path)
+    assert model.dims_nbytes == 4 * 4
+    layout, session = session_for(model)
+    for g in (2, 0, 1):
+        arrays, outputs = run(model, layout, session, g, seed=g)
+        np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
+        assert fake.state.executions[-1][1] == g
+    model.close()
+
+
+# ---- the module imported as `acl` must be pyACL ----------------------------------------------
+def test_a_foreign_module_named_acl_is_refused_naming_its_file(monkeypatch, tmp_path):
+    """PyPI's unrelated `acl` package (a network ACL parser) imports as `acl` too."""
+    foreign = types.ModuleType("acl")
+    foreign.__file__ = "/site-packages/acl/__init__.py"
+    foreign.parse = lambda text: text
+    monkeypatch.setitem(sys.modules, "acl", foreign)
+    path = fake_acl.write_om(tmp_path / "m.om", *MODELS["batch"][:1], "batch", BATCH_GEARS)
+    with pytest.raises(BackendUnavailableError) as info:
+        gr.load(path, backend="acl")
+    text = str(info.value)
+    assert "/site-packages/acl/__init__.py" in text and "pyACL" in text
+    assert "set_env.sh" in text and "pip uninstall acl" in text
 
 
 # ---- through gr.load and the executor (needs the C++ core) -----------------------------------

@@ -59,11 +59,13 @@ from gear_runtime.backends.base import (
 )
 from gear_runtime.errors import (
     BackendError,
+    BackendUnavailableError,
     GearFileError,
     GearSpecError,
     InputError,
 )
 from gear_runtime.spec import GearSpec
+from gear_runtime.spec.parse import parse_input_shape
 
 INSTALL_HINT = ("pyACL ships with the CANN toolkit: install Ascend-cann-toolkit (and the NPU "
                 "driver), then `source /usr/local/Ascend/ascend-toolkit/set_env.sh` so that "
@@ -96,17 +98,34 @@ _ALIGN = 64  # aclrtMallocHost / aclrtMalloc start addresses are 64-byte aligned
 _PAD = 32
 
 
-def open_model(path: str, *, device_id: int = 0) -> AclModel:
+def open_model(path: str, *, device_id: int = 0, input_shape: str | None = None) -> AclModel:
     """Load the ``.om`` at ``path`` on NPU ``device_id`` and read its gears.
 
-    Raises BackendUnavailableError (what to install) when pyACL is missing, GearFileError when
-    the file is missing or not a dynamic-gear model, BackendError when an ACL call fails.
+    ``input_shape`` is the ``--input_shape`` ATC compiled the model with. In dims mode ACL
+    orders the flattened dims by it (GE's user_designate_shape_order), and no ACL query
+    returns that order: without it the order is inferred from the gears' dims, and a model
+    whose dims fit several orders is refused (GearFileError saying to pass it). The spec's
+    input order is this order.
+
+    Raises BackendUnavailableError (what to install) when pyACL is missing or ``import acl``
+    finds another module, GearFileError when the file is missing or not a dynamic-gear model,
+    GearSpecError when ``input_shape`` does not describe the model's inputs, BackendError when
+    an ACL call fails.
     """
-    return AclModel(_import_acl(), path, device_id)
+    return AclModel(_import_acl(), path, device_id, input_shape)
 
 
 def _import_acl() -> Any:
-    return import_runtime("acl", "acl", f"pyACL: {INSTALL_HINT}")
+    """``import acl``, checked to be pyACL: PyPI has an unrelated package named ``acl``."""
+    acl = import_runtime("acl", "acl", f"pyACL: {INSTALL_HINT}")
+    missing = [n for n in ("init", "rt", "mdl") if not hasattr(acl, n)]
+    if missing:
+        where = getattr(acl, "__file__", None) or repr(acl)
+        raise BackendUnavailableError(
+            f"backend 'acl' needs pyACL, but `import acl` found {where}, which has no "
+            f"{', '.join('acl.' + n for n in missing)}: probably PyPI's unrelated `acl` "
+            f"package (`pip uninstall acl`); {INSTALL_HINT}")
+    return acl
 
 
 # ---- small helpers ---------------------------------------------------------------------------
@@ -159,6 +178,56 @@ def _dims_of(d: Any, what: str) -> tuple[int, ...]:
         raise BackendError(f"{what}: pyACL returned {d!r}, not an aclmdlIODims dict") from None
 
 
+#: Orders of the inputs tried when inferring ACL's dims order, before giving up
+_MAX_ORDER_STEPS = 100_000
+
+
+def _fitting_orders(dims: Sequence[tuple[int, ...]], full: Sequence[tuple[int, ...]],
+                    ) -> list[tuple[tuple[int, ...], tuple[Any, ...]]]:
+    """Orders of the inputs (described ``dims``, -1 where dynamic) that every gear's ``full``
+    dims fit, as (order, shapes per gear) with distinct shapes: at most two (enough to call
+    the order ambiguous). Depth-first in model order, so model order comes first if it fits.
+    GearFileError when the search grows past a bound (many interchangeable inputs)."""
+    found: list[tuple[tuple[int, ...], tuple[Any, ...]]] = []
+    steps = 0
+
+    def fits(p: int, at: int) -> bool:
+        return all(at + len(dims[p]) <= len(f) and all(
+            d < 0 or f[at + a] == d for a, d in enumerate(dims[p])) for f in full)
+
+    def walk(order: list[int], at: int) -> None:
+        nonlocal steps
+        steps += 1
+        if steps > _MAX_ORDER_STEPS:
+            raise GearFileError("the order of the dims could not be inferred (too many "
+                                "possible orders): pass input_shape= to gr.load")
+        if len(order) == len(dims):
+            shapes = _shapes_in(order, dims, full)
+            if at == len(full[0]) and all(s != shapes for _, s in found):
+                found.append((tuple(order), shapes))
+            return
+        for p in range(len(dims)):
+            if len(found) < 2 and p not in order and fits(p, at):
+                walk([*order, p], at + len(dims[p]))
+
+    walk([], 0)
+    return found
+
+
+def _shapes_in(order: Sequence[int], dims: Sequence[tuple[int, ...]],
+               full: Sequence[tuple[int, ...]]) -> tuple[Any, ...]:
+    """Per gear, each input's shape (by model position) when ``full`` follows ``order``."""
+    out = []
+    for f in full:
+        shapes: dict[int, tuple[int, ...]] = {}
+        at = 0
+        for p in order:
+            shapes[p] = tuple(f[at:at + len(dims[p])])
+            at += len(dims[p])
+        out.append(tuple(shapes[p] for p in range(len(dims))))
+    return tuple(out)
+
+
 _init_lock = threading.Lock()
 #: the acl modules this process initialised (id -> module; kept alive so ids stay unique)
 _initialized: dict[int, Any] = {}
@@ -195,12 +264,15 @@ class AclModel(BackendModel):
     #: one aclrtMalloc block: 64-aligned starts, ALIGN_UP(len, 32) + 32 bytes each.
     layout_options: ClassVar[dict[str, int]] = {"alignment": _ALIGN, "tail_padding": _PAD}
 
-    def __init__(self, acl: Any, path: str, device_id: int = 0) -> None:
+    def __init__(self, acl: Any, path: str, device_id: int = 0,
+                 input_shape: str | None = None) -> None:
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
             raise InputError(f"device_id must be a non-negative int, got {device_id!r}")
         if not os.path.isfile(path):
             raise GearFileError(f"model file {path!r} does not exist or is not a file")
         self.acl, self.path, self.device_id = acl, path, device_id
+        #: ATC's --input_shape as (names, shapes), the order ACL's dims follow; None: infer
+        self._declared = None if input_shape is None else parse_input_shape(input_shape)
         self.context: int | None = None
         self.model_id: int | None = None
         self.desc: int | None = None
@@ -234,8 +306,11 @@ class AclModel(BackendModel):
         self.desc = _handle(acl.mdl.create_desc(), "acl.mdl.create_desc")
         _check(acl.mdl.get_desc(self.desc, self.model_id), "acl.mdl.get_desc")
         self._read_description()
+        #: for each spec input, its position in :attr:`inputs` (the model's order)
+        self.order = self._declared_order()
         spec = self._discover_spec()
-        self.info = ModelInfo(spec, self.inputs.dtypes, self.outputs.names, self.outputs.dtypes,
+        dtypes = tuple(self.inputs.dtypes[p] for p in self.order)
+        self.info = ModelInfo(spec, dtypes, self.outputs.names, self.outputs.dtypes,
                               self._output_shapes(spec))
 
     # ---- reading the description ---------------------------------------------------------
@@ -250,8 +325,8 @@ class AclModel(BackendModel):
                 "not compiled with dynamic gears (ATC --dynamic_batch_size, "
                 "--dynamic_image_size or --dynamic_dims)", code=str(ret))
         self.dims_index = int(index)
-        self.dims_nbytes = int(acl.mdl.get_input_size_by_index(desc, self.dims_index))
-        #: model input index of each user input, in spec (= model) order
+        self.dims_nbytes = self._dims_buffer_size()
+        #: model input index of each user input, in model order (see :attr:`order`)
         self.input_indices = tuple(j for j in range(n) if j != self.dims_index)
         self.inputs = self._tensors(
             self.input_indices, acl.mdl.get_input_name_by_index, acl.mdl.get_input_dims,
@@ -263,6 +338,44 @@ class AclModel(BackendModel):
         if not self.inputs.names or not self.outputs.names:
             raise GearFileError(f"{self.path!r} reports {len(self.inputs.names)} inputs and "
                                 f"{len(self.outputs.names)} outputs besides the dims input")
+
+    def _dims_buffer_size(self) -> int:
+        """Bytes of the dims input's data buffer: count * itemsize of its own dtype.
+
+        GE writes each dim as a uint64 when the data buffer holds 8 bytes per value, else as
+        a uint32 (GeExecutor::SetDynamicDims / SetDynamicBatchSize / SetDynamicImageSize), so
+        the buffer's length, not the model's dtype, decides the width. Sized exactly, an int32
+        input gets int32 values even if the description reports a padded size; the reported
+        size is the fallback when the dims input's shape or dtype cannot be read.
+        """
+        acl, desc, j = self.acl, self.desc, self.dims_index
+        reported = int(acl.mdl.get_input_size_by_index(desc, j))
+        d, ret = acl.mdl.get_input_dims(desc, j)
+        dtype = ACL_DTYPES.get(int(acl.mdl.get_input_data_type(desc, j)))
+        if ret != 0 or dtype is None:
+            return reported
+        dims = _dims_of(d, f"acl.mdl.get_input_dims({ACL_DYNAMIC_TENSOR_NAME})")
+        count = int(np.prod(dims, dtype=np.int64))
+        return count * dtype.itemsize if count > 0 else reported
+
+    def _declared_order(self) -> tuple[int, ...]:
+        """Positions in :attr:`inputs` in ``input_shape`` order (model order without it),
+        after checking that ``input_shape`` names exactly the model's inputs with their ranks
+        and static dims (GearSpecError otherwise)."""
+        names, dims = self.inputs.names, self.inputs.dims
+        if self._declared is None:
+            return tuple(range(len(names)))
+        declared, shapes = self._declared
+        if sorted(declared) != sorted(names):
+            raise GearSpecError(f"input_shape names {list(declared)}, but {self.path!r} has the "
+                                f"inputs {list(names)}")
+        for name, shape in zip(declared, shapes, strict=True):
+            model = dims[names.index(name)]
+            if len(shape) != len(model) or any(
+                    a >= 0 and b >= 0 and a != b for a, b in zip(shape, model, strict=True)):
+                raise GearSpecError(f"input_shape gives {name!r} the shape {list(shape)}, but "
+                                    f"{self.path!r} describes it as {list(model)}")
+        return tuple(names.index(n) for n in declared)
 
     def _tensors(self, indices: Sequence[int], name_of: Callable[..., Any],
                  dims_of: Callable[..., Any], type_of: Callable[..., Any],
@@ -321,25 +434,32 @@ class AclModel(BackendModel):
 
     def _spec(self, mode: str, gears: Sequence[tuple[int, ...]]) -> GearSpec:
         """Batch / image-size spec: the -1 dims of get_input_dims mark the dynamic axes."""
-        dims = self.inputs.dims
+        dims = [self.inputs.dims[p] for p in self.order]
         if not any(-1 in d for d in dims):
             raise GearFileError(f"{self.path!r} lists {mode} gears {list(gears)} but no input "
-                                f"has a -1 dim: {dict(zip(self.inputs.names, dims, strict=True))}")
+                                f"has a -1 dim: {self._described()}")
         if mode == "batch" and any(-1 in d[1:] for d in dims):
             raise GearFileError(f"dynamic batch model {self.path!r} has -1 beyond dim 0: "
-                                f"{dict(zip(self.inputs.names, dims, strict=True))}")
+                                f"{self._described()}")
         return self._make_spec(mode, dims, gears)
 
+    def _described(self) -> dict[str, tuple[int, ...]]:
+        """Every input's described dims, in model order (for messages)."""
+        return dict(zip(self.inputs.names, self.inputs.dims, strict=True))
+
     def _dims_spec(self, full: list[tuple[int, ...]]) -> GearSpec:
-        """Dims spec from each gear's full flattened dims: a position is dynamic when the
-        description says -1 there or the gears disagree on it."""
-        names, dims = self.inputs.names, self.inputs.dims
+        """Dims spec from each gear's full flattened dims, which follow ATC's --input_shape
+        order (dataNameOrder in GE's model_om2.cpp), not the input index: that order is
+        ``input_shape``'s when given, else the one order the dims fit (:meth:`_infer_order`).
+        A position is dynamic when the description says -1 there or the gears disagree."""
+        if self._declared is None:
+            self.order = self._infer_order(full)
+        dims = [self.inputs.dims[p] for p in self.order]
         flat = [d for s in dims for d in s]
         for g, f in enumerate(full):
             if len(f) != len(flat):
-                raise GearFileError(
-                    f"gear {g} of {self.path!r} has {len(f)} dims {list(f)}, but its inputs "
-                    f"have {len(flat)} ({dict(zip(names, dims, strict=True))})")
+                raise GearFileError(f"gear {g} of {self.path!r} has {len(f)} dims {list(f)}, "
+                                    f"but its inputs have {len(flat)} ({self._described()})")
         dynamic = [p for p in range(len(flat))
                    if flat[p] == -1 or len({f[p] for f in full}) > 1]
         for p in range(len(flat)):
@@ -351,17 +471,38 @@ class AclModel(BackendModel):
         for d in dims:
             shapes.append(tuple(marked[at:at + len(d)]))
             at += len(d)
-        spec = self._make_spec("dims", shapes, [tuple(f[p] for p in dynamic) for f in full])
-        for g, f in enumerate(full):
-            if spec.full_dims(g) != tuple(f):  # the inputs' order is not the dims' order
-                raise GearFileError(f"gear {g} of {self.path!r}: full dims {list(f)} do not "
-                                    f"follow the input order {list(names)}")
-        return spec
+        return self._make_spec("dims", shapes, [tuple(f[p] for p in dynamic) for f in full])
+
+    def _infer_order(self, full: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """The order of the inputs that the gears' full dims follow, when the dims tell it.
+
+        An order fits when, cut into the inputs' ranks, every gear's dims equal each input's
+        static described dims. Orders that give every input the same shapes in every gear are
+        the same to ACL (the flattened dims are equal), so the first such (model order when it
+        fits) is taken. Several fits with different shapes, or none: GearFileError.
+        """
+        fits = _fitting_orders(self.inputs.dims, full)
+        if not fits:
+            raise GearFileError(
+                f"the gears of {self.path!r} ({[list(f) for f in full]}) fit no order of its "
+                f"inputs {self._described()}")
+        if len(fits) > 1:
+            (one, _), (two, _) = fits[:2]
+            raise GearFileError(
+                f"{self.path!r}: ACL orders the dims by ATC's --input_shape, which the model "
+                f"does not report, and its gears fit several orders of its inputs, e.g. "
+                f"{self._names(one)} and {self._names(two)}: pass input_shape= (the "
+                f"--input_shape it was compiled with) to gr.load")
+        return fits[0][0]
+
+    def _names(self, order: Sequence[int]) -> list[str]:
+        return [self.inputs.names[p] for p in order]
 
     def _make_spec(self, mode: str, shapes: Sequence[Sequence[int]],
                    gears: Sequence[tuple[int, ...]]) -> GearSpec:
         try:
-            return GearSpec(mode, self.inputs.names, tuple(tuple(s) for s in shapes),  # type: ignore[arg-type]
+            return GearSpec(mode, tuple(self._names(self.order)),
+                            tuple(tuple(s) for s in shapes),  # type: ignore[arg-type]
                             tuple(gears))
         except GearSpecError as exc:
             raise GearFileError(f"{self.path!r}: the gears it lists do not form a valid spec: "
@@ -417,6 +558,10 @@ class AclModel(BackendModel):
             return tuple(shapes)
         finally:
             scratch.release(strict=False)
+
+    def spec_index(self, j: int) -> int:
+        """The spec index of model input ``j`` (a user input, not the dims input)."""
+        return self.order.index(self.input_indices.index(j))
 
     def _model_input_size(self, j: int) -> int:
         """Bytes of model input ``j`` (model order, dims input included), at least 1."""
@@ -582,7 +727,7 @@ class AclSession(BackendSession):
                 if j == model.dims_index:
                     mem.add(ds, dims_at[g], model.dims_nbytes)
                 else:
-                    i = model.input_indices.index(j)
+                    i = model.spec_index(j)
                     mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
             self._in_datasets.append(ds)
             self._set_dims.append(model.dims_call(spec, ds, g))

@@ -88,16 +88,27 @@ _DEVICE_BASE = 0x1000_0000_0000
 
 # ---- the fake .om ----------------------------------------------------------------------------
 def write_om(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[int], str]],
-             mode: str, gears: Sequence[Sequence[int]], dims_dtype: str = "int32") -> str:
-    """Write a fake ``.om``: ``inputs`` = (name, shape with -1, numpy dtype name).
+             mode: str, gears: Sequence[Sequence[int]], dims_dtype: str = "int32",
+             input_shape_order: Sequence[str] | None = None,
+             dims_size: int | None = None) -> str:
+    """Write a fake ``.om``: ``inputs`` = (name, shape with -1, numpy dtype name), in MODEL
+    input order.
 
     ``mode`` is "batch" (gears ``[(n,), ...]``), "image_size" (``[(h, w), ...]``) or "dims"
-    (one value per -1, in input then axis order, like ATC's ``--dynamic_dims``).
-    ``dims_dtype`` is the width of ``ascend_mbatch_shape_data`` ("int32" or "int64").
+    (one value per -1, in ``--input_shape`` then axis order, like ATC's ``--dynamic_dims``).
+    ``input_shape_order``: the input names in the order ATC's ``--input_shape`` listed them
+    (GE's user_designate_shape_order; default: model order). ``dims_dtype`` is the width of
+    ``ascend_mbatch_shape_data`` ("int32" or "int64"); ``dims_size`` the byte size
+    ``get_input_size_by_index`` reports for it (default: exactly count * itemsize).
     """
+    names = [n for n, _, _ in inputs]
+    order = list(input_shape_order) if input_shape_order is not None else names
+    if sorted(order) != sorted(names):
+        raise ValueError(f"input_shape_order {order} must name the inputs {names}")
     doc = {"format": "fake-om", "inputs": [{"name": n, "shape": list(s), "dtype": d}
                                            for n, s, d in inputs],
-           "mode": mode, "gears": [list(g) for g in gears], "dims_dtype": dims_dtype}
+           "mode": mode, "gears": [list(g) for g in gears], "dims_dtype": dims_dtype,
+           "order": order, "dims_size": dims_size}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
     return str(path)
@@ -113,22 +124,30 @@ class FakeOm:
     mode: str
     gears: list[tuple[int, ...]]
     dims_dtype: np.dtype
+    #: user_designate_shape_order: the --input_shape order the dims follow (model indices)
+    order: list[int] = field(default_factory=list)
+    dims_size: int | None = None
     current_gear: int | None = None
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> FakeOm:
         if doc.get("format") != "fake-om":
             raise ValueError("not a fake om")
-        return cls([i["name"] for i in doc["inputs"]], [list(i["shape"]) for i in doc["inputs"]],
+        names = [i["name"] for i in doc["inputs"]]
+        order = [names.index(n) for n in doc.get("order") or names]
+        return cls(names, [list(i["shape"]) for i in doc["inputs"]],
                    [np.dtype(i["dtype"]) for i in doc["inputs"]], doc["mode"],
-                   [tuple(g) for g in doc["gears"]], np.dtype(doc.get("dims_dtype", "int32")))
+                   [tuple(g) for g in doc["gears"]], np.dtype(doc.get("dims_dtype", "int32")),
+                   order, doc.get("dims_size"))
 
     def gear_shapes(self, g: int) -> list[tuple[int, ...]]:
-        """Every input's static shape in gear ``g`` (ATC's rules for the three modes)."""
+        """Every input's static shape in gear ``g``, in model order (ATC's rules for the
+        three modes; dims mode hands the values out in --input_shape order)."""
         values = list(self.gears[g])
-        out, k = [], 0
-        for shape in self.shapes:
-            s, seen = list(shape), 0
+        out: list[tuple[int, ...]] = [()] * len(self.shapes)
+        k = 0
+        for i in self.order:
+            s, seen = list(self.shapes[i]), 0
             for axis, d in enumerate(s):
                 if d != -1:
                     continue
@@ -140,11 +159,18 @@ class FakeOm:
                     s[axis] = values[k]
                     k += 1
                 seen += 1
-            out.append(tuple(s))
+            out[i] = tuple(s)
         return out
 
+    def template(self) -> list[int]:
+        """The inputs' dims (-1 where dynamic) flattened in --input_shape order (GE's
+        GetCurDynamicDims / aclmdlGetInputDynamicDims walk dataNameOrder)."""
+        return [d for i in self.order for d in self.shapes[i]]
+
     def full_dims(self, g: int) -> list[int]:
-        return [d for s in self.gear_shapes(g) for d in s]
+        """Gear ``g``'s full dims, flattened in --input_shape order (not model order)."""
+        shapes = self.gear_shapes(g)
+        return [d for i in self.order for d in shapes[i]]
 
     @property
     def values_count(self) -> int:
@@ -497,8 +523,9 @@ class FakeAcl:
             return om.names[index], list(om.shapes[index]), om.dtypes[index], \
                 om.max_input_nbytes(index)
         if index == n:
+            exact = om.values_count * om.dims_dtype.itemsize
             return (ACL_DYNAMIC_TENSOR_NAME, [om.values_count], om.dims_dtype,
-                    om.values_count * om.dims_dtype.itemsize)
+                    exact if om.dims_size is None else om.dims_size)
         return None
 
     def _mdl_get_num_inputs(self, desc: int) -> int:
@@ -625,8 +652,9 @@ class FakeAcl:
 
     # ---- acl.mdl: dynamic gears and execution -----------------------------------------------
     def _dims_buffer(self, model_id: int, dataset: int, index: int,
-                     ) -> tuple[FakeOm, bytearray, int] | int:
-        """The model and the device bytes of its dims input in ``dataset``, or an error."""
+                     ) -> tuple[FakeOm, bytearray, int, int] | int:
+        """The model and the device bytes (memory, offset, the data buffer's length) of its
+        dims input in ``dataset``, or an error."""
         om = self.state.models.get(model_id)
         if om is None:
             return ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
@@ -634,24 +662,30 @@ class FakeAcl:
         if bufs is None or index != len(om.names) or not 0 <= index < len(bufs):
             return ACL_ERROR_INVALID_PARAM
         addr, size = self.state.buffers.get(bufs[index], (0, 0))
-        need = om.values_count * om.dims_dtype.itemsize
-        found = self._find_device(addr, need)
-        if size < need or found is None:
-            return ACL_ERROR_INVALID_PARAM
-        return om, found[0], found[1]
+        found = self._find_device(addr, size)
+        if found is None or size == 0:
+            return ACL_ERROR_INVALID_PARAM  # GE: ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID
+        return om, found[0], found[1], size
 
     def _write_dims(self, model_id: int, dataset: int, index: int, mode: str,
                     values: Sequence[int]) -> int:
+        """GeExecutor::SetDynamicBatchSize / SetDynamicImageSize / SetDynamicDims: the gear
+        is checked, then each value is written as a uint64 when the data buffer holds 8 bytes
+        per value, else as a uint32 (fewer than 4 bytes per value: 145012), whatever the
+        model's own dims dtype is (ge_executor.cc)."""
         target = self._dims_buffer(model_id, dataset, index)
         if isinstance(target, int):
             return target
-        om, mem, off = target
+        om, mem, off, size = target
         if om.mode != mode:
             return ACL_ERROR_INVALID_PARAM
         values = tuple(int(v) for v in values)
         if values not in om.gears:
             return ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
-        raw = np.asarray(values, dtype=om.dims_dtype).tobytes()
+        if size < 4 * len(values):
+            return ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
+        width = "<u8" if size >= 8 * len(values) else "<u4"
+        raw = np.asarray(values, dtype=width).tobytes()
         mem[off:off + len(raw)] = raw
         om.current_gear = om.gears.index(values)
         return ACL_SUCCESS
@@ -669,21 +703,18 @@ class FakeAcl:
         return self._write_dims(model_id, dataset, index, "image_size", [height, width])
 
     def _mdl_set_input_dynamic_dims(self, model_id: int, dataset: int, index: int,
-                                    dims: dict[str, Any]) -> int:
-        try:
-            count, values = int(dims["dimCount"]), [int(v) for v in dims["dims"]]
-            str(dims["name"])
-        except (KeyError, TypeError, ValueError):
-            return ACL_ERROR_INVALID_PARAM
-        if count != len(values) or not 0 < count <= ACL_MAX_DIM_CNT:
+                                    dims: Any) -> int:
+        count, values = _parse_io_dims(dims)
+        if not 0 < count <= ACL_MAX_DIM_CNT:
             return ACL_ERROR_INVALID_PARAM  # dimCount 0 is rejected
         om = self.state.models.get(model_id)
         if om is None:
             return ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
         if om.mode != "dims":
             return ACL_ERROR_INVALID_PARAM
-        # GeExecutor::GetCurDynamicDims: length, static dims, then the gear (section 2)
-        template = [d for s in om.shapes for d in s]
+        # GeExecutor::GetCurDynamicDims: the dims follow user_designate_shape_order; length,
+        # static dims, then the gear
+        template = om.template()
         if len(values) != len(template):
             return ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
         if any(t != -1 and t != v for t, v in zip(template, values, strict=True)):
@@ -703,10 +734,12 @@ class FakeAcl:
         target = self._dims_buffer(model_id, dataset_in, len(om.names))
         if isinstance(target, int):
             return target
-        _, mem, off = target
-        n = om.values_count
-        values = tuple(int(v) for v in np.frombuffer(
-            bytes(mem[off:off + n * om.dims_dtype.itemsize]), dtype=om.dims_dtype))
+        _, mem, off, size = target
+        need = om.values_count * om.dims_dtype.itemsize  # the model reads its own dtype
+        if size < need:
+            return ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        values = tuple(int(v) for v in np.frombuffer(bytes(mem[off:off + need]),
+                                                     dtype=om.dims_dtype))
         if values not in om.gears:  # MapIndex finds no branch
             return ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
         gear = om.gears.index(values)
@@ -729,6 +762,30 @@ class FakeAcl:
             found[0][found[1]:found[1] + len(raw)] = raw
         self.state.executions.append((model_id, gear))
         return ACL_SUCCESS
+
+
+def _parse_io_dims(dims: Any) -> tuple[int, list[int]]:
+    """pyACL's own argument parsing of an aclmdlIODims dict (WrapAclMdlSetInputDynamicDims in
+    pyACL's C extension): a dict; ``dimCount`` a Python int (PyLong_AsSize_t); ``name``, if
+    present, a str; ``dims`` a list (PyList_Check: no tuple, no numpy array) whose first
+    ``dimCount`` items are Python ints (PyLong type check: no numpy integers, no floats).
+    Anything else raises, as the C extension does, before any ACL call."""
+    if not isinstance(dims, dict):
+        raise TypeError("argument 4 is not dict")
+    count = dims.get("dimCount")
+    if not isinstance(count, int):
+        raise TypeError(f"dimCount must be an int, got {type(count).__name__}")
+    if count < 0:
+        raise OverflowError("can't convert negative value to size_t")
+    if "name" in dims and not isinstance(dims["name"], str):
+        raise RuntimeError("PyUnicode_AsUTF8String failed")
+    items = dims.get("dims")
+    if not isinstance(items, list):
+        raise TypeError("The dims of parameter 4 is not a list.")
+    if len(items) < min(count, ACL_MAX_DIM_CNT + 1) or \
+            not all(isinstance(v, int) for v in items[:count]):
+        raise TypeError("the dims of fourth parameter is not list of int")
+    return count, [int(v) for v in items[:count]]
 
 
 #: public name -> (namespace, return convention): "pair" = (value, ret), "ret" = ret only,
