@@ -27,6 +27,18 @@ MODES: tuple[str, ...] = ("batch", "image_size", "dims")
 #: the docs say (1, 100] but 256 on 950-series chips.
 DEFAULT_MAX_GEARS = 100
 
+#: Largest gear value a gear file can hold: the gear table (GE's MapIndex Const) and the dims
+#: input ``ascend_mbatch_shape_data`` are int32, as in current GE.
+MAX_GEAR_VALUE = 2**31 - 1
+
+#: Largest static dim: dims are int64 in GE and in ONNX.
+MAX_DIM = 2**63 - 1
+
+#: GE's code for a value out of range ("Value [...] for parameter [...] is out of range"): the
+#: one ATC reports when std::stol overflows on an input_shape value. A gear value beyond int32
+#: is the same failure one step later (it cannot be stored), so it gets the same code.
+OUT_OF_RANGE_CODE = "E10013"
+
 
 @dataclass(frozen=True)
 class GearSpec:
@@ -85,6 +97,10 @@ class GearSpec:
             if any(d < -1 for d in shape):
                 raise GearSpecError(f"input {name!r} shape {list(shape)}: dims must be >= 0 or "
                                     "-1 (dynamic)", code="E10002")
+            big = next((d for d in shape if d > MAX_DIM), None)
+            if big is not None:
+                raise GearSpecError(f"input {name!r} shape {list(shape)}: dim {big} is out of "
+                                    f"int64 range (at most {MAX_DIM})", code=OUT_OF_RANGE_CODE)
         object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
         width = self.values_per_gear
         _check_gear_rows(self.gears, width,
@@ -250,7 +266,8 @@ def _check_gear_rows(gears: tuple[tuple[int, ...], ...], width: int, why: str,
                      what: str) -> None:
     """GE's CheckDynamicParams on the gears themselves, in GE's order: gear by gear its length
     (E10037: ``width`` values; ``why`` says where that number comes from) and its values
-    (E10038: none negative; 0 is accepted, as current GE does), then duplicates (E10039).
+    (E10038: none negative; 0 is accepted, as current GE does; E10013: none above
+    :data:`MAX_GEAR_VALUE`, which the file cannot hold), then duplicates (E10039).
     ``what`` names the gears in messages. Shared by GearSpec and parse.check_gears."""
     for g in gears:
         if len(g) != width:
@@ -260,6 +277,11 @@ def _check_gear_rows(gears: tuple[tuple[int, ...], ...], width: int, why: str,
         if neg is not None:
             raise GearSpecError(f"{what}: gear {list(g)} has the negative value {neg}; gear "
                                 "values must be >= 0", code="E10038")
+        big = next((v for v in g if v > MAX_GEAR_VALUE), None)
+        if big is not None:
+            raise GearSpecError(f"{what}: gear {list(g)} has the value {big}, out of range: "
+                                f"gear values are int32 in the model (at most {MAX_GEAR_VALUE})",
+                                code=OUT_OF_RANGE_CODE)
     seen: set[tuple[int, ...]] = set()
     for g in gears:
         if g in seen:

@@ -29,6 +29,7 @@ E10035 fewer than 2 gears                 (CheckDynamicParams, after the checks 
 E10036 more than ``max_gears`` gears      (old GE kMaxShapesCount = 100; docs: 256 on 950)
 E10037 gears of different lengths
 E10038 a negative value in a gear (0 is accepted, as current GE does)
+E10013 a gear value above int32 (2147483647): the gear table and dims input are int32
 E10039 duplicate gears
 ====== ==================================================================================
 
