@@ -11,6 +11,7 @@ from __future__ import annotations
 # ACL / GE codes we mirror (inc/external/ge/ge_error_codes.h, GE-NOTES.md).
 ACL_ERROR_GE_PARAM_INVALID = "145000"
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = "145002"
+ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = "145003"
 ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID = "145012"
 ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID = "145013"
 
@@ -71,6 +72,19 @@ class BackendError(GearRuntimeError, RuntimeError):
     """A backend call failed; the message names the call, ``code`` is its return code."""
 
 
+class ExecutorBusyError(GearRuntimeError, RuntimeError):
+    """Another thread is inside this executor (execute or set_*): an executor belongs to one
+    thread at a time. Raised at once, before anything of the executor is touched, so the call
+    in flight keeps its result. GE has no code for it (ACL's per-dataset dims simply race)."""
+
+
+class ClosedError(GearRuntimeError, RuntimeError):
+    """A closed model or executor was used again. Code 145003 (ACL_ERROR_GE_EXEC_MODEL_ID_INVALID):
+    what ACL answers for a model id that was unloaded."""
+
+    default_code = ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+
+
 class BackendUnavailableError(GearRuntimeError, ImportError):
     """A backend whose runtime is not installed here; the message says what to install."""
 
@@ -84,6 +98,8 @@ KINDS: dict[str, type[GearRuntimeError]] = {
     "length": DynamicInputLengthError,
     "mismatch": GearMismatchError,
     "backend": BackendError,
+    "busy": ExecutorBusyError,
+    "closed": ClosedError,
 }
 
 

@@ -4,7 +4,15 @@ The hot path is one C++ call (``ExecutorCore.stage``: dims from the input shapes
 match, every input copied into the merged staging buffer with the GIL released, the int32 dims
 buffer written) followed by the backend's run of that gear. Everything an executor mutates is
 its own (staging, bindings, current dims), so executors of one model run concurrently with no
-lock; one executor must not be used by two threads at once.
+shared lock.
+
+Ownership: one executor serves one thread at a time. ``execute``, ``set_*`` and
+``clear_dynamic_dims`` hold the executor for the whole call (dims, staging, the backend run,
+the output buffers, the ``last_*`` fields); a second thread entering meanwhile gets
+:class:`~gear_runtime.errors.ExecutorBusyError` at once -- it never waits, never gets another
+call's outputs, and the call in flight is not disturbed. The hold is one non-blocking lock
+acquire and release per call. ``close`` is the exception: it waits for a call in flight, then
+every later use raises :class:`~gear_runtime.errors.ClosedError`.
 
 Differences from GE, on purpose: a miss is an error (GE silently keeps gear 0), an output
 shape is never empty (GE returns an empty shape on a miss), and dims are per executor (ACL's
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +33,9 @@ from gear_runtime import core
 from gear_runtime.backends.base import BackendSession
 from gear_runtime.errors import (
     BackendError,
+    ClosedError,
     DynamicInputLengthError,
+    ExecutorBusyError,
     GearMismatchError,
     InputError,
 )
@@ -54,6 +65,11 @@ class Executor:
             list(spec.dynamic_positions), [list(g) for g in spec.gears],
             [np.dtype(d) for d in info.input_dtypes], model.layout, session.staging)
         self._preset: tuple[int, ...] | None = None
+        # Held for the whole of every call that reads or writes the executor's state; taken
+        # for good by close(), so a closed executor costs the hot path nothing extra.
+        self._owner = threading.Lock()
+        self._closing = threading.Lock()
+        self._closed = False
         #: The dynamic dims of the last run: matched on the host, or (GetNext-sink mode) read
         #: back from the device after the run. None before the first run.
         self.last_dynamic_dims: tuple[int, ...] | None = None
@@ -63,6 +79,13 @@ class Executor:
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:
+        self._enter("set_dynamic_dims")
+        try:
+            self._set_dynamic_dims(dims)
+        finally:
+            self._owner.release()
+
+    def _set_dynamic_dims(self, dims: Sequence[int]) -> None:
         """aclmdlSetInputDynamicDims: the FULL shapes of all inputs flattened, in input order.
 
         The dynamic values alone (one per -1 of input_shape) are accepted too. Raises
@@ -83,6 +106,13 @@ class Executor:
 
     def set_dynamic_batch_size(self, batch: int) -> None:
         """aclmdlSetDynamicBatchSize: dynamic batch mode only; 0 is rejected as ACL does."""
+        self._enter("set_dynamic_batch_size")
+        try:
+            self._set_batch(batch)
+        finally:
+            self._owner.release()
+
+    def _set_batch(self, batch: int) -> None:
         self._require_mode("batch", "set_dynamic_batch_size")
         (b,) = self._to_ints("batch", [batch])
         if b <= 0:
@@ -92,6 +122,13 @@ class Executor:
 
     def set_dynamic_image_size(self, height: int, width: int) -> None:
         """aclmdlSetDynamicHWSize: dynamic image size mode only; 0 is rejected as ACL does."""
+        self._enter("set_dynamic_image_size")
+        try:
+            self._set_hw(height, width)
+        finally:
+            self._owner.release()
+
+    def _set_hw(self, height: int, width: int) -> None:
         self._require_mode("image_size", "set_dynamic_image_size")
         h, w = self._to_ints("image size", [height, width])
         if h <= 0 or w <= 0:
@@ -100,7 +137,9 @@ class Executor:
 
     def clear_dynamic_dims(self) -> None:
         """Forget set dims: the next execute derives them from the input shapes again."""
+        self._enter("clear_dynamic_dims")
         self._preset = None
+        self._owner.release()
 
     @property
     def dynamic_dims(self) -> tuple[int, ...] | None:
@@ -135,20 +174,28 @@ class Executor:
         gear's real shapes. With ``copy=False`` they are views of this executor's buffers,
         valid until its next execute (zero-copy for services that consume them at once).
         """
-        arrays = self._arrays(inputs)
-        if self._sink:
-            outputs = self._run_sink(arrays)
-        else:
-            try:
-                gear = self._core.stage(arrays, self._preset)
-            except GearMismatchError:
-                if not self._hybrid:
-                    raise
-                return self._run_dynamic(arrays)
-            outputs = self._session.run_gear(gear)
-            self.last_gear = gear
-            self.last_dynamic_dims = self._core.last_values
-        return [o.copy() for o in outputs] if copy else list(outputs)
+        # The whole call runs owned (inline, not a helper: a call frame costs as much as the
+        # lock itself on this path).
+        if not self._owner.acquire(False):
+            self._refuse("execute")
+        try:
+            arrays = self._arrays(inputs)
+            if self._sink:
+                outputs = self._run_sink(arrays)
+            else:
+                try:
+                    gear = self._core.stage(arrays, self._preset)
+                except GearMismatchError:
+                    if not self._hybrid:
+                        raise
+                    outputs = self._run_dynamic(arrays)
+                else:
+                    outputs = self._session.run_gear(gear)
+                    self.last_gear = gear
+                    self.last_dynamic_dims = self._core.last_values
+            return [o.copy() for o in outputs] if copy else list(outputs)
+        finally:
+            self._owner.release()
 
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
         """Inputs as a list of arrays in input order; clear errors for missing/unknown names."""
@@ -184,11 +231,27 @@ class Executor:
 
     @staticmethod
     def _as_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
+        """A non-ndarray input as an array, under the rules arrays follow (no silent casts).
+
+        Anything with a dtype (numpy scalars, other libraries' arrays) keeps it, and the core
+        then demands the model's exact dtype, as for an ndarray. Python lists and scalars have
+        kinds but no widths: their values must be of the input's kind (bool, integer, float,
+        complex: floats into an int input are refused, not truncated; ints into a float input
+        are refused, as an int64 array is) and fit its width (300 into uint8 is refused);
+        within a kind they take the model's width (0.7 is a valid float16/32 value).
+        """
         try:
-            return np.asarray(value, dtype=dtype)
+            if hasattr(value, "dtype"):
+                return np.asarray(value)
+            natural = np.asarray(value)
         except (TypeError, ValueError) as exc:
             raise InputError(f"input {name!r} cannot be read as a {np.dtype(dtype)} array: "
                              f"{exc}") from None
+        expected = np.dtype(dtype)
+        if natural.dtype == expected or natural.size == 0:
+            return natural.astype(expected, copy=False)
+        _check_list_values(name, natural, expected)
+        return natural.astype(expected)
 
     def _run_dynamic(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss (GE's SelectExecuteGraph): the dynamic-shape graph."""
@@ -236,11 +299,79 @@ class Executor:
                 raise InputError(f"input '{name}' has dtype {a.dtype}, the model's input has "
                                  f"{np.dtype(dt)}")
 
+    # ---- ownership -----------------------------------------------------------------------
+    def _enter(self, call: str) -> None:
+        """Own the executor for ``call`` or raise at once (never wait): see the module doc."""
+        if not self._owner.acquire(False):
+            self._refuse(call)
+
+    def _refuse(self, call: str) -> None:
+        """Why ``call`` could not own the executor: it is closed, or another thread is in it."""
+        if self._closed:
+            raise ClosedError(f"{call} on a closed executor: create a new one with "
+                              "model.create_executor() (on a model that is still open)")
+        raise ExecutorBusyError(
+            f"{call}: this executor is in use by another thread right now; an executor "
+            "serves one thread at a time: give each thread its own with "
+            "model.create_executor()")
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (directly, or through the model's close)."""
+        return self._closed
+
     def close(self) -> None:
-        self._session.close()
+        """Free the executor's backend session; idempotent.
+
+        Waits for a call in flight in another thread to end (unlike execute, which refuses at
+        once: a service shutting down should not have to retry), then keeps the executor
+        owned for good, so that every later ``execute`` / ``set_*`` raises ClosedError.
+        """
+        if self._closed:
+            return
+        with self._closing:  # a second closer waits here, then finds the work done
+            if self._closed:
+                return
+            self._owner.acquire()  # never released: a closed executor stays owned
+            self._closed = True
+            self._session.close()
 
     def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Kinds of the values a Python list may hold for an input of each numpy kind: the same kind
+#: (``u`` and ``i`` are both integers: numpy reads big Python ints as uint64).
+_LIST_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "f", "c": "c"}
+
+
+def _check_list_values(name: str, values: np.ndarray, dtype: np.dtype) -> None:
+    """InputError unless ``values`` (a list read by numpy) converts to ``dtype`` exactly as far
+    as kind and range go: see :meth:`Executor._as_array`."""
+    kind = values.dtype.kind
+    first = values.flat[0].item()
+    if kind not in _LIST_KINDS.get(dtype.kind, ""):
+        got, want = _KIND_NAMES.get(kind, str(values.dtype)), _KIND_NAMES.get(dtype.kind, dtype)
+        raise InputError(
+            f"input {name!r} holds {got} values (first: {first!r}); the model's input is "
+            f"{dtype}: pass {want} values or a {dtype} array (no silent cast or truncation)")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = values.min().item(), values.max().item()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InputError(f"input {name!r} holds the value {bad}, out of range for the "
+                             f"model's {dtype} input ({info.min}..{info.max})")
+    elif dtype.kind in "fc":
+        with np.errstate(over="ignore"):
+            overflow = np.isinf(values.astype(dtype)) & np.isfinite(values)
+        if overflow.any():
+            raise InputError(f"input {name!r} holds the value {values[overflow].flat[0].item()},"
+                             f" out of range for the model's {dtype} input (it would become inf)")
+
+
+_KIND_NAMES = {"b": "bool", "i": "integer", "u": "integer", "f": "float", "c": "complex",
+               "U": "string", "S": "bytes", "O": "object"}

@@ -8,7 +8,10 @@ weights, an ACL model id, ...). Per-request state lives in executors, one per th
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +19,7 @@ import numpy as np
 
 from gear_runtime import core
 from gear_runtime.backends import BackendModel, ModelInfo, open_model
-from gear_runtime.errors import GearMismatchError, InputError
+from gear_runtime.errors import ClosedError, GearFileError, GearMismatchError, InputError
 from gear_runtime.executor import Executor
 from gear_runtime.spec import GearSpec
 
@@ -28,36 +31,121 @@ ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 #: merged host-to-device copy.
 DEFAULT_INPUT_FUSION_SIZE = core.DEFAULT_FUSION_SIZE
 
+#: Largest host buffer (bytes) one gear may ask for: an input's slot, the whole staging buffer,
+#: or one output. Every executor allocates these up front, so a gear file asking for more (a
+#: crafted or mistyped gear of seq 2**30 asks for hundreds of GiB) is refused at load with a
+#: GearFileError naming the gear, the buffer and the size, instead of failing later in
+#: ``create_executor`` with MemoryError. 16 GiB: far above any gear these models serve on
+#: one device, far below what takes a host down. Override per load with
+#: ``load(..., max_buffer_bytes=N)`` or per process with the environment variable named by
+#: :data:`MAX_BUFFER_BYTES_ENV`; the keyword wins over the variable.
+MAX_GEAR_BUFFER_BYTES = 16 * 2**30
+
+#: Environment variable that overrides :data:`MAX_GEAR_BUFFER_BYTES` (a positive integer).
+MAX_BUFFER_BYTES_ENV = "GEAR_RUNTIME_MAX_BUFFER_BYTES"
+
 
 def load(path: str, backend: str = "onnxruntime", *,
-         input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE, **options: Any) -> GearModel:
+         input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE, max_buffer_bytes: int | None = None,
+         **options: Any) -> GearModel:
     """Load the gear model at ``path`` on ``backend``.
 
     ``options`` go to the backend (e.g. ``providers=`` for onnxruntime, ``config=`` for
     mindspore_lite, ``device_id=`` for acl). ``input_fusion_size`` mirrors GE's
-    ``ge.exec.input_fusion_size`` (negative turns merging off).
+    ``ge.exec.input_fusion_size`` (negative turns merging off). ``max_buffer_bytes``: the
+    largest buffer one gear may ask for (default :data:`MAX_GEAR_BUFFER_BYTES`, or the
+    environment variable :data:`MAX_BUFFER_BYTES_ENV`); more is a GearFileError.
     """
     try:
         path = os.fsdecode(os.fspath(path))
     except TypeError:
         raise InputError(f"path must be a file path, got {type(path).__name__}") from None
-    return GearModel(open_model(path, backend, **options), input_fusion_size=input_fusion_size)
+    limit = buffer_limit(max_buffer_bytes)  # a bad limit fails before the file is opened
+    return GearModel(open_model(path, backend, **options), input_fusion_size=input_fusion_size,
+                     max_buffer_bytes=limit)
+
+
+def buffer_limit(max_buffer_bytes: int | None = None) -> int:
+    """The buffer limit in force: ``max_buffer_bytes`` when given, else the environment
+    variable :data:`MAX_BUFFER_BYTES_ENV` when set, else :data:`MAX_GEAR_BUFFER_BYTES`.
+    InputError for a value that is not a positive integer, naming where it came from."""
+    if max_buffer_bytes is not None:
+        value: object = max_buffer_bytes
+        where = "max_buffer_bytes"
+    elif os.environ.get(MAX_BUFFER_BYTES_ENV, "").strip():
+        value, where = os.environ[MAX_BUFFER_BYTES_ENV].strip(), MAX_BUFFER_BYTES_ENV
+        value = int(value) if value.isascii() and value.isdigit() else value
+    else:
+        return MAX_GEAR_BUFFER_BYTES
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{where} must be a positive integer number of bytes, got {value!r}")
+    return value
 
 
 class GearModel:
     """A gear model loaded on one backend (thread-safe; executors are per thread)."""
 
     def __init__(self, backend_model: BackendModel,
-                 input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE) -> None:
+                 input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE,
+                 max_buffer_bytes: int | None = None) -> None:
+        """Wrap ``backend_model``; GearFileError (and the backend model closed) when a gear's
+        buffers exceed ``max_buffer_bytes`` (see :func:`buffer_limit`)."""
         self._backend = backend_model
         self.info: ModelInfo = backend_model.info
         self.spec: GearSpec = self.info.spec
-        # One layout for every executor: computed once here, never on the hot path. The
-        # backend's device memory rules (alignment, padding) shape it; the user's fusion size
-        # decides what merges.
-        options = {**backend_model.layout_options, "fusion_size": input_fusion_size}
-        self.layout = core.plan_layout(self.info.input_nbytes(), self.spec.values_per_gear,
-                                       **options)
+        self._closed = False
+        self._lock = threading.Lock()  # guards _closed and _executors
+        self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
+        try:
+            self.max_buffer_bytes = buffer_limit(max_buffer_bytes)
+            self.layout = self._plan_layout(input_fusion_size)
+        except BaseException:
+            backend_model.close()
+            raise
+
+    def _plan_layout(self, input_fusion_size: int) -> Any:
+        """One layout for every executor: computed once here, never on the hot path. The
+        backend's device memory rules (alignment, padding) shape it; the user's fusion size
+        decides what merges. Every buffer is checked against the limit first."""
+        nbytes = self._input_nbytes()
+        self._check_outputs()
+        options = {**self._backend.layout_options, "fusion_size": input_fusion_size}
+        layout = core.plan_layout(nbytes, self.spec.values_per_gear, **options)
+        for g in range(layout.gear_count):  # the staging buffer is as large as its largest gear
+            ends = [layout.offset(g, i) + layout.nbytes(g, i) for i in range(layout.input_count)]
+            end = max([*ends, layout.dims_offset(g) + layout.dims_nbytes])
+            self._check_buffer(g, "the staging buffer (its inputs, aligned, and the dims)", end)
+        self._check_buffer(None, "the staging buffer", int(layout.total_bytes))
+        return layout
+
+    def _input_nbytes(self) -> list[list[int]]:
+        """[gear][input] bytes, in exact integers (numpy's int64 products could wrap around
+        before the limit is checked), each within the limit."""
+        out = []
+        for g in range(self.spec.gear_count):
+            row = []
+            for (name, shape), dt in zip(self.spec.shapes(g).items(), self.info.input_dtypes,
+                                         strict=True):
+                size = math.prod(shape) * np.dtype(dt).itemsize
+                self._check_buffer(g, f"input {name!r} of shape {shape}", size)
+                row.append(size)
+            out.append(row)
+        return out
+
+    def _check_outputs(self) -> None:
+        for g, shapes in enumerate(self.info.output_shapes):
+            for name, shape, dt in zip(self.info.output_names, shapes, self.info.output_dtypes,
+                                       strict=True):
+                size = math.prod(shape) * np.dtype(dt).itemsize
+                self._check_buffer(g, f"output {name!r} of shape {tuple(shape)}", size)
+
+    def _check_buffer(self, gear: int | None, what: str, size: int) -> None:
+        if size > self.max_buffer_bytes:
+            where = "" if gear is None else f"gear {gear} {self.spec.gears[gear]}: "
+            raise GearFileError(
+                f"{where}{what} needs {size} bytes ({size / 2**30:.1f} GiB), more than the "
+                f"limit of {self.max_buffer_bytes} bytes; raise it with "
+                f"load(..., max_buffer_bytes=N) or {MAX_BUFFER_BYTES_ENV} if this is meant")
 
     # ---- what the model is ---------------------------------------------------------------
     @property
@@ -153,17 +241,37 @@ class GearModel:
                              ) from None
 
     # ---- running -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
     def create_executor(self) -> Executor:
-        """A new executor: its own staging buffer, bindings and dims; one per thread."""
-        return Executor(self, self._backend.create_session(self.layout))
+        """A new executor: its own staging buffer, bindings and dims; one per thread.
+        ClosedError (145003) once the model is closed."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError("create_executor on a closed model: load it again with "
+                                  "gear_runtime.load()")
+            executor = Executor(self, self._backend.create_session(self.layout))
+            self._executors.add(executor)
+            return executor
 
     def close(self) -> None:
         """Unload the model (device memory, sessions). Idempotent.
 
-        Close only when no executor of this model is running: executors read buffers the
-        backend owns (on Ascend, pinned host memory), and closing under a running execute
-        frees them. Close the executors first, or let them finish.
+        Closes this model's executors first, each after its call in flight (if any) ends, so
+        that no execute runs on freed buffers; then every use of them, and
+        :meth:`create_executor`, raises ClosedError. What the model is (gears, shapes, names)
+        stays readable.
         """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            executors = list(self._executors)
+        for executor in executors:
+            executor.close()
         self._backend.close()
 
     def __enter__(self) -> GearModel:
