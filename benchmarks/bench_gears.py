@@ -1,5 +1,5 @@
 """Per gear, on the built-in prefill example: the gear executor vs ONNX Runtime running the
-original dynamic-shape model vs the naive per-input ``session.run`` of the gear's branch.
+original dynamic-shape model vs the naive per-input ``session.run`` of the model's session.
 
     python benchmarks/bench_gears.py [--iterations N] [--threads N]
 
@@ -9,9 +9,7 @@ reported without a target: the project states none for them, and on ONNX Runtime
 provider a static-shape branch is not expected to beat the same graph run with dynamic shapes
 by much (ORT's CPU kernels are the same; only per-run shape work differs). The runtime's own
 overhead per call (execute minus the backend's bare run of the same pre-bound branch) is
-reported too. The speed-up vs ORT dynamic is measured twice: with the default ONE shared copy
-of the weights (ORT prepacking off, which costs the small gears ~10%) and with
-``prepack=True`` (each gear's session prepacks its own copy: faster, more memory).
+reported too. Realistic sizes (tens to hundreds of MB of weights) are in bench_scale.py.
 """
 
 from __future__ import annotations
@@ -43,32 +41,23 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
         spec = gr.GearSpec.from_config(str(config_path))
         gear_path = compile_model(str(model_path), spec, str(d / "prefill.gear.onnx"),
                                   progress=False)
-        reports = {}
-        # Default (one shared copy of the weights, ORT prepacking off) and prepack=True
-        # (each gear's session prepacks its own weights: faster kernels, more memory).
-        for prepack in (False, True):
-            with gr.load(gear_path, intra_op_num_threads=threads, prepack=prepack) as model:
-                reports[prepack] = bench_model(
-                    model, iterations=iterations, warmup=warmup, threads=threads,
-                    reference=str(model_path), progress=verbose,
-                    inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
-            reports[prepack].model = f"built-in prefill example, prepack={prepack}"
+        with gr.load(gear_path, intra_op_num_threads=threads) as model:
+            report = bench_model(
+                model, iterations=iterations, warmup=warmup, threads=threads,
+                reference=str(model_path), progress=verbose,
+                inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
+        report.model = "built-in prefill example"
+    if verbose:
+        print(report.table())
     rows = []
-    for prepack, report in reports.items():
-        if verbose:
-            print(report.table())
-        tag = " prepack" if prepack else ""
-        for r in report.gears:
-            name = f"gear {r.gear} (seq {r.dims[0]}){tag}"
-            rows.append(row("gears", f"{name} speed-up vs ORT dynamic", r.speedup_vs_dynamic,
-                            "x"))
-            if not prepack:
-                rows += [
-                    row("gears", f"{name} p50 execute", r.execute.p50, "ms"),
-                    row("gears", f"{name} speed-up vs naive session.run", r.speedup_vs_naive,
-                        "x"),
-                    row("gears", f"{name} runtime overhead per call", r.overhead_us, "us"),
-                ]
+    for r in report.gears:
+        name = f"gear {r.gear} (seq {r.dims[0]})"
+        rows += [
+            row("gears", f"{name} speed-up vs ORT dynamic", r.speedup_vs_dynamic, "x"),
+            row("gears", f"{name} p50 execute", r.execute.p50, "ms"),
+            row("gears", f"{name} speed-up vs naive session.run", r.speedup_vs_naive, "x"),
+            row("gears", f"{name} runtime overhead per call", r.overhead_us, "us"),
+        ]
     return rows
 
 

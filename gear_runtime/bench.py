@@ -4,14 +4,14 @@ For every gear it measures, in the same run and on the same inputs:
 
 * ``execute``: what a service calls: ``Executor.execute(inputs)`` (dims derived from the
   inputs' shapes, exact match, merged staging, run, outputs copied out);
-* ``bare``: the backend's own run of the same gear's branch on the executor's pre-bound
-  buffers (no staging, no matching, no output copy). ``execute - bare`` is the runtime's own
-  overhead per call;
-* ``naive``: the naive way to serve a gear: ``session.run(None, feeds)`` on that gear's branch
-  session, each input fed separately from Python;
-* ``dynamic``: ONNX Runtime running the ORIGINAL dynamic-shape model on the same inputs (when
-  it is known: ``reference=`` or the gear file's hybrid graph). ``dynamic / execute`` is the
-  gear executor's speed-up.
+* ``bare``: the backend's own run of the same gear on the executor's pre-bound buffers
+  (``BackendSession.run_bound``: no staging, no matching, no output copy). ``execute - bare``
+  is the runtime's own overhead per call;
+* ``naive``: the naive way to serve a gear: ``session.run(None, feeds)`` on the model's own
+  ORT session, each input fed separately from Python, outputs allocated by ORT;
+* ``dynamic``: a separate plain ONNX Runtime session of the ORIGINAL dynamic-shape model on
+  the same inputs (when it is given: ``reference=``). ``dynamic / execute`` is the gear
+  executor's speed-up.
 
 The four runs of one iteration are interleaved, so slow drifts of the machine (frequency,
 other processes) hit every column alike, and their order is shuffled every iteration (seeded),
@@ -137,7 +137,7 @@ class BenchReport:
     iterations: int
     warmup: int
     threads: int | None
-    #: where the dynamic column came from: a file path, "hybrid graph", or None.
+    #: where the dynamic column came from: a file path, "proto", or None.
     reference: str | None
     rss_after_load_bytes: int | None
     staging_bytes: int
@@ -166,18 +166,17 @@ class _Handles:
     """What the comparison columns need from the backend; None where it has no such thing."""
 
     bare_run: Callable[[int], Any] | None
-    branch_session: Callable[[int], Any] | None
-    dynamic_session: Any | None
+    naive_session: Any | None
     staging_bytes: int
     output_buffer_bytes: int
 
 
 def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
-    """Private access, kept in this ONE function: the ORT backend's sessions and bindings.
-
-    ``bare_run(g)`` re-runs gear g's pre-bound IOBinding of THIS executor through ORT's C
-    binding (the same call ``run_gear`` makes, without the executor around it).
-    Other backends get no bare / naive / hybrid columns.
+    """The executor's backend session and the ORT session of the model, kept in this ONE
+    function: ``bare_run(g)`` is the session's public :meth:`BackendSession.run_bound` (the
+    pre-bound backend run that ``execute`` wraps); ``naive_session`` is the model's own ORT
+    session, run with plain ``session.run(feeds)`` (no IO binding). Other backends and sink
+    files get no bare / naive columns.
     """
     session = getattr(executor, "_session", None)
     staging = getattr(session, "staging", None)
@@ -190,21 +189,10 @@ def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
         output_bytes = sum(max(model.output_size(g, k) for g in range(model.gear_count))
                            for k in range(len(model.output_names)))
     backend = getattr(model, "_backend", None)
-    if model.backend != "onnxruntime" or session is None or backend is None:
-        return _Handles(None, None, None, staging_bytes, output_bytes)
-
-    sessions = getattr(session, "_sessions", None)
-    bindings = getattr(session, "_bindings", None)
-    run_options = getattr(session, "_run_options", None)
-    bare_run = None
-    if sessions and bindings and run_options is not None:
-        def bare_run(g: int) -> Any:
-            return sessions[g]._sess.run_with_iobinding(bindings[g]._iobinding, run_options)
-
-    branch_sessions = list(getattr(backend, "sessions", None) or [])
-    branch_session = (lambda g: branch_sessions[g]) if branch_sessions else None
-    return _Handles(bare_run, branch_session, getattr(backend, "dynamic_session", None),
-                    staging_bytes, output_bytes)
+    if model.backend != "onnxruntime" or session is None or backend is None or model.sink:
+        return _Handles(None, None, staging_bytes, output_bytes)
+    return _Handles(session.run_bound, getattr(backend, "session", None), staging_bytes,
+                    output_bytes)
 
 
 # ---- inputs and memory ------------------------------------------------------------------------
@@ -316,8 +304,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path).
 
     ``threads`` sets ORT's intra-op threads of every session involved (when the model is
-    loaded here and for the reference). ``reference``: the original dynamic ONNX model; by
-    default the gear file's hybrid graph is used when there is one. ``inputs(model, gear)``
+    loaded here and for the reference). ``reference``: the original dynamic ONNX model (the
+    ``dynamic`` column; none without it). ``inputs(model, gear)``
     gives the inputs of a gear (default :func:`default_inputs`). Raises InputError for bad
     arguments and when the inputs do not select the gear they were made for.
     """
@@ -349,8 +337,6 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         if reference is not None:
             ref_session = _reference_session(reference, model.input_names, threads)
             ref_name = os.fspath(reference) if isinstance(reference, str | os.PathLike) else "proto"
-        elif handles.dynamic_session is not None:
-            ref_session, ref_name = handles.dynamic_session, "hybrid graph"
 
         report = BenchReport(model=path, backend=model.backend, mode=model.mode,
                              iterations=iterations, warmup=warmup, threads=threads,
@@ -382,9 +368,9 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
     if handles.bare_run is not None:
         bare_run = handles.bare_run
         runners.append(("bare", lambda: bare_run(g)))
-    if handles.branch_session is not None:
-        branch = handles.branch_session(g)
-        runners.append(("naive", lambda: branch.run(None, feeds)))
+    if handles.naive_session is not None:
+        naive = handles.naive_session
+        runners.append(("naive", lambda: naive.run(None, feeds)))
     if ref_session is not None:
         runners.append(("dynamic", lambda: ref_session.run(None, feeds)))
 
@@ -460,9 +446,9 @@ def format_table(report: BenchReport) -> str:
         "",
         f"model: {report.model} ({report.backend}, {report.mode} mode), "
         f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
-        "bare = the backend's run of the same branch on the executor's pre-bound buffers; "
+        "bare = the backend's run of the same gear on the executor's pre-bound buffers; "
         "overhead = median(execute - bare)",
-        "naive = session.run(None, feeds) on the gear's branch; dynamic = ONNX Runtime on the "
+        "naive = session.run(None, feeds) on the model's session; dynamic = ONNX Runtime on the "
         f"original dynamic model ({report.reference or 'not known: pass --reference'}); "
         "x = their p50 / execute p50",
         f"memory: process RSS after load {_size(report.rss_after_load_bytes)}; executor "

@@ -25,21 +25,29 @@ A miss gives EMPTY outputs (or, hybrid, runs the ``Dynamic`` graph). The dims, i
 LAST output, named ``ascend_mbatch_shape_data``. Per-gear output dims are stored in the
 metadata key :data:`META_OUTPUT_DIMS` (JSON list of the same strings).
 
+Weights: every weight is a ROOT initializer, once. Big ones may be ONNX external data in ONE
+file beside the gear file (``<gear file name>.data``, see :mod:`gear_runtime.external_data`),
+resolved against the gear file's folder only and checked before anything reads them.
+
+A case file always stores the source graph as ``dynamic_graph`` (ONNX Runtime runs every gear
+on one session of it); only a hybrid file (:data:`META_HYBRID`) runs it on a miss.
+
 Both kinds carry ``metadata_props``: :data:`META_FORMAT` (= :data:`FORMAT_VERSION`),
 :data:`META_SPEC` (the spec as JSON), :data:`META_KIND`, :data:`META_HYBRID`.
 
 :func:`read_gear_file` turns either kind into a :class:`GearFile`: per gear a STANDALONE static
-ONNX model without the shared weights, plus the weights once, so a backend can build one
-session per gear sharing one copy of the weights.
+ONNX model without the shared weights, the source graph likewise, and the weights once as
+TensorProtos (inline, or checked references to the data file): nothing reads the weights'
+bytes at load but the runtime that uses them (:meth:`GearFile.runnable`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,14 +55,25 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gear_runtime.errors import GearFileError, GearSpecError, InputError
+from gear_runtime.external_data import (
+    ExternalDataError,
+    ExternalSpan,
+    check_external,
+    is_external,
+)
 from gear_runtime.spec import GearSpec
 
 # ---- names shared by the writer (gear_runtime.compiler) and the reader ------------------------
 #: Custom operator domain of MapIndex and Case.
 DOMAIN = "ge.gear_runtime"
 DOMAIN_VERSION = 1
-#: Version of this file layout; the reader refuses any other.
-FORMAT_VERSION = "1"
+#: Version of this file layout; the reader refuses any other. 2: a case file always keeps
+#: the source graph (``dynamic_graph``), and big weights may live in a data file beside it.
+FORMAT_VERSION = "2"
+#: Largest gear file the reader takes: protobuf cannot hold a message of 2 GiB or more (the
+#: weights of a bigger model are in its data file). A bigger "gear file" is refused before a
+#: byte of it is read.
+MAX_GEAR_FILE_BYTES = 2**31 - 1
 
 OP_MAP_INDEX = "MapIndex"
 OP_CASE = "Case"
@@ -202,9 +221,12 @@ class GearFile:
             exactly ``spec.shapes(i)``, outputs ``output_names``; the shared weights are NOT
             in it (see :meth:`weight_names_of`; attach them as initializers, or declare them
             and share them with ``SessionOptions.add_initializer``).
-        weights: every root weight, once (not the gear table).
-        dynamic: hybrid mode: the dynamic-shape model, same convention (dynamic input dims);
-            else None.
+        weights: every root weight, once (not the gear table), as the file's TensorProto:
+            inline, or an external reference relative to ``folder`` (checked at read time,
+            see ``external``). Read values with :meth:`weight_array`.
+        external: the checked span of every external weight (resolved path, offset, length).
+        dynamic: the source (dynamic-shape) model, same convention (dynamic input dims):
+            always in a case file; in a sink file only when hybrid; else None.
         model_bytes: kind ``"sink"``: the whole file as-is (runnable by stock ONNX Runtime);
             kind ``"case"``: None.
     """
@@ -217,9 +239,49 @@ class GearFile:
     output_dtypes: tuple[np.dtype, ...]
     output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
     branches: tuple[onnx.ModelProto, ...]
-    weights: dict[str, np.ndarray]
+    weights: dict[str, onnx.TensorProto]
+    external: dict[str, ExternalSpan]
     dynamic: onnx.ModelProto | None
     model_bytes: bytes | None
+
+    @property
+    def folder(self) -> str:
+        """The gear file's folder: where its external data is resolved, and only there."""
+        return os.path.dirname(os.path.abspath(self.path))
+
+    @property
+    def files(self) -> list[str]:
+        """The files that make up this gear model: the gear file, then its data file (when
+        any weight is external)."""
+        return [self.path, *sorted({s.path for s in self.external.values()})]
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights (inline and external)."""
+        return sum(int(s.length) for s in self.external.values()) + sum(
+            len(t.raw_data) if t.HasField("raw_data") else self.weight_array(n).nbytes
+            for n, t in self.weights.items() if n not in self.external)
+
+    def weight_array(self, name: str) -> np.ndarray:
+        """Weight ``name``'s values (read from the data file for an external one)."""
+        t = self.weights[name]
+        if name not in self.external:
+            return numpy_helper.to_array(t)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+        data = np.frombuffer(self.external[name].read(), dtype=dtype)
+        return data.reshape(tuple(t.dims)).astype(dtype.newbyteorder("="))
+
+    def runnable(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy of ``model`` (a branch, or the dynamic model) with the weights it reads as
+        its own initializers, external ones still pointing to the data file: run it with the
+        data file's folder as ONNX Runtime's external-data folder
+        (``session.model_external_initializers_file_folder_path`` = :attr:`folder`)."""
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        declared = {t.name for t in out.graph.initializer}
+        out.graph.initializer.extend(self.weights[n] for n in self.weight_names_of(model)
+                                     if n not in declared)
+        return out
 
     @property
     def gear_count(self) -> int:
@@ -284,15 +346,40 @@ def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
     version, inconsistent attributes) raises GearFileError naming the path and what is wrong.
     """
     p = os.fspath(path)
+    data = _read_regular_file(p)
     try:
-        data = Path(p).read_bytes()
-    except OSError as exc:
-        raise GearFileError(f"gear file {p!r} cannot be read: {exc.strerror or exc}") from exc
-    try:
-        model = onnx.load_from_string(data)
+        model = onnx.load_from_string(data)  # external data stays a reference
     except Exception as exc:  # protobuf DecodeError and friends
         raise GearFileError(f"{p!r} is not an ONNX model: {exc}") from exc
     return _Reader(p, model, data).read()
+
+
+def _read_regular_file(path: str) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most
+    :data:`MAX_GEAR_FILE_BYTES` (a FIFO, a device or a huge file is refused before any read:
+    /dev/zero would never end, a FIFO would block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise GearFileError(f"gear file {path!r} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise GearFileError(f"gear file {path!r} cannot be read: it is {what}")
+        if st.st_size > MAX_GEAR_FILE_BYTES:
+            raise GearFileError(f"gear file {path!r} is {st.st_size} bytes; a gear file is at "
+                                f"most {MAX_GEAR_FILE_BYTES} bytes (its weights beyond that "
+                                f"are in its data file)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_GEAR_FILE_BYTES + 1)
+    except OSError as exc:
+        raise GearFileError(f"gear file {path!r} cannot be read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_GEAR_FILE_BYTES:  # grew while read
+        raise GearFileError(f"gear file {path!r} is larger than {MAX_GEAR_FILE_BYTES} bytes")
+    return data
 
 
 class _Reader:
@@ -328,18 +415,30 @@ class _Reader:
                             f"hybrid={spec.hybrid}")
         self.spec = spec
         self.opsets = [o for o in self.model.opset_import if o.domain != DOMAIN]
-        self.weights = self._weights()
+        self.weights, self.external = self._weights()
         if kind == KIND_CASE:
             return self._read_case()
         return self._read_sink(meta)
 
     # ---- shared pieces ----------------------------------------------------------------------
-    def _weights(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
+    def _weights(self) -> tuple[dict[str, onnx.TensorProto], dict[str, ExternalSpan]]:
+        """The root weights, and the checked span of each external one. Inline weights are
+        decoded once to check them, then dropped; external ones are checked, not read."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        weights: dict[str, onnx.TensorProto] = {}
+        external: dict[str, ExternalSpan] = {}
         for t in self.model.graph.initializer:
-            if not t.name.startswith(RESERVED_PREFIX):
-                out[t.name] = self._array(t, f"weight {t.name!r}")
-        return out
+            if t.name.startswith(RESERVED_PREFIX):
+                continue
+            if is_external(t):
+                try:
+                    external[t.name] = check_external(t, folder)
+                except ExternalDataError as exc:
+                    raise self.fail(str(exc)) from None
+            else:
+                self._array(t, f"weight {t.name!r}")
+            weights[t.name] = t
+        return weights, external
 
     def _array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
         try:
@@ -422,10 +521,13 @@ class _Reader:
             self._check_branch_outputs(b, shapes[g], g)
         if self.spec.hybrid and dynamic is None:
             raise self.fail("the spec is hybrid but the file has no dynamic-shape graph")
+        if kind == KIND_CASE and dynamic is None:
+            raise self.fail(f"the {OP_CASE} node has no {ATTR_DYNAMIC_GRAPH!r} (the source "
+                            "graph every case file keeps)")
         return GearFile(path=self.path, spec=self.spec, kind=kind, input_dtypes=input_dtypes,
                         output_names=output_names, output_dtypes=output_dtypes,
                         output_shapes=shapes, branches=tuple(branches), weights=self.weights,
-                        dynamic=dynamic, model_bytes=model_bytes)
+                        external=self.external, dynamic=dynamic, model_bytes=model_bytes)
 
     def _by_label(self, graphs: Sequence[onnx.GraphProto]) -> list[onnx.GraphProto]:
         """Order branch graphs by their Batch_<i> labels; each gear exactly once."""

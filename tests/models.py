@@ -386,13 +386,18 @@ def random_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]],
 
 
 def run_model(model: onnx.ModelProto | bytes, feeds: Mapping[str, np.ndarray],
-              output_names: Sequence[str] | None = None) -> list[np.ndarray]:
-    """Run ``model`` once on ONNX Runtime's CPU provider and return its outputs."""
+              output_names: Sequence[str] | None = None,
+              folder: str | None = None) -> list[np.ndarray]:
+    """Run ``model`` once on ONNX Runtime's CPU provider and return its outputs; external
+    data is resolved against ``folder``."""
     import onnxruntime as ort
 
     data = model if isinstance(model, bytes) else model.SerializeToString()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                      folder)
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     return sess.run(list(output_names) if output_names else None, dict(feeds))
 

@@ -45,11 +45,12 @@ def spec_of(case: str) -> gr.GearSpec:
 
 
 def with_weights(gf: GearFile, model: onnx.ModelProto) -> onnx.ModelProto:
-    """A branch (or the dynamic model) with its shared weights attached as initializers."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.graph.initializer.extend(numpy_helper.from_array(gf.weights[n], n)
-                                 for n in gf.weight_names_of(model))
+    """A branch (or the dynamic model) with its shared weights attached as initializers,
+    the weights' values inline (runnable from any folder)."""
+    out = gf.runnable(model)
+    for t in out.graph.initializer:
+        if t.name in gf.external:
+            t.CopyFrom(numpy_helper.from_array(gf.weight_array(t.name), t.name))
     return out
 
 
@@ -322,7 +323,7 @@ def test_case_structure_follows_ge(compiled) -> None:
     logits = g.output[0].type.tensor_type.shape.dim
     assert logits[0].dim_value == 1 and logits[1].dim_param and logits[2].dim_value == 128
     meta = {p.key: p.value for p in model.metadata_props}
-    assert meta["gear_runtime.format"] == "1"
+    assert meta["gear_runtime.format"] == "2"
     assert meta["gear_runtime.kind"] == "case" and meta["gear_runtime.hybrid"] == "0"
     assert {o.domain: o.version for o in model.opset_import} == {"": 17, DOMAIN: 1}
 
@@ -367,7 +368,7 @@ def test_refusals_come_before_any_gear_is_compiled(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("patch", "error"), [
-    ("mkstemp", PermissionError(13, "Permission denied")),   # a read-only directory
+    ("open", PermissionError(13, "Permission denied")),      # a read-only directory
     ("replace", OSError(28, "No space left on device")),
     ("replace", KeyboardInterrupt()),                         # not an OSError: re-raised
 ])
@@ -376,8 +377,7 @@ def test_a_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.Monke
     def fail(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(compiler_mod.tempfile if patch == "mkstemp" else compiler_mod.os,
-                        patch, fail)
+    monkeypatch.setattr(compiler_mod.os, patch, fail)
     expected = CompileError if isinstance(error, OSError) else type(error)
     with pytest.raises(expected) as err:
         compile_model(conv_model(), spec_of("conv_batch"), tmp_path / "x.gear.onnx",
@@ -485,8 +485,13 @@ def test_hybrid_dynamic_model_runs_out_of_gear_shapes(compiled) -> None:
     assert len(gf.branches) == spec.gear_count
 
 
-def test_non_hybrid_file_has_no_dynamic_model(compiled) -> None:
-    assert read_gear_file(compiled("prefill")[2]).dynamic is None
+def test_every_case_file_keeps_the_source_graph_sink_only_when_hybrid(compiled) -> None:
+    model, spec, path, _ = compiled("prefill")
+    gf = read_gear_file(path)
+    assert gf.dynamic is not None and not gf.hybrid  # kept for ORT's one session, not run
+    feeds = random_inputs(model, spec.shapes(1), seed=3)
+    assert_same(run_model(with_weights(gf, gf.dynamic), feeds), run_model(model, feeds))
+    assert read_gear_file(compiled("prefill", sink=True)[2]).dynamic is None
 
 
 def test_hybrid_sink_miss_runs_the_dynamic_graph(compiled) -> None:

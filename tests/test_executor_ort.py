@@ -167,9 +167,18 @@ def test_asking_for_a_missing_provider_names_what_to_install(tmp_path: Path) -> 
         gr.load(path, cuda_graph=True)
 
 
-def test_prepack_option_gives_the_same_outputs(tmp_path: Path) -> None:
+def test_every_gear_and_executor_runs_on_one_prepacked_session(tmp_path: Path) -> None:
+    """One ORT session per model, weight prepacking left ON (one copy, prepacked once)."""
     original, spec, path = compiled(tmp_path, "prefill")
-    ex = gr.load(path, prepack=True).create_executor()
+    model = gr.load(path)
+    session = model._backend.session
+    config = session.get_session_options().get_session_config_entry
+    with pytest.raises(Exception, match="does not have configuration"):  # ORT: prepack on
+        config("session.disable_prepacking")
+    a, b = model.create_executor(), model.create_executor()
     for g in range(spec.gear_count):
         feeds = random_inputs(original, spec.shapes(g), seed=g)
-        assert_same(ex.execute(feeds), run_model(original, feeds))
+        want = run_model(original, feeds)
+        assert_same(a.execute(feeds), want)
+        assert_same(b.execute(feeds), want)
+    assert a._session.model.session is b._session.model.session is session

@@ -103,7 +103,7 @@ def test_plain_onnx_without_gear_metadata(tmp_path: Path) -> None:
 # ---- gear files that do not hold together -------------------------------------------------------
 def test_wrong_format_version(case_file: str, tmp_path: Path) -> None:
     bad = tampered(case_file, tmp_path, lambda m: set_meta(m, META_FORMAT, "99"))
-    with pytest.raises(GearFileError, match=r"format version '99', this reader reads version '1'"):
+    with pytest.raises(GearFileError, match=r"format version '99', this reader reads version '2'"):
         read_gear_file(bad)
 
 
@@ -295,10 +295,10 @@ def test_output_dims_round_trip_and_errors() -> None:
 
 def test_describe(case_file: str, sink_file: str) -> None:
     text = describe(case_file)
-    for words in ["format      1, kind case", "mode        dims", "4 gears",
+    for words in ["format      2, kind case", "mode        dims", "4 gears",
                   "input_ids       int64    [1,-1]", "image_embeds    float32  [-1,64]",
                   "16,16,16,4", "logits[1,20,128] next_token[1,20]", "hybrid      no",
-                  "sink        no", "file size", "weights     12 tensors"]:
+                  "sink        no", "files:", "weights     12 tensors"]:
         assert words in text, words
     order = [text.index(n) for n in ("input_ids ", "attention_mask ", "position_ids ",
                                      "image_embeds ")]
@@ -306,4 +306,4 @@ def test_describe(case_file: str, sink_file: str) -> None:
     sink = describe(sink_file)
     assert "sink        yes" in sink and "mode        batch" in sink
     assert "data[8,3,32,32]" in sink and "logits[8,10]" in sink
-    assert FORMAT_VERSION == "1"
+    assert FORMAT_VERSION == "2"

@@ -7,6 +7,7 @@ a session only owns device-side state and runs what was staged:
 
     session.staging           # host buffer the core stages every input (and the dims) into
     session.run_gear(g)       # move the merged region to the device in ONE copy, run gear g
+    session.run_bound(g)      # the bare backend run of gear g (benchmarks' floor)
     session.run_dynamic(xs)   # hybrid mode: a miss runs the dynamic-shape graph
     session.run_sink(xs)      # GetNext-sink mode: the device computes the dims, read back
 
@@ -75,6 +76,12 @@ class BackendSession(ABC):
         The arrays have gear ``gear``'s output shapes and may be views of buffers the session
         reuses: they are valid until the next run on this session.
         """
+
+    def run_bound(self, gear: int) -> None:
+        """The backend's bare run of gear ``gear`` on what is staged and bound, without the
+        host/device copies around it: what benchmarks time as the floor under ``run_gear``.
+        Backends without such a split run the whole gear."""
+        self.run_gear(gear)
 
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss)."""

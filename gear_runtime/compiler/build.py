@@ -12,8 +12,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -28,15 +28,32 @@ from gear_runtime.compiler.branch import (
     make_skeleton,
     static_inputs,
 )
-from gear_runtime.compiler.check import check_reserved, check_spec, inspect_model, load_model
+from gear_runtime.compiler.check import (
+    Source,
+    check_reserved,
+    check_spec,
+    inspect_model,
+    load_model,
+)
 from gear_runtime.compiler.outputs import ShapeRunner, gear_output_shapes, set_output_shapes
 from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
 from gear_runtime.errors import CompileError
+from gear_runtime.external_data import (
+    AUTO_EXTERNAL_BYTES,
+    DataWriter,
+    data_file_name,
+    is_external,
+    movable,
+    read_inline,
+    relocate,
+    tensor_nbytes,
+)
 from gear_runtime.gearfile import (
     FORMAT_VERSION,
     KIND_CASE,
     KIND_SINK,
     META_FORMAT,
+    RESERVED_PREFIX,
     META_HYBRID,
     META_KIND,
     META_OUTPUT_DIMS,
@@ -46,8 +63,8 @@ from gear_runtime.gearfile import (
 )
 from gear_runtime.spec import GearSpec
 
-#: protobuf cannot serialize a message of 2 GiB or more, and a gear file keeps its weights
-#: inside (one file, no external data).
+#: protobuf cannot serialize a message of 2 GiB or more: the graph (and any weights kept
+#: inside it) must stay under this; big weights go to the data file beside it.
 MAX_FILE_BYTES = 2**31 - 1
 
 
@@ -62,11 +79,14 @@ class CompileReport:
     seconds: float = 0.0
     #: gears whose output shapes needed a real ONNX Runtime run (inference left dims unknown)
     ran_on_ort: list[int] = field(default_factory=list)
+    #: the weights' data file beside the gear file (None: the weights are inside it)
+    data_path: str | None = None
+    data_bytes: int = 0
 
 
 def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
-                  progress: bool = True) -> str:
+                  progress: bool = True, external_data: bool | None = None) -> str:
     """Compile ``model`` (a path or ModelProto with dynamic dims) for the gears of ``spec``
     into the gear file ``output``; return ``output`` as a string.
 
@@ -75,20 +95,26 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     stock-ONNX-Runtime-runnable routing form (GE's GetNext-sink mode: dims computed in the
     graph and returned as the last output) instead of GE's Case structure. ``progress``: a
     tqdm bar on stderr while compiling gears (only when stderr is a terminal).
+    ``external_data``: put the weights (tensors of 1 KiB or more) in ONE data file beside the
+    gear file, ``<output>.data`` (ONNX external data, location relative to the gear file's
+    folder); None: when they add up to 16 MiB or more, or the source keeps any weight in
+    external data. A source with external data is streamed: its weights are copied file to
+    file, never parsed. The gear file and its data file are written atomically (temporary
+    files renamed in place), with the mode the umask gives new files.
 
     Raises CompileError when the spec does not fit the model (naming the input, the axis, the
     spec's value and the model's), when the output directory does not exist, when ``sink``
     is asked of a model below opset 11 (these before any gear is compiled), when a gear's
-    output shape cannot be determined, when the file would exceed 2 GiB, or when it cannot
-    be written.
+    output shape cannot be determined, when the graph (with any weights kept inside it)
+    would exceed 2 GiB, or when a file cannot be written.
     """
-    return compile_gears(model, spec, output, hybrid=hybrid, sink=sink,
-                         progress=progress).path
+    return compile_gears(model, spec, output, hybrid=hybrid, sink=sink, progress=progress,
+                         external_data=external_data).path
 
 
 def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
-                  progress: bool = True) -> CompileReport:
+                  progress: bool = True, external_data: bool | None = None) -> CompileReport:
     """:func:`compile_model`, returning a :class:`CompileReport`."""
     start = time.perf_counter()
     if not isinstance(spec, GearSpec):
@@ -96,7 +122,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     path = os.fspath(output)
     # everything that can be refused is refused before the first gear is compiled
     _check_output_dir(path)
-    source = load_model(model)
+    loaded = load_model(model)
+    source = loaded.model
     info = inspect_model(source)
     check_reserved(source)
     check_spec(info, spec)
@@ -109,7 +136,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     skeleton = make_skeleton(source)
     branches: list[onnx.GraphProto] = []
     shapes: list[list[tuple[int, ...]]] = []
-    runner = ShapeRunner(source, info)
+    runner = ShapeRunner(loaded, info)
     bar = tqdm(total=spec.gear_count, desc="compiling gears", unit="gear", file=sys.stderr,
                disable=not progress or not _is_tty(sys.stderr))
     try:
@@ -130,14 +157,19 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         bar.close()
         runner.close()
 
+    # A case file always keeps the source graph: ONNX Runtime runs every gear on ONE session
+    # of it (one copy of the weights, prepacked once); a hybrid miss runs it too. A sink
+    # file keeps it only for hybrid misses: ORT runs the sink file itself.
     dynamic = None
-    if spec.hybrid:
+    if spec.hybrid or not sink:
         dynamic = build_dynamic(source, dynamic_inputs(info, spec.input_names, spec.input_shapes),
                                 info.weights)
     build = build_sink_model if sink else build_case_model
     root = build(source, info, spec, branches, shapes, dynamic)
+    del source, branches, dynamic  # the root holds what is left; free the rest early
     _set_metadata(root, spec, report.kind, shapes)
-    report.file_bytes = _save(root, path)
+    report.file_bytes, report.data_path, report.data_bytes = save_gear_file(
+        root, path, loaded, external_data)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -168,33 +200,92 @@ def _check_output_dir(path: str) -> None:
         raise CompileError(f"cannot write {path!r}: directory {directory!r} does not exist")
 
 
-def _save(model: onnx.ModelProto, path: str) -> int:
-    """Check and write ``model`` to ``path`` (atomically: a temp file then rename; the temp
-    file never outlives a failure)."""
+def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
+                   external: bool | None) -> tuple[int, str | None, int]:
+    """Check and write ``model`` to ``path``, its big weights to the data file beside it
+    when ``external`` (None: see :func:`compile_model`). Returns (gear file bytes, data file
+    path or None, data file bytes).
+
+    Atomic: both files are written to temporary names in the same folder and renamed in
+    place once the graph passed onnx.checker; nothing temporary outlives a failure. A stale
+    data file of an earlier compile to the same path is removed when the new file keeps its
+    weights inside."""
+    folder = os.path.dirname(os.path.abspath(path))
+    data_name = data_file_name(path)
+    tensors = [t for t in model.graph.initializer
+               if movable(t) and not t.name.startswith(RESERVED_PREFIX)]
+    if external is None:
+        external = (any(is_external(t) for t in tensors)
+                    or sum(tensor_nbytes(t) or 0 for t in tensors) >= AUTO_EXTERNAL_BYTES)
+    temps: list[str] = []
+    try:
+        data_bytes = 0
+        if external and tensors:
+            data_tmp = _new_file(folder, data_name, temps)
+            with open(data_tmp, "wb") as f:
+                writer = DataWriter(f, os.path.basename(data_tmp))
+                for t in tensors:
+                    writer.move(t, source.span)
+                data_bytes = writer.bytes
+        else:
+            for t in tensors:
+                if is_external(t):
+                    read_inline(t, source.span(t))
+        _check_size(model)
+        gear_tmp = _new_file(folder, os.path.basename(path), temps)
+        _write_checked(model, gear_tmp)
+        if data_bytes:
+            for t in tensors:  # the temporary name was what the checker saw
+                relocate(t, data_name)
+            with open(gear_tmp, "wb") as f:
+                f.write(model.SerializeToString())
+            os.replace(temps[0], os.path.join(folder, data_name))
+        os.replace(gear_tmp, path)
+        if not data_bytes:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, data_name))
+        return (os.path.getsize(path), os.path.join(folder, data_name) if data_bytes else None,
+                data_bytes)
+    except OSError as exc:
+        raise CompileError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
+    finally:
+        for tmp in temps:  # gone after a successful replace
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _new_file(folder: str, name: str, temps: list[str]) -> str:
+    """Create an empty temporary file beside ``name`` with the mode the umask gives new
+    files (0644 under umask 022; mkstemp would force 0600) and record it in ``temps``."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        temps.append(tmp)
+        return tmp
+    raise OSError(f"no free temporary file name in {folder!r}")
+
+
+def _check_size(model: onnx.ModelProto) -> None:
     try:
         size = model.ByteSize()
     except Exception:  # some protobuf builds refuse to size a message past 2 GiB
         size = MAX_FILE_BYTES + 1
     if size > MAX_FILE_BYTES:
         raise CompileError(
-            f"the gear file would be {size / 2**30:.2f} GiB: ONNX files (protobuf) are limited "
-            f"to 2 GiB and a gear file keeps its weights inside; reduce the weights (fp16, "
-            f"quantization) before compiling")
+            f"the gear file would be {size / 2**30:.2f} GiB: ONNX graphs (protobuf) are "
+            f"limited to 2 GiB; compile with external_data=True (--external-data) so that "
+            f"the weights go to a data file beside it")
+
+
+def _write_checked(model: onnx.ModelProto, tmp: str) -> None:
+    """Write ``model`` to ``tmp`` and run onnx.checker on the file (so external data is
+    checked against the files beside it, not the working directory)."""
+    with open(tmp, "wb") as f:
+        f.write(model.SerializeToString())
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(tmp)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"internal error: the compiled model fails onnx.checker: {exc}") from exc
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".gear-", suffix=".onnx.tmp",
-                                   dir=os.path.dirname(os.path.abspath(path)))
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-        return os.path.getsize(path)
-    except OSError as exc:  # mkstemp included: a read-only or vanished directory
-        raise CompileError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
-    finally:
-        if tmp is not None:  # gone after a successful replace
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)

@@ -17,6 +17,13 @@ import onnx
 from onnx import helper
 
 from gear_runtime.errors import CompileError
+from gear_runtime.external_data import (
+    ExternalDataError,
+    ExternalSpan,
+    check_external,
+    is_external,
+    read_inline,
+)
 from gear_runtime.gearfile import RESERVED_PREFIX, subgraphs
 from gear_runtime.spec import GearSpec
 
@@ -60,27 +67,89 @@ class GraphInfo:
         return next((t for t in self.inputs if t.name == name), None)
 
 
-def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
-    """A private copy of ``model`` (a path, loaded with its external data, or a ModelProto)."""
+@dataclass
+class Source:
+    """The source model as the compiler holds it: the graph, and the folder its external
+    data is resolved against (None for a ModelProto given in memory, which must hold its
+    weights inline). Big external weights stay references: the compiler copies their bytes
+    file to file and never parses them."""
+
+    model: onnx.ModelProto
+    folder: str | None
+
+    def span(self, tensor: onnx.TensorProto) -> ExternalSpan:
+        """Where an external weight of the source lives (checked: inside ``folder``)."""
+        assert self.folder is not None  # load_model refuses external data without a folder
+        try:
+            return check_external(tensor, self.folder)
+        except ExternalDataError as exc:
+            raise CompileError(f"source model: {exc}") from None
+
+
+#: External weights of the source up to this size are read into the graph at load: shape
+#: inference needs the values of small constants (shapes, axes), and they cost nothing.
+INLINE_SMALL_BYTES = 64 * 2**10
+
+
+def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> Source:
+    """A private copy of ``model`` (a path, or a ModelProto holding its weights inline).
+
+    From a path, external data is resolved against the model file's folder (never the
+    working directory) and checked; small external tensors are read in, big ones stay
+    references (see :class:`Source`)."""
     if isinstance(model, onnx.ModelProto):
         out = onnx.ModelProto()
         out.CopyFrom(model)
+        folder = None
     else:
         path = os.fspath(model)
         if not os.path.isfile(path):
             raise CompileError(f"model file {path!r} does not exist")
         try:
-            out = onnx.load(path)
+            out = onnx.load(path, load_external_data=False)
         except Exception as exc:
             raise CompileError(f"model file {path!r} is not a readable ONNX model: {exc}") from exc
-    for t in out.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            raise CompileError(f"weight {t.name!r} still points to external data: pass the model "
-                               f"path, or load the ModelProto with its external data")
+        folder = os.path.dirname(os.path.abspath(path))
+    source = Source(out, folder)
+    # Big initializers stay references; constants held by node attributes are read in.
+    weights = [(t, True) for t in out.graph.initializer]
+    weights += [(t, False) for t in _attribute_tensors(out.graph)]
+    for t, is_weight in weights:
+        if not is_external(t):
+            continue
+        if folder is None:
+            raise CompileError(f"weight {t.name!r} still points to external data: pass the "
+                               f"model path, or load the ModelProto with its external data")
+        span = source.span(t)
+        if span.length <= INLINE_SMALL_BYTES or not is_weight:
+            _read_inline(t, span)
     if len(out.graph.sparse_initializer):
         raise CompileError("sparse initializers are not supported: densify them first "
                            "(onnx.numpy_helper / onnxruntime's tools)")
+    return source
+
+
+def _attribute_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Every tensor held by a node attribute of ``graph`` and of its subgraphs (Constant
+    values), and the initializers of its subgraphs."""
+    out: list[onnx.TensorProto] = []
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                out.append(a.t)
+            elif a.type == onnx.AttributeProto.TENSORS:
+                out.extend(a.tensors)
+        for sub in subgraphs(node):
+            out.extend(sub.initializer)
+            out.extend(_attribute_tensors(sub))
     return out
+
+
+def _read_inline(tensor: onnx.TensorProto, span: ExternalSpan) -> None:
+    try:
+        read_inline(tensor, span)
+    except OSError as exc:
+        raise CompileError(f"source model: tensor {tensor.name!r}: {exc}") from exc
 
 
 def _tensor_info(vi: onnx.ValueInfoProto, what: str) -> TensorInfo:

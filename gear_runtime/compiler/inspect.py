@@ -43,7 +43,7 @@ def describe(path: str | os.PathLike[str]) -> str:
         f"{' (runnable by stock ONNX Runtime; dims returned last)' if sink else ''}",
     ]
     if spec.input_format:
-        lines.append(f"format      input_format {spec.input_format}")
+        lines.append(f"input fmt   {spec.input_format}")
     lines.append("inputs (user_designate_shape_order):")
     lines += _table(["#", "name", "dtype", "input_shape"],
                     [[str(i), n, str(dt), _shape(s)] for i, (n, dt, s) in
@@ -62,7 +62,8 @@ def describe(path: str | os.PathLike[str]) -> str:
         size = sum(gf.output_size(g, k) for k in range(len(gf.output_names)))
         rows.append([str(g), ",".join(map(str, spec.gears[g])), ins, outs, str(size)])
     lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
-    weight_bytes = sum(int(w.nbytes) for w in gf.weights.values())
-    lines.append(f"file size   {_bytes(os.path.getsize(gf.path))}")
-    lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(weight_bytes)}")
+    lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(gf.weight_bytes)}"
+                 f"{f', {len(gf.external)} in the data file' if gf.external else ' inside'}")
+    lines.append("files:")
+    lines += _table(["path", "size"], [[f, _bytes(os.path.getsize(f))] for f in gf.files])
     return "\n".join(lines)

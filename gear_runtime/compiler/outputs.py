@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from gear_runtime.compiler.check import GraphInfo
+from gear_runtime.compiler.check import GraphInfo, Source
 from gear_runtime.errors import CompileError
 
 
@@ -52,7 +52,7 @@ class ShapeRunner:
     reused for every such gear (a gear's branch is the source graph with the gear's static
     inputs, so its outputs have the shapes the source gives for those inputs)."""
 
-    def __init__(self, source: onnx.ModelProto, info: GraphInfo) -> None:
+    def __init__(self, source: Source, info: GraphInfo) -> None:
         self._source = source
         self._info = info
         self._session: Any = None
@@ -62,10 +62,13 @@ class ShapeRunner:
             import onnxruntime as ort
 
             model = onnx.ModelProto()
-            model.CopyFrom(self._source)
+            model.CopyFrom(self._source.model)  # big weights stay external references
             model.graph.ClearField("value_info")  # stale exporter shapes must not get in the way
             opts = ort.SessionOptions()
             opts.log_severity_level = 3
+            if self._source.folder is not None:  # external data beside the source file
+                opts.add_session_config_entry(
+                    "session.model_external_initializers_file_folder_path", self._source.folder)
             self._session = ort.InferenceSession(model.SerializeToString(), opts,
                                                  providers=["CPUExecutionProvider"])
         return self._session

@@ -154,7 +154,9 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     g.node.append(helper.make_node(
         OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names], routing_outputs(info, spec),
         name=f"{RESERVED_PREFIX}Case", domain=DOMAIN, **attrs))
-    g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, dynamic is not None)))
+    # The source graph is always kept (the ORT backend runs it); only a hybrid file runs it
+    # on a miss, which is what makes a root output dim dynamic.
+    g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, spec.hybrid)))
     return _make_model(source, g, extra_domain=True)
 
 
