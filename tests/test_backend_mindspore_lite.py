@@ -336,3 +336,87 @@ def test_hybrid_mode_runs_the_dynamic_graph_on_a_miss(fake, tmp_path):
     np.testing.assert_array_equal(outputs[1], expected_outputs(arrays)[1])
     assert ex.last_gear == 0 and fake.state.calls_named("resize")[-1] == GEARS[0]
     model.close()
+
+
+# ---- what the real API does that a lenient double would hide --------------------------------
+def test_outputs_survive_a_run_of_another_session_of_the_model(fake, tmp_path, config):
+    """get_data_to_numpy is zero-copy over the model's output memory, which the next predict
+    overwrites; a session's outputs must stay valid until ITS next run, whatever another
+    session of the same model runs meanwhile."""
+    model = ms_backend.open_model(write(tmp_path), config=config)
+    layout, first = session_for(model)
+    _, second = session_for(model)
+    arrays, outputs = run(model, layout, first, 0, seed=1)
+    run(model, layout, second, 0, seed=2)
+    for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+        np.testing.assert_array_equal(got, want)
+    model.close()
+
+
+def test_hybrid_outputs_survive_a_later_run(fake, tmp_path):
+    path = write(tmp_path, hybrid=True)
+    spec = gr.GearSpec.from_atc(input_shape="input_ids:1,-1;attention_mask:1,-1;"
+                                "position_ids:4,1,-1;image_embeds:-1,8",
+                                dynamic_dims="4,4,4,2;8,8,8,2;16,16,16,2")
+    spec = gr.GearSpec(spec.mode, spec.input_names, spec.input_shapes, spec.gears, hybrid=True)
+    model = ms_backend.open_model(path, spec=spec)
+    _, session = session_for(model)
+    rng = np.random.default_rng(4)
+    arrays = [rng.integers(0, 9, s).astype(dt) for s, dt in
+              zip([(1, 5), (1, 5), (4, 1, 5), (3, 8)], model.info.input_dtypes, strict=True)]
+    outputs = session.run_dynamic(arrays)
+    _, other = session_for(model)
+    other.run_dynamic([a + 1 for a in arrays])  # another session, same output sizes
+    for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+        np.testing.assert_array_equal(got, want)
+    model.close()
+
+
+def test_a_gear_with_a_zero_dim_is_refused_at_load_naming_it(fake, tmp_path):
+    """ModelImpl::Resize rejects every dim <= 0, so such a gear can never run."""
+    spec = gr.GearSpec.from_atc(input_shape="x:1,-1", dynamic_dims="0;4")
+    path = fake_mslite.write_mindir(tmp_path / "z.mindir", [("x", [1, -1], "float32")],
+                                    [[[1, 0]], [[1, 4]]])
+    with pytest.raises(GearSpecError, match=r"gear 0 .*\(0,\).*dim <= 0"):
+        ms_backend.open_model(path, spec=spec)
+    assert fake.state.calls_named("resize") == []
+
+
+def test_a_hybrid_request_with_a_zero_dim_is_an_input_error(fake, tmp_path):
+    spec = gr.GearSpec.from_atc(input_shape="x:1,-1", dynamic_dims="2;4")
+    spec = gr.GearSpec(spec.mode, spec.input_names, spec.input_shapes, spec.gears, hybrid=True)
+    path = fake_mslite.write_mindir(tmp_path / "h.mindir", [("x", [1, -1], "float32")],
+                                    [[[1, 2]], [[1, 4]]], hybrid=True)
+    model = ms_backend.open_model(path, spec=spec)
+    _, session = session_for(model)
+    n = len(fake.state.calls_named("resize"))
+    with pytest.raises(gr.InputError, match="x"):
+        session.run_dynamic([np.zeros((1, 0), np.float32)])
+    assert len(fake.state.calls_named("resize")) == n
+    model.close()
+
+
+def test_the_double_is_as_strict_as_mindspore_lite(fake, tmp_path):
+    """get_outputs gives TensorMeta (no data); set_data_from_numpy / get_data_to_numpy are
+    zero-copy; resize refuses a dim <= 0 before looking at the gears."""
+    mslite = fake.module
+    model = mslite.Model()
+    model.build_from_file(write(tmp_path), mslite.ModelType.MINDIR, mslite.Context())
+    metas = model.get_outputs()
+    assert all(isinstance(m, mslite.TensorMeta) for m in metas)
+    assert not any(hasattr(m, "get_data_to_numpy") for m in metas)
+    inputs = model.get_inputs()
+    with pytest.raises(RuntimeError, match="Invalid shape"):
+        model.resize(inputs, [[1, 0], [1, 4], [4, 1, 4], [2, 8]])
+    model.resize(inputs, GEARS[0])
+    inputs = model.get_inputs()
+    arrays = [np.zeros(s, np.float16 if i == 3 else np.int32) for i, s in enumerate(GEARS[0])]
+    for t, a in zip(inputs, arrays, strict=True):
+        t.set_data_from_numpy(a)
+    arrays[0][:] = 7  # written after set_data_from_numpy: predict still sees it
+    out = model.predict(inputs)
+    y = out[0].get_data_to_numpy()
+    assert (y == 15).all()
+    arrays[0][:] = 1
+    model.predict(inputs)
+    assert (y == 3).all()  # the earlier result's memory was reused

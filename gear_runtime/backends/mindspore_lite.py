@@ -16,9 +16,12 @@ Output shapes per gear are read at load: ``resize`` to each gear, then the shape
 ``get_outputs()``; where those still hold -1 (the backend only knows them after a run), one
 ``predict`` on zeros gives them (it doubles as that gear's warm-up).
 
-MindSpore Lite copies inputs in from numpy (``Tensor.set_data_from_numpy``): a run reads each
-input as a zero-copy numpy view of the session's staging buffer at the layout's offsets; there
-is no device copy for us to merge. ``resize`` changes the one Model object, so every session
+``Tensor.set_data_from_numpy`` and ``get_data_to_numpy`` are zero-copy (python/src/
+tensor_pybind.cc): a run hands each input over as a numpy view of the session's staging buffer
+at the layout's offsets (read when predict runs; there is no device copy for us to merge), and
+the outputs are views of the Model's output memory, which the next predict of ANY session may
+overwrite: a run copies them, under the model's lock, into buffers the session owns.
+``resize`` changes the one Model object, so every session
 of a model shares its current gear under the model's lock: runs of one model are serialised
 (load the model once per NPU stream to run in parallel).
 """
@@ -116,6 +119,31 @@ def _np_dtype(dtype: Any, what: str) -> np.dtype:
                             f"(supported: {', '.join(MSLITE_DTYPES)})") from None
 
 
+def _check_positive_gears(spec: GearSpec) -> None:
+    """GearSpecError for a gear giving an input a dim <= 0: ModelImpl::Resize rejects any
+    (src/extendrt/cxx_api/model/model_impl.cc), so that gear could never run."""
+    for g in range(spec.gear_count):
+        for name, shape in spec.shapes(g).items():
+            if any(d <= 0 for d in shape):
+                raise GearSpecError(
+                    f"gear {g} {spec.gears[g]} gives input {name!r} the shape {shape}: "
+                    "MindSpore Lite's resize rejects a dim <= 0, so this gear can never run")
+
+
+def _check_positive_shapes(names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+    """InputError for an input with a dim <= 0 (resize would reject it)."""
+    for name, a in zip(names, arrays, strict=True):
+        if any(d <= 0 for d in a.shape):
+            raise InputError(f"input {name!r} has the shape {tuple(a.shape)}: MindSpore Lite's "
+                             "resize rejects a dim <= 0")
+
+
+def _copy_out(outputs: Sequence[Any]) -> list[np.ndarray]:
+    """Each output tensor's data as an array of its own (get_data_to_numpy is a view of the
+    Model's output memory)."""
+    return [np.array(_call("Tensor.get_data_to_numpy", o.get_data_to_numpy)) for o in outputs]
+
+
 class MsliteModel(BackendModel):
     """A MindIR built for Ascend, its gears (from the spec) and per-gear output shapes."""
 
@@ -140,6 +168,7 @@ class MsliteModel(BackendModel):
               mslite.ModelType.MINDIR, context)
         self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
         self.spec = spec
+        _check_positive_gears(spec)
         #: model input index of each spec input (spec order -> model order)
         self.order = self._match_inputs(spec)
         dtypes = tuple(_np_dtype(self.inputs[j].dtype, f"input {spec.input_names[i]!r}")
@@ -268,7 +297,21 @@ class MsliteSession(BackendSession):
                 view = self.staging[off:off + expected[g][i]].view(info.input_dtypes[i])
                 views.append(view.reshape(shape))
             self._views.append(model.to_model_order(views))
+        self._outputs = self._output_buffers()
         self._closed = False
+
+    def _output_buffers(self) -> list[list[np.ndarray]]:
+        """Per gear, per output: a view of one session buffer per output (sized for the
+        largest gear) that a run copies the Model's output into."""
+        info = self._model.info
+        per_gear: list[list[np.ndarray]] = [[] for _ in range(info.spec.gear_count)]
+        for k, dtype in enumerate(info.output_dtypes):
+            sizes = [info.output_size(g, k) for g in range(info.spec.gear_count)]
+            raw = aligned_buffer(max(max(sizes), 1))
+            for g, nbytes in enumerate(sizes):
+                view = raw[:nbytes].view(dtype).reshape(info.output_shapes[g][k])
+                per_gear[g].append(view)
+        return per_gear
 
     def _check_open(self) -> None:
         """Call with the model's lock held: the model may be closed by another thread."""
@@ -276,7 +319,8 @@ class MsliteSession(BackendSession):
             raise BackendError("this mindspore_lite session (or its model) is closed")
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
-        """Resize if the model is on another gear, copy the staged inputs in, predict."""
+        """Resize if the model is on another gear, hand the staged inputs over (zero-copy),
+        predict, copy the outputs into this session's buffers (valid until its next run)."""
         model = self._model
         if not 0 <= gear < model.info.spec.gear_count:
             raise InputError(f"gear index {gear} is out of range: the model has "
@@ -285,13 +329,25 @@ class MsliteSession(BackendSession):
             self._check_open()
             model.select(gear)
             outputs = model.predict(self._views[gear])
-            arrays = [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
-        expected = model.info.output_shapes[gear]
-        for k, (array, shape) in enumerate(zip(arrays, expected, strict=True)):
-            if tuple(array.shape) != tuple(shape):
-                raise BackendError(f"output {model.info.output_names[k]!r} of gear {gear} has "
-                                   f"shape {tuple(array.shape)}, the gear map says {shape}")
-        return arrays
+            # copied before the lock is released: the next predict reuses that memory
+            return self._copy_outputs(gear, outputs)
+
+    def _copy_outputs(self, gear: int, outputs: Sequence[Any]) -> list[np.ndarray]:
+        """Copy gear ``gear``'s output tensors into this session's buffers, after checking
+        them against the gear map (BackendError naming the output otherwise)."""
+        info = self._model.info
+        targets = self._outputs[gear]
+        if len(outputs) != len(targets):
+            raise BackendError(f"gear {gear} gave {len(outputs)} outputs, the model has "
+                               f"{len(targets)}")
+        for k, (tensor, target) in enumerate(zip(outputs, targets, strict=True)):
+            array = _call("Tensor.get_data_to_numpy", tensor.get_data_to_numpy)
+            if array.shape != target.shape or array.dtype != target.dtype:
+                raise BackendError(
+                    f"output {info.output_names[k]!r} of gear {gear} is {array.dtype} "
+                    f"{tuple(array.shape)}, the gear map says {target.dtype} {target.shape}")
+            np.copyto(target, array)
+        return list(targets)
 
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss: resize to the inputs' own shapes (the model was converted
@@ -299,14 +355,14 @@ class MsliteSession(BackendSession):
         model = self._model
         if not model.info.hybrid:
             return super().run_dynamic(arrays)
+        _check_positive_shapes(model.info.spec.input_names, arrays)
         ordered = model.to_model_order([np.ascontiguousarray(a) for a in arrays])
         with model.lock:
             self._check_open()
             model.resize([[int(d) for d in a.shape] for a in ordered])
-            outputs = model.predict(ordered)
-            return [_call("Tensor.get_data_to_numpy", o.get_data_to_numpy) for o in outputs]
+            return _copy_out(model.predict(ordered))
 
     def close(self) -> None:
         self._closed = True
         self.staging = np.empty(0, dtype=np.uint8)
-        self._views = []
+        self._views, self._outputs = [], []

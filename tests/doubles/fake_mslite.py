@@ -6,12 +6,17 @@ Faithful to the 2.x API reference (mindspore.cn/lite/api/en/r2.3.1/mindspore_lit
 * ``Context()`` with ``target`` (a list of "cpu" / "gpu" / "ascend") and
   ``ascend.device_id``; ``ModelType.MINDIR``; ``DataType`` members by name;
 * ``Model().build_from_file(model_path, model_type, context=None, config_path="")``,
-  ``get_inputs()`` / ``get_outputs()`` (fresh Tensor wrappers over the model's tensors, so
-  shapes follow resize), ``resize(inputs, dims)`` with the documented type checks
-  (TypeError / ValueError) and ``RuntimeError("resize failed! ...")``,
+  ``get_inputs()`` (fresh Tensor wrappers over the model's tensors, so shapes follow resize),
+  ``get_outputs()`` -> a tuple of ``TensorMeta`` (name, dtype, shape, format, element_num,
+  data_size: no data, python/api/base_model.py), ``resize(inputs, dims)`` with the documented
+  type checks (TypeError / ValueError), a dim <= 0 refused as ModelImpl::Resize does
+  (src/extendrt/cxx_api/model/model_impl.cc) and ``RuntimeError("resize failed! ...")``,
   ``predict(inputs, outputs=None) -> list[Tensor]``;
 * ``Tensor``: ``name``, ``shape``, ``dtype``, ``data_size``, ``set_data_from_numpy`` (dtype and
-  byte size must match the tensor: RuntimeError otherwise), ``get_data_to_numpy``;
+  byte size must match the tensor: RuntimeError otherwise) and ``get_data_to_numpy``, both
+  ZERO-COPY as in python/src/tensor_pybind.cc: the tensor keeps the caller's array and reads
+  it at predict time; an output array is a view of the model's output memory, which the next
+  predict of the model overwrites (the stricter reading of reused output buffers);
 * the gap seed 004 describes: an out-of-gear shape fails only deep inside resize / predict,
   with no friendly message ("Shape Conflict").
 
@@ -92,6 +97,18 @@ class FakeMsliteState:
 
     def calls_named(self, name: str) -> list[Any]:
         return [a for n, a in self.calls if n == name]
+
+
+class TensorMeta:
+    """mindspore_lite.TensorMeta (python/api/tensor.py): what get_outputs returns."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.dtype = DataType.UNKNOWN
+        self.shape: list[int] = []
+        self.format = 0
+        self.element_num = 0
+        self.data_size = 0
 
 
 class _TensorImpl:
@@ -175,17 +192,21 @@ class FakeMslite:
                     raise RuntimeError(f"data size not equal! Numpy size: {numpy_obj.nbytes}, "
                                        f"Tensor size: {self.data_size}")
                 state.calls.append(("set_data_from_numpy", numpy_obj))
-                self._impl.data = numpy_obj.copy()  # the API copies the data in
+                # zero-copy: the tensor reads the caller's memory when predict runs
+                self._impl.data = numpy_obj if numpy_obj.flags.c_contiguous else \
+                    np.ascontiguousarray(numpy_obj)
 
             def get_data_to_numpy(self) -> np.ndarray:
                 if self._impl.data is None:
                     raise RuntimeError("get_data_to_numpy failed: tensor has no data")
-                return self._impl.data.reshape(self._impl.shape).copy()
+                return self._impl.data.reshape(self._impl.shape)  # zero-copy view
 
         class Model:
             def __init__(self) -> None:
                 self._inputs: list[_TensorImpl] = []
                 self._outputs: list[_TensorImpl] = []
+                #: the model's output memory, reused by every predict (grown when too small)
+                self._out_memory: list[np.ndarray] = []
                 self._gears: list[tuple[tuple[int, ...], ...]] = []
                 self._outputs_known = True
                 self._hybrid = False
@@ -242,9 +263,16 @@ class FakeMslite:
                 self._record("get_inputs", None)
                 return [Tensor(t) for t in self._inputs]
 
-            def get_outputs(self) -> list[Tensor]:
+            def get_outputs(self) -> tuple[TensorMeta, ...]:
                 self._record("get_outputs", None)
-                return [Tensor(t) for t in self._outputs]
+                metas = []
+                for t in self._outputs:
+                    meta = TensorMeta()
+                    meta.name, meta.dtype, meta.shape = t.name, _TO_DATATYPE[t.dtype], list(t.shape)
+                    meta.element_num = int(np.prod(t.shape, dtype=np.int64))
+                    meta.data_size = max(meta.element_num, 0) * t.dtype.itemsize
+                    metas.append(meta)
+                return tuple(metas)
 
             def resize(self, inputs: list[Tensor], dims: list[list[int]]) -> None:
                 if not isinstance(inputs, list):
@@ -258,6 +286,9 @@ class FakeMslite:
                     raise ValueError(f"inputs' size does not match dims' size, but got inputs: "
                                      f"{len(inputs)} and dims: {len(dims)}.")
                 self._record("resize", [list(d) for d in dims])
+                bad = [v for d in dims for v in d if v <= 0 or v > 2**31 - 1]
+                if bad:  # ModelImpl::Resize, before anything else
+                    raise RuntimeError(f"resize failed! Error is Invalid shape! dim: {bad[0]}")
                 impls = [t._impl for t in inputs]
                 if impls != self._inputs[:len(impls)] or len(impls) != len(self._inputs):
                     raise RuntimeError("resize failed! Error is inputs are not the model's")
@@ -276,8 +307,11 @@ class FakeMslite:
 
             def predict(self, inputs: list[Tensor], outputs: list[Tensor] | None = None,
                         ) -> list[Tensor]:
-                if not isinstance(inputs, list):
-                    raise TypeError(f"inputs must be list, but got {type(inputs)}.")
+                if not isinstance(inputs, (list, tuple)):
+                    raise TypeError(f"inputs must be list or tuple, but got {type(inputs)}.")
+                if len(inputs) != len(self._inputs):
+                    raise RuntimeError(f"model input len:{len(self._inputs)} not equal input "
+                                       f"len:{len(inputs)}!")
                 self._record("predict", [t.shape for t in inputs])
                 gear = self._gear()
                 if gear is None and not (self._hybrid and all(
@@ -292,13 +326,22 @@ class FakeMslite:
                 results = [arrays[0].astype(np.float32) * 2 + 1,
                            np.concatenate([a.astype(np.float32).ravel() for a in arrays])]
                 self._update_outputs(known=True)
-                for t, r in zip(self._outputs, results, strict=True):
-                    t.data = r
+                for k, (t, r) in enumerate(zip(self._outputs, results, strict=True)):
+                    t.data = self._output_memory(k, r.size)[:r.size]
+                    t.data[:] = r.ravel()
                 return [Tensor(t) for t in self._outputs]
+
+            def _output_memory(self, k: int, n: int) -> np.ndarray:
+                """Output ``k``'s memory, reused across predicts (float32, >= n elements)."""
+                while len(self._out_memory) <= k:
+                    self._out_memory.append(np.zeros(0, np.float32))
+                if self._out_memory[k].size < n:
+                    self._out_memory[k] = np.zeros(max(n, 1), np.float32)
+                return self._out_memory[k]
 
         m = types.ModuleType("mindspore_lite")
         m.__doc__ = "fake MindSpore Lite (tests/doubles/fake_mslite.py)"
         m.Context, m.Model, m.Tensor = Context, Model, Tensor
-        m.ModelType, m.DataType = ModelType, DataType
+        m.ModelType, m.DataType, m.TensorMeta = ModelType, DataType, TensorMeta
         m.AscendDeviceInfo = AscendDeviceInfo
         self.module = m
