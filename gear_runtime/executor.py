@@ -250,7 +250,7 @@ class Executor:
         expected = np.dtype(dtype)
         if natural.dtype == expected or natural.size == 0:
             return natural.astype(expected, copy=False)
-        _check_list_values(name, natural, expected)
+        _check_list_values(name, value, natural, expected)
         return natural.astype(expected)
 
     def _run_dynamic(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -348,29 +348,41 @@ class Executor:
 _LIST_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "f", "c": "c"}
 
 
-def _check_list_values(name: str, values: np.ndarray, dtype: np.dtype) -> None:
-    """InputError unless ``values`` (a list read by numpy) converts to ``dtype`` exactly as far
-    as kind and range go: see :meth:`Executor._as_array`."""
+def _check_list_values(name: str, value: Any, values: np.ndarray, dtype: np.dtype) -> None:
+    """InputError unless ``values`` (``value``, a list, as numpy read it) converts to ``dtype``
+    exactly as far as kind and range go: see :meth:`Executor._as_array`."""
+    if dtype.kind in "iu" and values.dtype.kind in "fO":
+        _check_big_ints(name, value, dtype)  # numpy reads ints beyond int64 as float/object
     kind = values.dtype.kind
-    first = values.flat[0].item()
     if kind not in _LIST_KINDS.get(dtype.kind, ""):
         got, want = _KIND_NAMES.get(kind, str(values.dtype)), _KIND_NAMES.get(dtype.kind, dtype)
         raise InputError(
-            f"input {name!r} holds {got} values (first: {first!r}); the model's input is "
-            f"{dtype}: pass {want} values or a {dtype} array (no silent cast or truncation)")
+            f"input {name!r} holds {got} values (first: {values.flat[0].item()!r}); the model's "
+            f"input is {dtype}: pass {want} values or a {dtype} array (no silent cast or "
+            "truncation)")
     if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = values.min().item(), values.max().item()
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise InputError(f"input {name!r} holds the value {bad}, out of range for the "
-                             f"model's {dtype} input ({info.min}..{info.max})")
+        _check_int_range(name, [values.min().item(), values.max().item()], dtype)
     elif dtype.kind in "fc":
         with np.errstate(over="ignore"):
             overflow = np.isinf(values.astype(dtype)) & np.isfinite(values)
         if overflow.any():
             raise InputError(f"input {name!r} holds the value {values[overflow].flat[0].item()},"
                              f" out of range for the model's {dtype} input (it would become inf)")
+
+
+def _check_big_ints(name: str, value: Any, dtype: np.dtype) -> None:
+    """When every item of ``value`` is an integer, name the one out of ``dtype``'s range."""
+    items = np.asarray(value, dtype=object).ravel().tolist()
+    if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
+        _check_int_range(name, [int(v) for v in items], dtype)
+
+
+def _check_int_range(name: str, ints: list[int], dtype: np.dtype) -> None:
+    info = np.iinfo(dtype)
+    bad = next((v for v in ints if not info.min <= v <= info.max), None)
+    if bad is not None:
+        raise InputError(f"input {name!r} holds the value {bad}, out of range for the model's "
+                         f"{dtype} input ({info.min}..{info.max})")
 
 
 _KIND_NAMES = {"b": "bool", "i": "integer", "u": "integer", "f": "float", "c": "complex",
