@@ -190,9 +190,14 @@ class Executor:
                         raise
                     outputs = self._run_dynamic(arrays)
                 else:
-                    outputs = self._session.run_gear(gear)
+                    self.last_gear = None  # until this run succeeds
+                    if copy:  # the backend may write straight into fresh arrays: no copy
+                        outputs = self._session.run_gear_owned(gear)
+                    else:
+                        outputs = list(self._session.run_gear(gear))
                     self.last_gear = gear
                     self.last_dynamic_dims = self._core.last_values
+                    return outputs
             return [o.copy() for o in outputs] if copy else list(outputs)
         finally:
             self._owner.release()

@@ -182,3 +182,26 @@ def test_every_gear_and_executor_runs_on_one_prepacked_session(tmp_path: Path) -
         assert_same(a.execute(feeds), want)
         assert_same(b.execute(feeds), want)
     assert a._session.model.session is b._session.model.session is session
+
+
+def test_copy_true_runs_into_fresh_arrays_and_the_binding_returns_to_its_buffers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gear_runtime.backends import onnxruntime as ort_backend
+
+    monkeypatch.setattr(ort_backend, "FRESH_OUTPUT_MIN_BYTES", 0)  # every output, fresh
+    original, spec, path = compiled(tmp_path, "prefill")
+    ex = gr.load(path).create_executor()
+    session = ex._session
+    feeds = [random_inputs(original, spec.shapes(g), seed=g) for g in range(spec.gear_count)]
+    want = [run_model(original, f) for f in feeds]
+    owned = ex.execute(feeds[1])
+    assert_same(owned, want[1])
+    assert not any(np.shares_memory(o, b) for o in owned for b in session._out_buffers)
+    assert_same(ex.execute(feeds[1], copy=False), want[1])  # the executor's buffers again
+    assert_same(ex.execute(feeds[2], copy=False), want[2])
+    again = ex.execute(feeds[1])  # stages gear 1 again (gears share the staging buffer)
+    session._outputs[1][0][...] = 0
+    session.run_bound(1)  # the bare run writes the executor's buffers, never `owned`
+    assert_same(session._outputs[1], want[1])
+    assert_same(owned, want[1])
+    assert_same(again, want[1])

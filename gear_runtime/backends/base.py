@@ -77,6 +77,11 @@ class BackendSession(ABC):
         reuses: they are valid until the next run on this session.
         """
 
+    def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        """:meth:`run_gear`, but the arrays are the caller's to keep (``execute(copy=True)``).
+        Backends that can run straight into fresh arrays override this to save the copy."""
+        return [o.copy() for o in self.run_gear(gear)]
+
     def run_bound(self, gear: int) -> None:
         """The backend's bare run of gear ``gear`` on what is staged and bound, without the
         host/device copies around it: what benchmarks time as the floor under ``run_gear``.
