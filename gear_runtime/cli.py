@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also store the dynamic-shape graph: a miss runs it (GE hybrid mode)")
     p.add_argument("--sink", action="store_true",
                    help="GetNext-sink kind: the graph computes the dims from its inputs")
+    p.add_argument("--external-data", choices=("auto", "yes", "no"), default="auto",
+                   help="put the weights in one data file beside the gear file (OUT.data); "
+                   "auto: from 16 MiB of weights, or when the model keeps its weights in "
+                   "external data (needed past 2 GiB)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="gear file to write")
 
     p = sub.add_parser("inspect", help="describe a gear file")
@@ -194,11 +198,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         raise _UsageError("give --input-shape with a --dynamic-* flag, or --config FILE")
     hybrid = bool(args.hybrid or spec.hybrid)
-    out = gr.compile(args.model, spec, args.output, hybrid=hybrid, sink=args.sink)
+    from gear_runtime.compiler import compile_gears
+
+    external = {"auto": None, "yes": True, "no": False}[args.external_data]
+    report = compile_gears(args.model, spec, args.output, hybrid=hybrid, sink=args.sink,
+                           external_data=external)
     kind = "sink" if args.sink else "case"
-    print(f"wrote {out or args.output}: {spec.gear_count} gears ({spec.mode} mode, "
+    print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "
-          + "; ".join(",".join(map(str, g)) for g in spec.gears))
+          + "; ".join(",".join(map(str, g)) for g in spec.gears)
+          + (f"; weights in {report.data_path} ({report.data_bytes} bytes)"
+             if report.data_path else ""))
     return EXIT_OK
 
 

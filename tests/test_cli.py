@@ -157,6 +157,21 @@ def test_compile_config_input_format_picks_the_image_axes(capsys, tmp_path) -> N
 
 
 # ---- compile / inspect ------------------------------------------------------------------------
+def test_compile_external_data_and_inspect_lists_the_files(capsys, tmp_path) -> None:
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model(hidden=32), str(model))
+    out_path = tmp_path / "c.gear.onnx"
+    code, out, _ = run_cli(capsys, "compile", model, "--input-shape", "data:-1,3,8,8",
+                           "--dynamic-batch-size", "1,2", "--external-data", "yes",
+                           "-o", out_path)
+    assert code == 0 and f"weights in {out_path}.data" in out
+    code, out, _ = run_cli(capsys, "inspect", out_path)
+    assert code == 0 and f"{out_path}.data" in out and out.count("format") == 1
+    code, _, _ = run_cli(capsys, "compile", model, "--input-shape", "data:-1,3,8,8",
+                         "--dynamic-batch-size", "1,2", "--external-data", "no", "-o", out_path)
+    assert code == 0 and not Path(f"{out_path}.data").exists()
+
+
 def test_compile_from_flags_and_inspect(capsys, example, tmp_path) -> None:
     out_path = tmp_path / "flags.gear.onnx"
     code, out, _ = run_cli(
