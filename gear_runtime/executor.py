@@ -49,7 +49,8 @@ Inputs = Mapping[str, Any] | Sequence[Any]
 
 
 class Executor:
-    """Runs one gear model; created by :meth:`GearModel.create_executor`."""
+    """Runs one gear model; created by :meth:`GearModel.create_executor`. One thread at a
+    time: a second thread entering gets ExecutorBusyError (see the module doc)."""
 
     def __init__(self, model: GearModel, session: BackendSession) -> None:
         spec, info = model.spec, model.info
@@ -169,10 +170,15 @@ class Executor:
     def execute(self, inputs: Inputs, *, copy: bool = True) -> list[np.ndarray]:
         """Run the gear that the inputs (or the set dims) select; outputs in model order.
 
-        ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or anything
-        ``numpy.asarray`` takes; dtypes must be the model's: no silent casts). Outputs have the
+        ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or nested
+        lists; dtypes must be the model's, lists must hold values of its kind that fit it: no
+        silent casts or truncation, see :meth:`_as_array`). Outputs have the
         gear's real shapes. With ``copy=False`` they are views of this executor's buffers,
         valid until its next execute (zero-copy for services that consume them at once).
+
+        The calling thread owns the executor until the call returns: another thread's
+        execute / set_* meanwhile raises ExecutorBusyError at once (this call is unaffected);
+        after :meth:`close`, ClosedError (145003).
         """
         # The whole call runs owned (inline, not a helper: a call frame costs as much as the
         # lock itself on this path).
