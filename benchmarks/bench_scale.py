@@ -61,7 +61,6 @@ MLP_BATCHES = (1, 2, 4, 8, 16, 32)
 # ---- models -----------------------------------------------------------------------------------
 def mlp_model(widths: Sequence[int], seed: int = 0) -> Any:
     """MatMul+Relu chain x [N, widths[0]] -> y [N, widths[-1]], seeded float32 weights."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -152,8 +151,8 @@ def latency(models: dict[str, dict[str, Any]], threads: int, budget_s: float
                 got, want = ex.execute(feeds), ref.run(None, feeds)
                 for a, b in zip(got, want, strict=True):
                     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-                times = _interleaved([lambda: ex.execute(feeds), lambda: ref.run(None, feeds)],
-                                     budget_s)
+                times = _interleaved([lambda ex=ex, f=feeds: ex.execute(f),
+                                      lambda ref=ref, f=feeds: ref.run(None, f)], budget_s)
                 p50 = [float(np.median(t)) for t in times]
                 rows.append({"model": name, "threads": threads, "gear": g,
                              "dims": model.gears[g], "execute_ms": p50[0] * 1e3,
@@ -291,7 +290,7 @@ def load(models: dict[str, dict[str, Any]], repeats: int) -> list[dict[str, Any]
     return rows
 
 
-# ---- over 2 GiB -----------------------------------------------------------------------------------
+# ---- over 2 GiB ----------------------------------------------------------------------------------
 _BIG_CHILD = r"""
 import json, sys, time
 import numpy as np, psutil, onnxruntime as ort, gear_runtime as gr
@@ -340,8 +339,7 @@ def big(workdir: Path) -> dict[str, Any]:
     with open(data, "wb") as f:  # one layer in memory at a time
         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
             w = (rng.standard_normal((a, b), dtype=np.float32) / np.sqrt(a)).astype(np.float32)
-            t = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [a, b], vals=[])
-            t.ClearField("float_data")
+            t = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[a, b])
             t.data_location = TensorProto.EXTERNAL
             for k, v in (("location", data.name), ("offset", str(offset)),
                          ("length", str(w.nbytes))):
@@ -422,7 +420,7 @@ def report(lat: list[dict[str, Any]], thr: dict[str, Any] | None, ld: list[dict[
               f"{b['gear_file_bytes']:,} bytes + data {_mb(b['data_bytes'])}; load "
               f"{b['load_s']:.1f} s, RSS +{_mb(b['load_rss'])} "
               f"({b['load_rss'] / b['weights_bytes']:.2f}x the weights); max |diff| vs ORT on "
-              f"the source per gear {['%.1e' % d for d in b['max_abs_diff']]} "
+              f"the source per gear {[f'{d:.1e}' for d in b['max_abs_diff']]} "
               f"{'PASS' if good else 'FAIL'}")
     return ok
 

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from gear_runtime.errors import (
     BackendError,
     BackendUnavailableError,
+    ClosedError,
     CompileError,
     DynamicInputLengthError,
+    ExecutorBusyError,
     GearFileError,
     GearMismatchError,
     GearRuntimeError,
@@ -36,8 +38,10 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
+    "ClosedError",
     "CompileError",
     "DynamicInputLengthError",
+    "ExecutorBusyError",
     "Executor",
     "GearFileError",
     "GearMismatchError",

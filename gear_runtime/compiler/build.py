@@ -53,11 +53,11 @@ from gear_runtime.gearfile import (
     KIND_CASE,
     KIND_SINK,
     META_FORMAT,
-    RESERVED_PREFIX,
     META_HYBRID,
     META_KIND,
     META_OUTPUT_DIMS,
     META_SPEC,
+    RESERVED_PREFIX,
     format_output_dims,
     spec_to_json,
 )
