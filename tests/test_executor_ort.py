@@ -205,3 +205,19 @@ def test_copy_true_runs_into_fresh_arrays_and_the_binding_returns_to_its_buffers
     assert_same(session._outputs[1], want[1])
     assert_same(owned, want[1])
     assert_same(again, want[1])
+
+
+def test_the_cuda_provider_always_gets_the_device_id() -> None:
+    """The CUDA EP defaults to device 0; an input bound on another device would be copied at
+    bind time and read stale afterwards, so device_id is always explicit, conflicts refused."""
+    from gear_runtime.backends.onnxruntime import provider_list
+
+    assert provider_list(["CUDAExecutionProvider", "CPUExecutionProvider"], 1, False) == [
+        ("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
+    assert provider_list([("CUDAExecutionProvider", {"arena_extend_strategy": "x"})], 2,
+                         True) == [("CUDAExecutionProvider", {
+                             "arena_extend_strategy": "x", "device_id": "2",
+                             "enable_cuda_graph": "1"})]
+    with pytest.raises(gr.BackendError, match="device_id=0.*device_id=3"):
+        provider_list([("CUDAExecutionProvider", {"device_id": "0"})], 3, False)
+    assert provider_list(None, 0, False) == ["CPUExecutionProvider"]

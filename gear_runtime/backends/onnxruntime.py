@@ -136,9 +136,9 @@ class OrtModel(BackendModel):
             model = gear_file.runnable(gear_file.dynamic)
             _compute_passthrough_outputs(model.graph)
             graph = model.SerializeToString()
-        self.session: ort.InferenceSession | None = self._new_session(graph)
-        self._graph_ids = itertools.count(1)  # -1 means "no graph" to ORT; ids are ours
-        self._gate = _CaptureGate()
+        with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
+            self.session: ort.InferenceSession | None = self._new_session(graph)
+        self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
 
     def _new_session(self, graph: bytes) -> ort.InferenceSession:
         so = ort.SessionOptions()
@@ -172,9 +172,11 @@ class OrtModel(BackendModel):
 
 
 class _CaptureGate:
-    """CUDA graph capture vs runs: ORT's CUDA EP captures in global mode, where a CUDA call
-    from another thread during a capture breaks it; so a capture waits for the runs in flight
-    and runs wait for a capture (a readers-writer lock; used only with CUDA graphs)."""
+    """CUDA graph capture vs everything else on the GPU: ORT's CUDA EP captures with
+    ``cudaStreamCaptureModeGlobal`` (cuda_graph.cc), where a CUDA call from ANY other thread
+    (a cudaMalloc, a blocking copy, another session's run) breaks the capture. So device
+    allocation and capture are exclusive, runs and copies are shared: a readers-writer lock,
+    one for the whole process (:data:`_CUDA_GATE`), taken only by CUDA models."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -204,6 +206,19 @@ class _CaptureGate:
             with self._cond:
                 self._capturing = False
                 self._cond.notify_all()
+
+
+_CUDA_GATE = _CaptureGate()
+
+
+def cuda_exclusive(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
+    """Hold the GPU exclusively (allocation, capture) when ``on_cuda``; else nothing."""
+    return _CUDA_GATE.capture() if on_cuda else contextlib.nullcontext()
+
+
+def cuda_shared(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
+    """Share the GPU with other runs, never with a capture, when ``on_cuda``; else nothing."""
+    return _CUDA_GATE.run() if on_cuda else contextlib.nullcontext()
 
 
 #: Suffix of the private name an output gets when it is an input or a weight as it stands.
@@ -243,19 +258,26 @@ class OrtSession(BackendSession):
         # the session's names: same order as the model's, passthrough outputs renamed
         self._output_names = [o.name for o in model.live_session().get_outputs()]
         self._run_options = [ort.RunOptions() for _ in gears]
+        # ORT runs without an id under graph id 0, which it captures: other runs say -1.
+        self._plain_options = ort.RunOptions()
+        self._graph_ids: list[int] = []
         if model.cuda_graph:
+            self._plain_options.add_run_config_entry(GRAPH_ID_KEY, "-1")
             for opts in self._run_options:  # a graph holds this executor's addresses: its own id
-                opts.add_run_config_entry(GRAPH_ID_KEY, str(model.new_graph_id()))
-        on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
-        self._device = _DeviceStaging(model, layout, self.staging) if on_device else None
-        # A sink file runs whole through run_sink: nothing to bind per gear.
-        self._bindings = [] if info.sink else [self._bind(g) for g in gears]
-        if model.cuda_graph:
-            # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
-            order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
-                                                     for i in range(layout.input_count)))
-            with model._gate.capture():
-                for g in order:  # ORT captures the graph of a new id during its first run
+                self._graph_ids.append(model.new_graph_id())
+                opts.add_run_config_entry(GRAPH_ID_KEY, str(self._graph_ids[-1]))
+        # Device buffers, bindings (which may copy across devices) and captures: all of it
+        # allocates or captures on the GPU, so none of it may overlap another thread's capture.
+        with cuda_exclusive(model.on_cuda):
+            on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
+            self._device = _DeviceStaging(model, layout, self.staging) if on_device else None
+            # A sink file runs whole through run_sink: nothing to bind per gear.
+            self._bindings = [] if info.sink else [self._bind(g) for g in gears]
+            if model.cuda_graph:
+                # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
+                order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
+                                                         for i in range(layout.input_count)))
+                for g in order:  # ORT captures a new id's graph within its first run
                     self._run(g)
 
     def _bind(self, g: int) -> Any:
@@ -325,14 +347,11 @@ class OrtSession(BackendSession):
             self._device.to_host(gear, self._outputs[gear])
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
-        if self.model.cuda_graph:
-            if threading.get_ident() != self._thread:
-                # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.
-                raise BackendError("an executor with CUDA graphs runs on the thread that "
-                                   "created it (its graphs were captured there)")
-            with self.model._gate.run():
-                self._run(gear)
-        else:
+        if self.model.cuda_graph and threading.get_ident() != self._thread:
+            # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.
+            raise BackendError("an executor with CUDA graphs runs on the thread that "
+                               "created it (its graphs were captured there)")
+        with cuda_shared(self.model.on_cuda):
             self._run(gear)
         return self._outputs[gear]
 
@@ -340,7 +359,8 @@ class OrtSession(BackendSession):
         feeds = dict(zip(self.model.info.spec.input_names, arrays, strict=True))
         session = self.model.live_session()
         try:
-            return session.run(None, feeds)
+            with cuda_shared(self.model.on_cuda):
+                return session.run(None, feeds, self._plain_options)
         except Exception as exc:
             raise BackendError(f"onnxruntime run of the {what} graph failed: {exc}") from exc
 
@@ -357,6 +377,16 @@ class OrtSession(BackendSession):
         return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
 
     def close(self) -> None:
+        """Drop the bindings; free this executor's CUDA graphs where ORT can (they live as
+        long as the session otherwise: cuda_graph.cc ties them to it)."""
+        session = self.model.session
+        release = getattr(getattr(session, "_sess", None), "release_captured_graph", None)
+        if self._graph_ids and release is not None:
+            with cuda_exclusive(True):
+                for graph_id in self._graph_ids:
+                    with contextlib.suppress(Exception):  # a no-op where unsupported
+                        release(graph_id)
+        self._graph_ids = []
         self._bindings = []
 
 
@@ -382,8 +412,10 @@ class _DeviceStaging:
             # buffer that is never written.
             self.separate.append({i: self._alloc(layout.nbytes(g, i))
                                   for i in range(layout.input_count) if not layout.fused(i)})
+            # An empty output gets a 1-byte buffer: ORT gives a 0-element value no address.
             self.outputs.append([
                 ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dt, "cuda", self.device_id)
+                if int(np.prod(shape)) else self._alloc(1)
                 for shape, dt in zip(info.output_shapes[g], info.output_dtypes, strict=True)])
 
     def _alloc(self, nbytes: int) -> ort.OrtValue:
@@ -413,7 +445,8 @@ class _DeviceStaging:
 
     def to_host(self, g: int, host: list[np.ndarray]) -> None:
         for dev, out in zip(self.outputs[g], host, strict=True):
-            np.copyto(out, dev.numpy())
+            if out.size:  # .numpy() is a blocking device-to-host cudaMemcpy
+                np.copyto(out, dev.numpy())
 
 
 def cuda_available() -> bool:
