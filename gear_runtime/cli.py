@@ -246,6 +246,7 @@ def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict
                          f"{', '.join(names)}")
     feeds: dict[str, np.ndarray] = {}
     for name, path in pairs:
+        _check_npy_magic(name, path)
         try:
             value = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -255,6 +256,24 @@ def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict
                              "per input")
         feeds[name] = value
     return feeds
+
+
+#: The first bytes of every .npy file (numpy.lib.format.MAGIC_PREFIX) and of an .npz (a zip).
+_NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
+
+
+def _check_npy_magic(name: str, path: str) -> None:
+    """InputError naming the input unless ``path`` starts like a .npy file (or an .npz,
+    refused later with its own message). Checked first because np.load takes any other file
+    for a pickle and answers with a message about pickled data."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise InputError(f"--input {name}={path}: cannot be read ({exc.strerror})") from None
+    if head != _NPY_MAGIC and not head.startswith(_ZIP_MAGIC):
+        raise InputError(f"--input {name}={path}: not a .npy file; a .npy array is expected "
+                         "(write one with numpy.save)")
 
 
 def _make_dir(flag: str, path: str) -> Path:

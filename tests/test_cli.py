@@ -283,13 +283,46 @@ def test_run_missing_input(capsys, example) -> None:
     assert_one_line_error(err, "missing --input", "attention_mask")
 
 
-def test_run_file_that_is_not_npy(capsys, example, tmp_path) -> None:
-    bad = tmp_path / "bad.npy"
-    bad.write_text("not numpy")
+@pytest.mark.parametrize("kind", ["text", "onnx model", "empty"])
+def test_run_file_that_is_not_npy(capsys, example, tmp_path, kind) -> None:
+    """Any other file (a model given by mistake, above all) is named with its input and the
+    expected kind, never with numpy's message about pickled data."""
+    bad = {"text": tmp_path / "bad.npy", "onnx model": example.model,
+           "empty": tmp_path / "empty.npy"}[kind]
+    if kind == "text":
+        bad.write_text("not numpy")
+    elif kind == "empty":
+        bad.write_bytes(b"")
+    args = [*example.input_args[2:], "--input", f"input_ids={bad}"]
+    code, out, err = run_cli(capsys, "run", example.gear, *args)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "[145000]", f"--input input_ids={bad}", "not a .npy file",
+                          "a .npy array is expected")
+    assert "pickle" not in err
+
+
+def test_run_npy_that_is_broken(capsys, example, tmp_path) -> None:
+    bad = tmp_path / "cut.npy"
+    np.save(bad, np.ones((1, 64), np.int64))
+    bad.write_bytes(bad.read_bytes()[:20])  # the magic, then a cut header
     args = [*example.input_args[2:], "--input", f"input_ids={bad}"]
     code, _, err = run_cli(capsys, "run", example.gear, *args)
     assert code == 2
-    assert_one_line_error(err, "not a readable .npy")
+    assert_one_line_error(err, "input_ids", "not a readable .npy")
+
+
+@pytest.mark.parametrize("flags", [["--dynamic-batch-size", "1,4"],
+                                   ["--dynamic-image-size", "16,16;32,32"]])
+def test_compile_hybrid_outside_dims_mode_is_refused(capsys, tmp_path, flags) -> None:
+    """GE has hybrid mode only with dynamic dims: one line with GE's code, no file."""
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model(), str(model))
+    shape = "data:-1,3,32,32" if flags[0] == "--dynamic-batch-size" else "data:1,3,-1,-1"
+    code, out, err = run_cli(capsys, "compile", model, "--input-shape", shape, *flags,
+                             "--hybrid", "-o", tmp_path / "o.onnx")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "[E10001]", "hybrid mode needs a dims spec")
+    assert not (tmp_path / "o.onnx").exists()
 
 
 # ---- bench ------------------------------------------------------------------------------------

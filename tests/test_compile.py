@@ -495,15 +495,32 @@ def test_every_case_file_keeps_the_source_graph_sink_only_when_hybrid(compiled) 
 
 
 def test_hybrid_sink_miss_runs_the_dynamic_graph(compiled) -> None:
-    model, spec, path, _ = compiled("conv_image", sink=True, hybrid=True)
+    model, spec, path, _ = compiled("reshape", sink=True, hybrid=True)  # dims: GE's hybrid
     data = Path(path).read_bytes()
-    for shape in [(1, 3, 20, 24), (1, 3, 32, 32)]:   # a miss, then a hit
-        feeds = random_inputs(model, {"data": shape}, seed=3)
+    for shape in [(3, 5, 8), (2, 8, 8)]:   # a miss, then a hit
+        feeds = random_inputs(model, {"x": shape}, seed=3)
         *outs, dims = run_model(data, feeds)
         assert_same(outs, run_model(model, feeds))
-        assert dims.tolist() == list(shape[2:])
+        assert dims.tolist() == list(shape[:2])
     gf = read_gear_file(path)
     assert gf.dynamic is not None and gf.hybrid
+
+
+@pytest.mark.parametrize("case", ["conv_batch", "conv_image"])
+@pytest.mark.parametrize("how", ["argument", "spec"])
+def test_hybrid_outside_dims_mode_is_refused(tmp_path: Path, case: str, how: str) -> None:
+    """GE has hybrid mode only with ge.dynamicDims: batch / image-size hybrid is refused
+    before anything is compiled or written."""
+    spec = spec_of(case)
+    if how == "spec":
+        spec = gr.GearSpec(spec.mode, spec.input_names, spec.input_shapes, spec.gears,
+                           hybrid=True, input_format=spec.input_format)
+    out = tmp_path / "h.gear.onnx"
+    with pytest.raises(CompileError, match=f"hybrid mode needs a dims spec.*{spec.mode} mode") \
+            as err:
+        compile_gears(conv_model(), spec, out, hybrid=how == "argument", progress=False)
+    assert err.value.code == "E10001"
+    assert not out.exists()
 
 
 def test_hybrid_from_the_spec(tmp_path: Path) -> None:

@@ -119,6 +119,11 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     start = time.perf_counter()
     if not isinstance(spec, GearSpec):
         raise CompileError(f"spec must be a GearSpec, got {type(spec).__name__}")
+    if (hybrid or spec.hybrid) and spec.mode != "dims":
+        # GE builds the hybrid (gear + dynamic-shape) graph only from ge.dynamicDims
+        raise CompileError(f"hybrid mode needs a dims spec (GE has it only with ge.inputShape "
+                           f"+ ge.dynamicDims); this spec is in {spec.mode} mode",
+                           code="E10001")
     path = os.fspath(output)
     # everything that can be refused is refused before the first gear is compiled
     _check_output_dir(path)
