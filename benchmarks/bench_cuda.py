@@ -1,16 +1,20 @@
-"""Per gear on CUDA: the gear executor with and without one CUDA graph per gear (one run).
+"""Per gear on CUDA: the gear executor with and without CUDA graphs vs plain ORT CUDA.
 
-    python benchmarks/bench_cuda.py [--iterations N]
+    python benchmarks/bench_cuda.py [--seconds S] [--small]
 
 Needs onnxruntime-gpu and an NVIDIA GPU; elsewhere it says so and exits 2 (not part of
-run_all, which runs on CPU machines). On the device machine of this workplace, one command:
+run_all, which runs on CPU machines). On a GPU machine, one command:
 
-    pip install -q onnxruntime-gpu && pip install -e . && \\
+    pip install -q onnxruntime-gpu && pip install -e ".[test]" && \
       python -m pytest -m cuda tests/test_backend_cuda.py && python benchmarks/bench_cuda.py
 
-Both variants are measured one after the other in the same process (gear_runtime.bench, the
-same inputs and iterations), on the built-in prefill example; the table gives p50 per gear and
-the graph / no-graph ratio. Not yet run: no GPU was lent to the sessions that wrote it.
+The model is weight-heavy: the prefill example at hidden 512, vocab 8000, 4 layers (~83 MB of
+weights, in a data file beside the gear file), gears seq 32 / 128 / 512 / 1024 (``--small``:
+the tiny built-in example). Three columns per gear, interleaved per iteration in a shuffled
+order in ONE process: ``execute`` without graphs, ``execute`` with one CUDA graph per gear,
+and a plain ORT CUDA session of the source model (``session.run`` on host arrays: it copies
+inputs in and outputs out, as ``execute`` does). Not yet run: no GPU was lent to the sessions
+that wrote it.
 """
 
 from __future__ import annotations
@@ -18,42 +22,82 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+SEQS = (32, 128, 512, 1024)
+
+
+def _interleaved(runs: Sequence[Callable[[], Any]], seconds: float) -> list[float]:
+    """p50 seconds of each callable, run once per iteration in a shuffled order."""
+    rng = np.random.default_rng(0)
+    times: list[list[float]] = [[] for _ in runs]
+    for run in runs * 3:  # warm-up (captures happened at executor creation)
+        run()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds or len(times[0]) < 10:
+        for k in rng.permutation(len(runs)):
+            t0 = time.perf_counter()
+            runs[k]()
+            times[k].append(time.perf_counter() - t0)
+    return [float(np.median(t)) for t in times]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per gear")
+    parser.add_argument("--small", action="store_true", help="the tiny built-in example")
     args = parser.parse_args(argv)
+
+    import onnx
+    import onnxruntime as ort
 
     import gear_runtime as gr
     from gear_runtime.backends.onnxruntime import cuda_available, gpu_present
-    from gear_runtime.bench import bench_model
     from gear_runtime.examples import prefill
 
     if not (cuda_available() and gpu_present()):
         print("bench_cuda: needs onnxruntime-gpu and an NVIDIA GPU; none here", file=sys.stderr)
         return 2
+    hidden, vocab = (prefill.HIDDEN, prefill.VOCAB) if args.small else (512, 8000)
+    seqs = prefill.SEQ_GEARS if args.small else SEQS
     with tempfile.TemporaryDirectory(prefix="bench-cuda-") as tmp:
-        model_path, config_path = prefill.write_example(Path(tmp))
-        spec = gr.GearSpec.from_config(str(config_path))
-        path = gr.compile(str(model_path), spec, str(Path(tmp) / "p.gear.onnx"),
-                          progress=False)
-        p50 = {}
-        for graph in (False, True):
-            model = gr.load(path, providers=CUDA, cuda_graph=graph)
-            report = bench_model(model, iterations=args.iterations, warmup=20, progress=False,
-                                 inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
-            p50[graph] = {r.gear: r.execute.p50 for r in report.gears}
-            model.close()
-    print(f"{'gear':<6}{'dims':<18}{'p50 ms':>10}{'graph p50 ms':>14}{'speed-up':>10}")
-    for g, dims in enumerate(spec.gears):
-        plain, graph = p50[False][g], p50[True][g]
-        print(f"{g:<6}{','.join(map(str, dims)):<18}{plain:>10.3f}{graph:>14.3f}"
-              f"{plain / graph:>9.2f}x")
+        d = Path(tmp)
+        source = d / "prefill.onnx"
+        model = (prefill.build_prefill_model() if args.small else prefill.build_prefill_model(
+            hidden=hidden, vocab=vocab, layers=4, heads=8, max_positions=max(seqs)))
+        onnx.save(model, str(source), save_as_external_data=True, location="prefill.weights")
+        ini = d / "config.ini"
+        ini.write_text(prefill.prefill_config(hidden=hidden, seq_gears=seqs), encoding="utf-8")
+        spec = gr.GearSpec.from_config(str(ini))
+        path = gr.compile(str(source), spec, str(d / "p.gear.onnx"), progress=False)
+        weights = (d / "p.gear.onnx.data").stat().st_size
+        plain_ex = gr.load(path, providers=CUDA).create_executor()
+        graph_ex = gr.load(path, providers=CUDA, cuda_graph=True).create_executor()
+        ref = ort.InferenceSession(str(source), providers=CUDA)
+        rows = []
+        for g, dims in enumerate(spec.gears):
+            feeds = prefill.example_inputs(spec, g, seed=g, vocab=vocab)
+            want = ref.run(None, feeds)
+            for ex in (plain_ex, graph_ex):
+                for a, b in zip(ex.execute(feeds), want, strict=True):
+                    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+            p50 = _interleaved([lambda f=feeds: plain_ex.execute(f),
+                                lambda f=feeds: graph_ex.execute(f),
+                                lambda f=feeds: ref.run(None, f)], args.seconds)
+            rows.append((g, dims, *p50))
+    print(f"prefill model, {weights / 2**20:.0f} MB of weights, ORT {ort.__version__}, "
+          f"{ort.get_device()}")
+    print(f"{'gear':<5}{'dims':<19}{'no graph ms':>12}{'graph ms':>10}{'ORT CUDA ms':>12}"
+          f"{'graph/no':>10}{'graph/ORT':>10}")
+    for g, dims, plain, graph, ref_t in rows:
+        print(f"{g:<5}{','.join(map(str, dims)):<19}{plain * 1e3:>12.3f}{graph * 1e3:>10.3f}"
+              f"{ref_t * 1e3:>12.3f}{graph / plain:>10.2f}{graph / ref_t:>10.2f}")
     return 0
 
 
