@@ -26,6 +26,7 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
+import xxhash
 from onnx import helper, numpy_helper
 
 #: Offsets in a data file are multiples of this (the page size: ORT maps aligned data in place).
@@ -164,13 +165,23 @@ class DataWriter:
 
     ``location`` is the name the tensors will point to (the final file name, relative to the
     gear file's folder); the bytes go to ``stream`` (a temporary file renamed in place by the
-    caller once everything is written).
+    caller once everything is written). :meth:`digest` is the xxh3_128 of everything written
+    (the gear file records it; hashed on the way, so compile never reads the file back).
     """
 
     def __init__(self, stream: BinaryIO, location: str) -> None:
         self.stream = stream
         self.location = location
         self.bytes = 0
+        self._hash = xxhash.xxh3_128()
+
+    def digest(self) -> str:
+        """xxh3_128 (hex) of the bytes written so far."""
+        return self._hash.hexdigest()
+
+    def _write(self, data: bytes) -> None:
+        self.stream.write(data)
+        self._hash.update(data)
 
     def move(self, tensor: onnx.TensorProto, source: Callable[[onnx.TensorProto], ExternalSpan]
              ) -> None:
@@ -178,7 +189,7 @@ class DataWriter:
         the proto; an external one's are copied from ``source(tensor)`` in chunks."""
         pad = -self.bytes % DATA_ALIGNMENT
         if pad:
-            self.stream.write(b"\0" * pad)
+            self._write(b"\0" * pad)
             self.bytes += pad
         offset = self.bytes
         if is_external(tensor):
@@ -188,7 +199,7 @@ class DataWriter:
                     else numpy_helper.to_array(tensor).astype(
                         np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
                         .newbyteorder("<")).tobytes())
-            self.stream.write(data)
+            self._write(data)
             length = len(data)
         self.bytes += length
         _set_external(tensor, self.location, offset, length)
@@ -201,7 +212,7 @@ class DataWriter:
                 chunk = f.read(min(left, _CHUNK))
                 if not chunk:
                     raise OSError(f"{span.path} ends before offset {span.offset + span.length}")
-                self.stream.write(chunk)
+                self._write(chunk)
                 left -= len(chunk)
         return span.length
 

@@ -46,12 +46,14 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+import xxhash
 from onnx import helper, numpy_helper
 
 from gear_runtime.errors import GearFileError, GearSpecError, InputError
@@ -93,6 +95,8 @@ META_KIND = "gear_runtime.kind"
 META_HYBRID = "gear_runtime.hybrid"
 #: sink kind only: JSON list of the dynamic_output_dims strings (no Case node to carry them).
 META_OUTPUT_DIMS = "gear_runtime.dynamic_output_dims"
+#: The file's integrity record (JSON, see :func:`digest_placeholder`); required.
+META_DIGEST = "gear_runtime.digest"
 
 KIND_CASE = "case"
 KIND_SINK = "sink"
@@ -205,6 +209,136 @@ def parse_output_dims(items: Sequence[str], gear_count: int,
     return tuple(tuple(table[(g, k)] for k in range(output_count)) for g in range(gear_count))
 
 
+# ---- integrity -------------------------------------------------------------------------------
+# xxh3_128: a fast NON-cryptographic hash (tens of GB/s in memory, so checking a 400 MB data
+# file costs a small fraction of a load). It detects corruption and accidental edits (a flipped
+# byte, a truncated copy, a data file from another compile), not an attacker who can rewrite
+# both a file and its digest: a model file is trusted code-like input, as for ONNX Runtime.
+DIGEST_ALGORITHM = "xxh3_128"
+_ZERO_DIGEST = "0" * 32
+#: Chunk of the data-file hash: read into one reusable buffer (never the whole file mapped:
+#: file-backed pages would count in the process's RSS during the load). xxhash releases the
+#: GIL on buffers above 64 KiB, so a hash thread runs beside ONNX Runtime's session build.
+_HASH_CHUNK = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class DataDigest:
+    """The recorded digest (hex) and size of one data file."""
+
+    digest: str
+    size: int
+
+
+def digest_placeholder(graph_digest: str, data: Mapping[str, DataDigest]) -> str:
+    """The :data:`META_DIGEST` text compile writes before sealing: the whole file's digest
+    zeroed. ``data``: data file name (relative to the gear file's folder) -> digest.
+
+    The sealed text is the same with ``"file"`` set to the xxh3_128 of the serialized file as
+    written with this placeholder; ``"graph"`` (the xxh3_128 of the serialized graph) only
+    tells, on a mismatch, whether the graph or the rest (metadata) changed."""
+    return _digest_text(_ZERO_DIGEST, graph_digest, data)
+
+
+def _digest_text(file_digest: str, graph_digest: str, data: Mapping[str, DataDigest]) -> str:
+    return json.dumps({"algorithm": DIGEST_ALGORITHM, "file": file_digest, "graph": graph_digest,
+                       "data": {n: {"digest": d.digest, "size": d.size}
+                                for n, d in sorted(data.items())}}, separators=(",", ":"))
+
+
+def graph_digest(model: onnx.ModelProto) -> str:
+    """xxh3_128 (hex) of ``model``'s serialized graph."""
+    return xxhash.xxh3_128_hexdigest(model.graph.SerializeToString())
+
+
+def seal_digest(blob: bytes, placeholder: str) -> bytes:
+    """``blob`` (a serialized gear file holding ``placeholder`` as its :data:`META_DIGEST`
+    value, exactly once) with the file digest filled in; same length, so the reader can blank
+    it again. ValueError when the placeholder is not found exactly once."""
+    raw = placeholder.encode()
+    at = blob.find(raw)
+    if at < 0 or blob.find(raw, at + 1) >= 0:
+        raise ValueError("the digest placeholder is not in the serialized file exactly once")
+    d = json.loads(placeholder)
+    d["file"] = xxhash.xxh3_128_hexdigest(blob)
+    sealed = _digest_text(d["file"], d["graph"], {
+        n: DataDigest(v["digest"], v["size"]) for n, v in d["data"].items()}).encode()
+    return blob[:at] + sealed + blob[at + len(raw):]
+
+
+def reseal(model: onnx.ModelProto) -> bytes:
+    """``model`` (a gear file, edited on purpose) serialized with its :data:`META_DIGEST`
+    recomputed for its current graph and metadata; the recorded data-file digests are kept.
+    ValueError when it has no valid record."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    _, _, data = _parse_digest(meta[META_DIGEST]) if META_DIGEST in meta else ("", "", None)
+    if data is None:
+        raise ValueError(f"no {META_DIGEST!r} record to reseal")
+    placeholder = digest_placeholder(graph_digest(model), data)
+    for p in model.metadata_props:
+        if p.key == META_DIGEST:
+            p.value = placeholder
+    return seal_digest(model.SerializeToString(), placeholder)
+
+
+def _parse_digest(text: str) -> tuple[str, str, dict[str, DataDigest]]:
+    """(file digest, graph digest, data digests) of a :data:`META_DIGEST` text; ValueError
+    unless it is exactly what compile writes (so blanking it gives the placeholder back)."""
+    d = json.loads(text)
+    if not isinstance(d, dict) or set(d) != {"algorithm", "file", "graph", "data"}:
+        raise ValueError("not the digest record compile writes")
+    if d["algorithm"] != DIGEST_ALGORITHM:
+        raise ValueError(f"algorithm {d['algorithm']!r}, this reader checks {DIGEST_ALGORITHM}")
+    if not isinstance(d["data"], dict):
+        raise ValueError("'data' is not an object")
+    data = {}
+    for name, v in d["data"].items():
+        if not (isinstance(v, dict) and set(v) == {"digest", "size"}
+                and type(v["size"]) is int and 0 <= v["size"] <= 2**63 - 1):
+            raise ValueError(f"data file entry {name!r} is not a digest and a size")
+        if os.path.basename(name) != name or name in ("", ".", "..") or "\0" in name:
+            raise ValueError(f"data file name {name!r} is not a file name")
+        data[name] = DataDigest(v["digest"], v["size"])
+    if _digest_text(d["file"], d["graph"], data) != text:
+        raise ValueError("not in the form compile writes")
+    if not all(isinstance(h, str) and len(h) == 32
+               for h in (d["file"], d["graph"], *(x.digest for x in data.values()))):
+        raise ValueError("a digest is not 32 hex digits")
+    return d["file"], d["graph"], data
+
+
+def hash_file(path: str) -> tuple[str, int]:
+    """(xxh3_128 hex, size) of the regular file ``path``, read in chunks into one buffer.
+    OSError when it cannot be read or is not a regular file."""
+    h = xxhash.xxh3_128()
+    buf = bytearray(_HASH_CHUNK)
+    view = memoryview(buf)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        while n := f.readinto(view):
+            h.update(view[:n])
+            size += n
+    return h.hexdigest(), size
+
+
+def verify_data_file(path: str, want: DataDigest) -> None:
+    """Hash ``path`` and compare with ``want``; GearFileError naming the file on a mismatch
+    or when it cannot be read."""
+    try:
+        digest, size = hash_file(path)
+    except OSError as exc:
+        raise GearFileError(f"data file {path!r} cannot be read: {exc.strerror or exc}") from None
+    if size != want.size:
+        raise GearFileError(f"data file {path!r} is corrupt: {size} bytes, compile wrote "
+                            f"{want.size}; recompile the model or restore the file")
+    if digest != want.digest:
+        raise GearFileError(f"data file {path!r} is corrupt: its content changed since compile "
+                            f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
+                            "restore the file")
+
+
 # ---- the reader ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GearFile:
@@ -243,6 +377,9 @@ class GearFile:
     external: dict[str, ExternalSpan]
     dynamic: onnx.ModelProto | None
     model_bytes: bytes | None
+    #: every data file (resolved path) -> the digest compile recorded; checked by
+    #: :meth:`verify_data` (the gear file itself is checked by the reader).
+    data_digests: Mapping[str, DataDigest] = field(default_factory=dict)
 
     @property
     def folder(self) -> str:
@@ -261,6 +398,35 @@ class GearFile:
         return sum(int(s.length) for s in self.external.values()) + sum(
             len(t.raw_data) if t.HasField("raw_data") else self.weight_array(n).nbytes
             for n, t in self.weights.items() if n not in self.external)
+
+    def verify_data(self) -> None:
+        """Hash every data file and compare with the digest compile recorded; GearFileError
+        naming the file that changed. Reads the files in chunks (no mapping, no copy kept)."""
+        for path, want in sorted(self.data_digests.items()):
+            verify_data_file(path, want)
+
+    def verify_data_in_background(self) -> Callable[[], None]:
+        """Start :meth:`verify_data` in a thread (the hash releases the GIL, so it runs beside
+        a runtime that loads the model meanwhile); the returned callable waits for it and
+        raises what it raised."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.verify_data()
+            except BaseException as exc:  # handed to the waiting thread
+                errors.append(exc)
+
+        if not self.data_digests:
+            return lambda: None
+        thread = threading.Thread(target=run, name="gear-data-digest", daemon=True)
+        thread.start()
+
+        def wait() -> None:
+            thread.join()
+            if errors:
+                raise errors[0]
+        return wait
 
     def weight_array(self, name: str) -> np.ndarray:
         """Weight ``name``'s values (read from the data file for an external one)."""
@@ -394,7 +560,7 @@ class _Reader:
         return GearFileError(f"{self.path!r} is not a valid gear file: {what}")
 
     def read(self) -> GearFile:
-        meta = {m.key: m.value for m in self.model.metadata_props}
+        meta = self._metadata()
         if META_FORMAT not in meta:
             raise GearFileError(
                 f"{self.path!r} is not a gear file: it has no {META_FORMAT!r} metadata "
@@ -402,6 +568,10 @@ class _Reader:
         if meta[META_FORMAT] != FORMAT_VERSION:
             raise self.fail(f"format version {meta[META_FORMAT]!r}, this reader reads "
                             f"version {FORMAT_VERSION!r}")
+        recorded = self._check_digest(meta)
+        bad = first_bad_text(self.model)
+        if bad is not None:
+            raise self.fail(f"a {bad} field is not valid UTF-8")
         try:
             spec = spec_from_json(meta.get(META_SPEC, ""))
         except (GearSpecError, ValueError, KeyError, TypeError, RecursionError) as exc:
@@ -416,11 +586,70 @@ class _Reader:
         self.spec = spec
         self.opsets = [o for o in self.model.opset_import if o.domain != DOMAIN]
         self.weights, self.external = self._weights()
+        self.data_digests = self._data_digests(recorded)
         if kind == KIND_CASE:
             return self._read_case()
         return self._read_sink(meta)
 
     # ---- shared pieces ----------------------------------------------------------------------
+    def _metadata(self) -> dict[str, str]:
+        meta: dict[str, str] = {}
+        for m in self.model.metadata_props:
+            if type(m.key) is not str or type(m.value) is not str:  # bytes: not UTF-8
+                raise self.fail(f"metadata key {m.key!r} or its value is not valid UTF-8")
+            meta[m.key] = m.value
+        return meta
+
+    def _check_digest(self, meta: dict[str, str]) -> dict[str, DataDigest]:
+        """Check the whole file against its :data:`META_DIGEST` (the record's own file digest
+        blanked, as compile hashed it); return the data files' recorded digests.
+        GearFileError naming the part that changed: the graph or the metadata."""
+        text = meta.get(META_DIGEST)
+        if text is None:
+            raise GearFileError(f"{self.path!r} has no integrity digest ({META_DIGEST!r} "
+                                "metadata): it was written by an older gear_runtime; "
+                                "recompile the model")
+        try:
+            file_digest, graph, data = _parse_digest(text)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise self.fail(f"metadata {META_DIGEST!r} is malformed ({exc})") from None
+        raw = text.encode()
+        at = self.data.find(raw)
+        h = xxhash.xxh3_128()
+        if at >= 0:
+            view = memoryview(self.data)
+            h.update(view[:at])
+            h.update(_digest_text(_ZERO_DIGEST, graph, data).encode())
+            h.update(view[at + len(raw):])
+        if at < 0 or h.hexdigest() != file_digest:
+            part = ("its graph" if graph_digest(self.model) != graph
+                    else "its metadata (outside the graph)")
+            raise GearFileError(f"{self.path!r} is corrupt: {part} changed since compile "
+                                f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
+                                "restore the file")
+        return data
+
+    def _data_digests(self, recorded: dict[str, DataDigest]) -> dict[str, DataDigest]:
+        """The recorded data-file digests by resolved path. Every external weight must be in
+        a recorded file, every recorded file read by a weight and of the recorded size (a
+        cheap check here; the content is hashed by :meth:`GearFile.verify_data`)."""
+        root = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
+        out = {os.path.realpath(os.path.join(root, n)): d for n, d in recorded.items()}
+        for name, span in self.external.items():
+            if span.path not in out:
+                raise self.fail(f"weight {name!r} is in {span.path!r}, a data file without a "
+                                "recorded digest")
+        read = {s.path for s in self.external.values()}
+        for path, want in out.items():
+            if path not in read:
+                raise self.fail(f"the digest records data file {path!r}, which no weight reads")
+            size = os.stat(path).st_size  # check_external stat'ed it a moment ago
+            if size != want.size:
+                raise GearFileError(f"data file {path!r} is corrupt: {size} bytes, compile "
+                                    f"wrote {want.size}; recompile the model or restore the "
+                                    "file")
+        return out
+
     def _weights(self) -> tuple[dict[str, onnx.TensorProto], dict[str, ExternalSpan]]:
         """The root weights, and the checked span of each external one. Inline weights are
         decoded once to check them, then dropped; external ones are checked, not read."""
@@ -527,7 +756,8 @@ class _Reader:
         return GearFile(path=self.path, spec=self.spec, kind=kind, input_dtypes=input_dtypes,
                         output_names=output_names, output_dtypes=output_dtypes,
                         output_shapes=shapes, branches=tuple(branches), weights=self.weights,
-                        external=self.external, dynamic=dynamic, model_bytes=model_bytes)
+                        external=self.external, dynamic=dynamic, model_bytes=model_bytes,
+                        data_digests=self.data_digests)
 
     def _by_label(self, graphs: Sequence[onnx.GraphProto]) -> list[onnx.GraphProto]:
         """Order branch graphs by their Batch_<i> labels; each gear exactly once."""
@@ -702,6 +932,45 @@ class _Reader:
                     if a.name == "value":
                         return self._array(a.t, f"gear table {GEAR_TABLE_NAME!r}")
         raise self.fail(f"no Constant {GEAR_TABLE_NAME!r} in the root graph")
+
+
+_TextPlan = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+_TEXT_PLANS: dict[Any, _TextPlan] = {}
+
+
+def _text_plan(desc: Any) -> _TextPlan:
+    """A message type's (string, repeated string, message, repeated message) field names."""
+    plan = _TEXT_PLANS.get(desc)
+    if plan is None:
+        kinds: tuple[list[str], list[str], list[str], list[str]] = ([], [], [], [])
+        for f in desc.fields:
+            if f.type == f.TYPE_STRING:
+                kinds[1 if f.is_repeated else 0].append(f.name)
+            elif f.type == f.TYPE_MESSAGE:
+                kinds[3 if f.is_repeated else 2].append(f.name)
+        plan = _TEXT_PLANS[desc] = tuple(tuple(k) for k in kinds)  # type: ignore[assignment]
+    return plan
+
+
+def first_bad_text(message: Any) -> str | None:
+    """``"Type.field"`` of the first string field in ``message`` or below it that is not
+    valid UTF-8, else None. ONNX's protobuf is proto2: some protobuf builds hand such a field
+    back as ``bytes`` instead of refusing the file, and every name would then fail later with a
+    TypeError. Bytes fields (weights' data) are never touched."""
+    stack = [message]
+    while stack:
+        m = stack.pop()
+        one, many, sub, subs = _text_plan(m.DESCRIPTOR)
+        for name in one:
+            if type(getattr(m, name)) is not str:
+                return f"{m.DESCRIPTOR.name}.{name}"
+        for name in many:
+            if any(type(v) is not str for v in getattr(m, name)):
+                return f"{m.DESCRIPTOR.name}.{name}"
+        stack.extend(getattr(m, name) for name in sub if m.HasField(name))
+        for name in subs:
+            stack.extend(getattr(m, name))
+    return None
 
 
 def _text(value: bytes) -> str:

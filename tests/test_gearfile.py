@@ -24,6 +24,7 @@ from gear_runtime.gearfile import (
     format_output_dims,
     parse_output_dims,
     read_gear_file,
+    reseal,
     spec_from_json,
     spec_to_json,
 )
@@ -47,7 +48,7 @@ def tampered(src: str, tmp_path: Path, change: Callable[[onnx.ModelProto], None]
     model = onnx.load(src)
     change(model)
     out = tmp_path / "tampered.gear.onnx"
-    out.write_bytes(model.SerializeToString())
+    out.write_bytes(reseal(model))  # so the reader's own checks are what refuses it
     return out
 
 

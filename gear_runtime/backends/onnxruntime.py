@@ -128,6 +128,9 @@ class OrtModel(BackendModel):
             raise BackendError("cuda_graph=True needs a gear file compiled without sink=True: "
                                "a sink file routes with If nodes, which CUDA graphs cannot "
                                "capture")
+        # The data file's digest is checked while ORT builds the session (both release the
+        # GIL); a mismatch fails the load and drops the session.
+        data_checked = gear_file.verify_data_in_background()
         if self.info.sink:
             assert gear_file.model_bytes is not None
             graph = gear_file.model_bytes  # runnable as it is; the dims come out last
@@ -136,8 +139,14 @@ class OrtModel(BackendModel):
             model = gear_file.runnable(gear_file.dynamic)
             _compute_passthrough_outputs(model.graph)
             graph = model.SerializeToString()
-        with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
-            self.session: ort.InferenceSession | None = self._new_session(graph)
+        try:
+            with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
+                session = self._new_session(graph)
+        except BackendError:
+            data_checked()  # a corrupt data file is the cause to report, not ORT's symptom
+            raise
+        data_checked()
+        self.session: ort.InferenceSession | None = session
         self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
 
     def _new_session(self, graph: bytes) -> ort.InferenceSession:

@@ -52,13 +52,18 @@ from gear_runtime.gearfile import (
     FORMAT_VERSION,
     KIND_CASE,
     KIND_SINK,
+    META_DIGEST,
     META_FORMAT,
     META_HYBRID,
     META_KIND,
     META_OUTPUT_DIMS,
     META_SPEC,
     RESERVED_PREFIX,
+    DataDigest,
+    digest_placeholder,
     format_output_dims,
+    graph_digest,
+    seal_digest,
     spec_to_json,
 )
 from gear_runtime.spec import GearSpec
@@ -214,7 +219,8 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
     Atomic: both files are written to temporary names in the same folder and renamed in
     place once the graph passed onnx.checker; nothing temporary outlives a failure. A stale
     data file of an earlier compile to the same path is removed when the new file keeps its
-    weights inside."""
+    weights inside. The gear file records the digests of itself and of the data file
+    (:data:`META_DIGEST`), checked at load."""
     folder = os.path.dirname(os.path.abspath(path))
     data_name = data_file_name(path)
     tensors = [t for t in model.graph.initializer
@@ -225,6 +231,7 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
     temps: list[str] = []
     try:
         data_bytes = 0
+        digests: dict[str, DataDigest] = {}
         if external and tensors:
             data_tmp = _new_file(folder, data_name, temps)
             with open(data_tmp, "wb") as f:
@@ -232,18 +239,19 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
                 for t in tensors:
                     writer.move(t, source.span)
                 data_bytes = writer.bytes
+            digests[data_name] = DataDigest(writer.digest(), data_bytes)
         else:
             for t in tensors:
                 if is_external(t):
                     read_inline(t, source.span(t))
         _check_size(model)
         gear_tmp = _new_file(folder, os.path.basename(path), temps)
-        _write_checked(model, gear_tmp)
+        _write_checked(model, gear_tmp, digests)
         if data_bytes:
             for t in tensors:  # the temporary name was what the checker saw
                 relocate(t, data_name)
             with open(gear_tmp, "wb") as f:
-                f.write(model.SerializeToString())
+                f.write(_sealed(model, digests))
             os.replace(temps[0], os.path.join(folder, data_name))
         os.replace(gear_tmp, path)
         if not data_bytes:
@@ -285,11 +293,26 @@ def _check_size(model: onnx.ModelProto) -> None:
             f"the weights go to a data file beside it")
 
 
-def _write_checked(model: onnx.ModelProto, tmp: str) -> None:
-    """Write ``model`` to ``tmp`` and run onnx.checker on the file (so external data is
-    checked against the files beside it, not the working directory)."""
+def _sealed(model: onnx.ModelProto, digests: dict[str, DataDigest]) -> bytes:
+    """``model`` serialized with its integrity record: the digest of its graph, of
+    ``digests``' data files, and of the serialized file itself (sealed in place, same length)."""
+    placeholder = digest_placeholder(graph_digest(model), digests)
+    kept = [p for p in model.metadata_props if p.key != META_DIGEST]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=META_DIGEST, value=placeholder)
+    try:
+        return seal_digest(model.SerializeToString(), placeholder)
+    except ValueError as exc:
+        raise CompileError(f"internal error: {exc}") from exc
+
+
+def _write_checked(model: onnx.ModelProto, tmp: str, digests: dict[str, DataDigest]) -> None:
+    """Write ``model`` (sealed, see :func:`_sealed`) to ``tmp`` and run onnx.checker on the
+    file (so external data is checked against the files beside it, not the working
+    directory)."""
     with open(tmp, "wb") as f:
-        f.write(model.SerializeToString())
+        f.write(_sealed(model, digests))
     try:
         onnx.checker.check_model(tmp)
     except onnx.checker.ValidationError as exc:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from gear_runtime.gearfile import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK, read_gear_file
+from gear_runtime.gearfile import (
+    DIGEST_ALGORITHM,
+    DYNAMIC_TYPES,
+    FORMAT_VERSION,
+    KIND_SINK,
+    read_gear_file,
+)
 
 
 def _bytes(n: int) -> str:
@@ -28,8 +34,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 def describe(path: str | os.PathLike[str]) -> str:
     """What ``gear-runtime inspect FILE`` prints: mode, input order
     (user_designate_shape_order), gears with per-gear input and output shapes (a table),
-    hybrid / sink flags, file size and weights size. GearFileError for a bad file."""
+    hybrid / sink flags, file size and weights size, and the integrity check (the gear file
+    and every data file hashed and compared with the digests compile recorded).
+    GearFileError for a bad file, naming the part that changed."""
     gf = read_gear_file(path)
+    gf.verify_data()
     spec = gf.spec
     sink = gf.kind == KIND_SINK
     lines = [
@@ -64,6 +73,8 @@ def describe(path: str | os.PathLike[str]) -> str:
     lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
     lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(gf.weight_bytes)}"
                  f"{f', {len(gf.external)} in the data file' if gf.external else ' inside'}")
+    data = "".join(f"; data file {os.path.basename(p)} verified" for p in sorted(gf.data_digests))
+    lines.append(f"integrity   {DIGEST_ALGORITHM}: graph and metadata verified{data}")
     lines.append("files:")
     lines += _table(["path", "size"], [[f, _bytes(os.path.getsize(f))] for f in gf.files])
     return "\n".join(lines)
