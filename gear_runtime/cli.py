@@ -157,6 +157,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_int_at_least(1), default=1, metavar="N",
                    help="ORT intra-op threads of the benchmark's sessions (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p = sub.add_parser("serve", help="serve gear files over HTTP (KServe v2, tritonclient)",
+                       description="Serve gear files over the Open Inference Protocol (KServe "
+                       "v2 REST, with Triton's binary tensor extension): one pool of executors "
+                       "per model, gear-aware dynamic batching for batch-mode models, "
+                       "Prometheus metrics at /metrics. Needs the serve extra: "
+                       'pip install "gear_runtime[serve]" (and [ray] for --ray).')
+    p.add_argument("files", nargs="+", metavar="FILE", help="gear files written by compile")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                   "127.0.0.1)")
+    p.add_argument("--port", type=_int_at_least(0), default=8000,
+                   help="port (default 8000; 0: a free port, printed at start)")
+    p.add_argument("--name", action="append", default=[], metavar="NAME",
+                   help="model name (one per FILE, in order; default: the file name without "
+                   ".gear.onnx / .onnx)")
+    p.add_argument("--executors", type=_int_at_least(1), default=None, metavar="N",
+                   help="executors (worker threads) per model (default: one per core, "
+                   "at most 4)")
+    p.add_argument("--max-batch-delay-ms", type=float, default=2.0, metavar="MS",
+                   help="batch-mode models: how long a request waits for others to share its "
+                   "batch (default 2)")
+    p.add_argument("--no-batching", action="store_true",
+                   help="run every request on its own (no dynamic batching)")
+    p.add_argument("--max-queue", type=_int_at_least(1), default=256, metavar="N",
+                   help="requests waiting per model beyond which it answers 503 (default 256)")
+    p.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+                   help="largest request body accepted, in MiB (default 64; more: 413)")
+    p.add_argument("--pad", action="store_true",
+                   help="dims mode: serve requests of any shape padded to the covering gear")
+    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends)
+    p.add_argument("--ray", action="store_true",
+                   help="serve on Ray Serve (a local Ray instance) instead of one process")
+    p.add_argument("--replicas", type=_int_at_least(1), default=1, metavar="N",
+                   help="with --ray: replicas, each with the models and their executors")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="server log level (default warning)")
     return parser
 
 
@@ -381,8 +417,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, threads=args.threads)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGINT / SIGTERM (graceful: requests in flight finish first)."""
+    for flag, value in (("--max-batch-delay-ms", args.max_batch_delay_ms),
+                        ("--max-body-mb", args.max_body_mb)):
+        if not 0 <= value < float("inf"):  # also refuses nan
+            raise _UsageError(f"{flag} must be a number >= 0, got {value}")
+    if args.name and len(args.name) != len(args.files):
+        raise _UsageError(f"{len(args.name)} --name for {len(args.files)} files: give one "
+                          "per FILE, or none")
+    for path in args.files:
+        _existing_file(path, "gear file")
+    try:  # the extra is optional: a missing one is one line, not a traceback
+        from gear_runtime.serving.cli import serve_from_args
+    except ImportError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
+    return serve_from_args(args)
+
+
 COMMANDS = {"compile": cmd_compile, "inspect": cmd_inspect, "run": cmd_run,
-            "bench": cmd_bench, "demo": cmd_demo}
+            "bench": cmd_bench, "demo": cmd_demo, "serve": cmd_serve}
 
 
 # ---- entry point ------------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Gear-aware dynamic batching for batch-mode models.
+
+Requests that arrive within ``max_delay`` of the first waiting one are gathered (first come,
+first served) into the smallest batch gear that holds them; a batch as large as the largest
+gear goes at once. The batch's rows are concatenated, padded with zero rows up to the gear,
+run ONCE on one executor, and every request gets its own rows of every output back.
+
+Why each response equals what the request alone would return: a batch-mode gear file is GE's
+multi-batch clone of a model whose rows are independent (that is what dynamic batch means),
+so a row's outputs do not depend on the other rows, nor on padding rows.
+
+While every executor is busy the batcher keeps gathering, so batches fill up under load
+instead of queueing small ones (Triton's dynamic batcher does the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gear_runtime.spec import GearSpec
+
+logger = logging.getLogger("gear_runtime.serving")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a batch-mode model batches: its gear sizes, the size -> gear table, and the axis
+    of every output that follows the batch."""
+
+    sizes: tuple[int, ...]
+    #: ``table[rows]``: index of the smallest gear holding ``rows`` rows (index 0 unused);
+    #: built once so that choosing the gear costs one lookup
+    table: tuple[int, ...]
+    output_axes: tuple[int, ...]
+
+    @property
+    def max_rows(self) -> int:
+        return max(self.sizes)
+
+    def gear_for(self, rows: int) -> int:
+        """The smallest gear with at least ``rows`` rows (1 <= rows <= max_rows)."""
+        return self.table[rows]
+
+    @classmethod
+    def for_model(cls, spec: GearSpec, output_shapes: Sequence[Sequence[Sequence[int]]]
+                  ) -> tuple[BatchPlan | None, str]:
+        """(plan, "") for a model the batcher can serve, else (None, why not).
+
+        Needs batch mode with every input dynamic on axis 0 only (a static input would have
+        to be equal across the gathered requests) and every output with one axis that is the
+        gear's batch size in every gear.
+        """
+        if spec.mode != "batch":
+            return None, f"mode is {spec.mode!r}, not batch"
+        for name, shape in zip(spec.input_names, spec.input_shapes, strict=True):
+            if [a for a, d in enumerate(shape) if d == -1] != [0]:
+                return None, f"input {name!r} is not dynamic on axis 0 alone"
+        sizes = tuple(g[0] for g in spec.gears)
+        axes = []
+        for k in range(len(output_shapes[0])):
+            axis = _batch_axis([gear[k] for gear in output_shapes], sizes)
+            if axis is None:
+                return None, f"output {k} has no axis that follows the batch size"
+            axes.append(axis)
+        table = [0] * (max(sizes) + 1)
+        for rows in range(1, max(sizes) + 1):
+            table[rows] = min((s, g) for g, s in enumerate(sizes) if s >= rows)[1]
+        return cls(sizes, tuple(table), tuple(axes)), ""
+
+
+def _batch_axis(shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> int | None:
+    """The first axis whose size is the gear's batch size in every gear."""
+    for axis in range(len(shapes[0])):
+        if all(len(s) == len(shapes[0]) and s[axis] == b for s, b in zip(shapes, sizes,
+                                                                         strict=True)):
+            return axis
+    return None
+
+
+def run_batch(execute: Callable[[list[np.ndarray]], list[np.ndarray]], plan: BatchPlan,
+              requests: Sequence[Sequence[np.ndarray]]) -> tuple[int, list[list[np.ndarray]]]:
+    """Concatenate ``requests`` (each: its inputs, batch on axis 0), pad to the smallest gear,
+    ``execute`` once, split back. Returns (gear index, every request's outputs). Runs on an
+    executor's thread: the copies stay off the event loop."""
+    rows = [r[0].shape[0] for r in requests]
+    gear = plan.gear_for(sum(rows))
+    pad = plan.sizes[gear] - sum(rows)
+    inputs = []
+    for parts in zip(*requests, strict=True):
+        pieces = list(parts)
+        if pad:
+            pieces.append(np.zeros((pad, *parts[0].shape[1:]), dtype=parts[0].dtype))
+        inputs.append(np.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0])
+    outputs = execute(inputs)
+    bounds = np.cumsum([0, *rows])
+    split = [[_rows(out, axis, bounds[i], bounds[i + 1])
+              for out, axis in zip(outputs, plan.output_axes, strict=True)]
+             for i in range(len(requests))]
+    return gear, split
+
+
+def _rows(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(int(start), int(stop))
+    return array[tuple(index)]
+
+
+@dataclass
+class _Item:
+    inputs: list[np.ndarray]
+    rows: int
+    arrived: float
+    future: asyncio.Future = field(repr=False)
+
+
+#: Runs one batch on a free executor: (requests' inputs) -> (gear, each request's outputs).
+BatchRunner = Callable[[list[list[np.ndarray]]], Awaitable[tuple[int, list[list[np.ndarray]]]]]
+
+
+class Batcher:
+    """Gathers requests for one model and runs them as gear-sized batches.
+
+    ``run`` executes one batch on a free executor; at most ``slots`` batches run at once (one
+    per executor). ``on_batch(gear, rows)`` is told of every batch run (metrics). Lives on
+    the event loop of its first request.
+    """
+
+    def __init__(self, plan: BatchPlan, run: BatchRunner, *, max_delay_s: float, slots: int,
+                 on_batch: Callable[[int, int], None] = lambda gear, rows: None) -> None:
+        self.plan = plan
+        self._run = run
+        self._delay = max_delay_s
+        self._on_batch = on_batch
+        self._pending: deque[_Item] = deque()
+        self._pending_rows = 0
+        self._arrived: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._slot_count = slots
+        self._loop_task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
+
+    def __len__(self) -> int:
+        """Requests waiting to be batched."""
+        return len(self._pending)
+
+    async def submit(self, inputs: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
+        """Queue one request (its inputs, batch on axis 0, 1..max_rows rows, already checked
+        against the model) and wait for (gear index, its outputs)."""
+        loop = asyncio.get_running_loop()
+        self._start(loop)
+        item = _Item(inputs, inputs[0].shape[0], loop.time(), loop.create_future())
+        self._pending.append(item)
+        self._pending_rows += item.rows
+        self._arrived.set()
+        return await item.future
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the gathering task on the first request's loop (where the server runs)."""
+        if self._loop_task is None:
+            self._arrived = asyncio.Event()
+            self._slots = asyncio.Semaphore(self._slot_count)
+            self._loop_task = loop.create_task(self._gather_forever())
+
+    async def _gather_forever(self) -> None:
+        while True:
+            try:
+                await self._gather_one()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any one batch's trouble
+                logger.exception("batcher: unexpected error while gathering")
+
+    async def _gather_one(self) -> None:
+        while not self._pending:
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = self._pending[0].arrived + self._delay
+        loop = asyncio.get_running_loop()
+        while self._pending_rows < self.plan.max_rows and loop.time() < deadline:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+                break
+        await self._slots.acquire()  # requests keep arriving while every executor is busy
+        items = self._take()
+        if not items:
+            self._slots.release()
+            return
+        task = loop.create_task(self._dispatch(items))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _take(self) -> list[_Item]:
+        """The first waiting requests that fit in the largest gear (first come first served;
+        requests whose client went away are dropped)."""
+        items, rows = [], 0
+        while self._pending and rows + self._pending[0].rows <= self.plan.max_rows:
+            item = self._pending.popleft()
+            self._pending_rows -= item.rows
+            if item.future.done():
+                continue
+            items.append(item)
+            rows += item.rows
+        return items
+
+    async def _dispatch(self, items: list[_Item]) -> None:
+        try:
+            gear, outputs = await self._run([it.inputs for it in items])
+            self._on_batch(gear, sum(it.rows for it in items))
+            for item, out in zip(items, outputs, strict=True):
+                if not item.future.done():
+                    item.future.set_result((gear, out))
+        except Exception as exc:  # every request of the batch gets the batch's error
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+        finally:
+            self._slots.release()
+
+    async def close(self) -> None:
+        """Stop gathering; batches already running finish; requests still waiting (none
+        after a graceful drain) are cancelled."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+        while self._pending:
+            self._pending.popleft().future.cancel()

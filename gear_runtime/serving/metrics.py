@@ -1,0 +1,76 @@
+"""Prometheus metrics of the server (``GET /metrics``), in a registry of its own.
+
+A registry per server, not prometheus-client's global one: two servers in one process (tests,
+a Ray replica beside a local server) never mix or collide. Labels: ``model`` (the served
+name, ``""`` for a request naming no served model) and ``gear`` (the gear's dims joined by
+``,``, ``"dynamic"`` for a hybrid miss run on the dynamic-shape graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+#: Request latency buckets (seconds): sub-millisecond gears to multi-second prefills.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                   10.0)
+#: Fill ratio buckets: real rows / gear rows of a batch.
+FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+
+
+class Metrics:
+    """The server's metrics; every method is thread-safe (prometheus-client's are)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("gear_requests", "Inference requests answered, per gear run",
+                                ["model", "gear"], registry=r)
+        self.latency = Histogram("gear_request_latency_seconds",
+                                 "Time from a request's arrival to its response, per gear",
+                                 ["model", "gear"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batches = Counter("gear_batches", "Batches run by the dynamic batcher, per gear",
+                               ["model", "gear"], registry=r)
+        self.fill = Histogram("gear_batch_fill_ratio",
+                              "Real rows / gear rows of each batch", ["model", "gear"],
+                              buckets=FILL_BUCKETS, registry=r)
+        self.rows = Counter("gear_batch_rows", "Real (request) rows run in batches",
+                            ["model", "gear"], registry=r)
+        self.padding = Counter("gear_padding_rows",
+                               "Padding rows run in batches (work wasted to fill a gear)",
+                               ["model", "gear"], registry=r)
+        self.queue = Gauge("gear_queue_depth",
+                           "Requests admitted and waiting for an executor", ["model"],
+                           registry=r)
+        self.errors = Counter("gear_errors", "Requests answered with an error, by GE code",
+                              ["model", "code", "status"], registry=r)
+
+    def track_queue(self, model: str, depth: Callable[[], float]) -> None:
+        """Report ``depth()`` as the model's queue depth at every scrape."""
+        self.queue.labels(model).set_function(depth)
+
+    def request(self, model: str, gear: str, seconds: float) -> None:
+        self.requests.labels(model, gear).inc()
+        self.latency.labels(model, gear).observe(seconds)
+
+    def batch(self, model: str, gear: str, rows: int, gear_rows: int) -> None:
+        """One batch of ``rows`` real rows run on a gear of ``gear_rows`` rows."""
+        self.batches.labels(model, gear).inc()
+        self.fill.labels(model, gear).observe(rows / gear_rows)
+        self.rows.labels(model, gear).inc(rows)
+        self.padding.labels(model, gear).inc(gear_rows - rows)
+
+    def error(self, model: str, code: str, status: int) -> None:
+        self.errors.labels(model, code, str(status)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text format."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

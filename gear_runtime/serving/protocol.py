@@ -1,0 +1,275 @@
+"""Open Inference Protocol (KServe v2 REST) codecs, with Triton's binary tensor extension.
+
+A request body is a JSON object, optionally followed by raw tensor bytes: then the header
+``Inference-Header-Content-Length`` gives the JSON's length and every binary input carries
+``"parameters": {"binary_data_size": N}``; the binary inputs' bytes follow in input order,
+row-major, native little-endian. An output is answered in binary when the request asks for it
+(``outputs[i].parameters.binary_data``, or the request parameter ``binary_data_output`` for
+every output not listed otherwise), with the same header and parameter in the response.
+
+This module knows the wire format only, not the models: every check here is one a request
+fails whatever model it is sent to. A failure is an :class:`InputError` (HTTP 400, code 145000)
+whose message names the tensor and what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gear_runtime.errors import InputError
+
+#: The header Triton's binary extension uses for the JSON part's length.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+#: v2 datatype -> numpy dtype (little-endian, as the binary extension sends them). BYTES is
+#: not here: gear models take numeric tensors, and a BYTES tensor is refused by name.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}
+_BY_DTYPE = {dt: name for name, dt in DATATYPES.items()}
+
+#: JSON value kinds (numpy's, as np.asarray reads the list) accepted per tensor kind: ints
+#: are valid floats (JSON writers may print 1.0 as 1), floats are never silently truncated
+#: into ints, and bools are only bools.
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def datatype_of(dtype: np.dtype | type) -> str:
+    """The v2 datatype name of a numpy dtype; InputError for one the protocol cannot carry."""
+    dt = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+    try:
+        return _BY_DTYPE[dt]
+    except KeyError:
+        raise InputError(f"dtype {np.dtype(dtype)} has no v2 protocol datatype") from None
+
+
+@dataclass
+class InferRequest:
+    """A decoded infer request: the tensors as numpy arrays, what to answer and how."""
+
+    inputs: dict[str, np.ndarray]
+    #: the input datatypes as sent (the model checks them against its own)
+    datatypes: dict[str, str]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    #: requested outputs, name -> binary; None: every output
+    outputs: dict[str, bool] | None = None
+    #: binary for outputs not listed (the request parameter ``binary_data_output``)
+    binary_default: bool = False
+
+    def binary(self, name: str) -> bool:
+        """Whether output ``name`` is answered in binary."""
+        if self.outputs is not None and name in self.outputs:
+            return self.outputs[name]
+        return self.binary_default
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """(JSON part, binary part) of a request body, per ``Inference-Header-Content-Length``."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise InputError(f"{HEADER_LENGTH} {header_length!r} is not an integer") from None
+    if not 0 <= n <= len(body):
+        raise InputError(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+    return body[:n], memoryview(body)[n:]
+
+
+def decode_request(body: bytes, header_length: str | None = None) -> InferRequest:
+    """Decode an infer request body (JSON, or JSON + binary tensors); InputError on anything
+    malformed: bad JSON, missing fields, unknown datatypes, data that does not fill the
+    shape, binary data truncated or left over."""
+    text, binary = split_body(body, header_length)
+    doc = _json_object(text)
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InputError('the request needs "inputs": a non-empty list of tensors')
+    params = _parameters(doc, "the request")
+    request = InferRequest(inputs={}, datatypes={}, parameters=params,
+                           id=_optional_str(doc, "id"),
+                           binary_default=params.get("binary_data_output") is True)
+    offset = 0
+    for i, tensor in enumerate(raw_inputs):
+        name, shape, datatype, array, used = _decode_tensor(tensor, i, binary[offset:])
+        if name in request.inputs:
+            raise InputError(f"input {name!r} is given twice")
+        request.inputs[name], request.datatypes[name] = array, datatype
+        offset += used
+    if offset != len(binary):
+        raise InputError(f"{len(binary) - offset} bytes of binary data follow the inputs "
+                         "and belong to none of them")
+    request.outputs = _requested_outputs(doc.get("outputs"), request.binary_default)
+    return request
+
+
+def _json_object(text: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"the request is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError("the request's JSON is nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"the request must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _optional_str(doc: Mapping[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f'"{key}" must be a string')
+    return value
+
+
+def _parameters(doc: Mapping[str, Any], what: str) -> dict[str, Any]:
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InputError(f'"parameters" of {what} must be a JSON object')
+    return params
+
+
+def _decode_tensor(tensor: Any, index: int,
+                   binary: memoryview) -> tuple[str, tuple[int, ...], str, np.ndarray, int]:
+    """One input: (name, shape, datatype, array, binary bytes used)."""
+    if not isinstance(tensor, dict):
+        raise InputError(f"inputs[{index}] must be a JSON object")
+    name = tensor.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError(f'inputs[{index}] needs a "name" (a non-empty string)')
+    shape = _shape(tensor.get("shape"), name)
+    datatype = tensor.get("datatype")
+    if datatype == "BYTES":
+        raise InputError(f"input {name!r}: BYTES tensors are not supported (gear models take "
+                         f"numeric tensors: {', '.join(DATATYPES)})")
+    if datatype not in DATATYPES:
+        raise InputError(f"input {name!r}: unknown datatype {datatype!r}; one of "
+                         f"{', '.join(DATATYPES)}")
+    dtype = DATATYPES[datatype]
+    size = _parameters(tensor, f"input {name!r}").get("binary_data_size")
+    if size is not None:
+        array, used = _binary_tensor(name, shape, dtype, size, binary), size
+    elif "data" in tensor:
+        array, used = _json_tensor(name, shape, dtype, tensor["data"]), 0
+    else:
+        raise InputError(f'input {name!r} has neither "data" nor a binary_data_size')
+    return name, shape, datatype, array, used
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise InputError(f'input {name!r}: "shape" must be a list of non-negative integers, '
+                         f"got {value!r}")
+    return tuple(value)
+
+
+def _binary_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, size: Any,
+                   binary: memoryview) -> np.ndarray:
+    expected = math.prod(shape) * dtype.itemsize
+    if not isinstance(size, int) or isinstance(size, bool) or size != expected:
+        raise InputError(f"input {name!r}: binary_data_size {size!r} does not match shape "
+                         f"{list(shape)} of {dtype} ({expected} bytes)")
+    if size > len(binary):
+        raise InputError(f"input {name!r}: binary data truncated: {size} bytes expected, "
+                         f"{len(binary)} left in the body")
+    # a copy: the array outlives the request body and must be writable and aligned
+    return np.frombuffer(binary[:size], dtype=dtype).reshape(shape).copy()
+
+
+def _json_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
+    """JSON ``data`` (flat or nested, row-major) as an array of ``dtype`` and ``shape``: values
+    of the tensor's kind that fit it, exactly ``prod(shape)`` of them."""
+    try:
+        natural = np.asarray(data)
+    except (ValueError, OverflowError) as exc:
+        raise InputError(f"input {name!r}: data is not a regular array: {exc}") from None
+    if natural.dtype == object:
+        raise InputError(f"input {name!r}: data is ragged, mixes kinds, or holds integers "
+                         "beyond 64 bits")
+    if natural.size != math.prod(shape):
+        raise InputError(f"input {name!r}: {natural.size} values for shape {list(shape)} "
+                         f"({math.prod(shape)} values)")
+    if natural.size and natural.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise InputError(f"input {name!r}: data holds {natural.dtype.kind!r}-kind values "
+                         f"({natural.flat[0].item()!r}), not {datatype_of(dtype)} values")
+    _check_range(name, natural, dtype)
+    return natural.astype(dtype).reshape(shape)
+
+
+def _check_range(name: str, natural: np.ndarray, dtype: np.dtype) -> None:
+    """No silent wrap-around (300 into UINT8) or overflow to inf (1e39 into FP32)."""
+    if not natural.size:
+        return
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = natural.min().item(), natural.max().item()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InputError(f"input {name!r}: value {bad} is out of range for "
+                             f"{datatype_of(dtype)}")
+    elif dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            overflow = np.isinf(natural.astype(dtype)) & np.isfinite(natural)
+        if overflow.any():
+            raise InputError(f"input {name!r}: value {natural[overflow].flat[0].item()} is "
+                             f"out of range for {datatype_of(dtype)}")
+
+
+def _requested_outputs(value: Any, default: bool) -> dict[str, bool] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InputError('"outputs" must be a list of {"name": ...} objects')
+    out: dict[str, bool] = {}
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InputError(f'outputs[{i}] needs a "name" (a string)')
+        params = _parameters(item, f"output {item['name']!r}")
+        if params.get("classification"):
+            raise InputError(f"output {item['name']!r}: the classification extension is not "
+                             "supported")
+        binary = params.get("binary_data", default)
+        out[item["name"]] = binary is True
+    return out
+
+
+def encode_response(model_name: str, request: InferRequest, names: Sequence[str],
+                    arrays: Sequence[np.ndarray]) -> tuple[bytes, int | None]:
+    """The response body for ``arrays`` (named ``names``) and, when any output is binary,
+    the JSON part's length (for ``Inference-Header-Content-Length``); else None."""
+    outputs, chunks = [], []
+    for name, array in zip(names, arrays, strict=True):
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype),
+                                 "shape": list(array.shape)}
+        if request.binary(name):
+            raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = array.ravel().tolist()
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": outputs}
+    if request.id is not None:
+        doc["id"] = request.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+def error_body(exc: BaseException) -> bytes:
+    """``{"error": "[code] message", "code": code}``: the v2 error object, with the GE code
+    both in the text (what tritonclient shows) and on its own (what a service branches on)."""
+    code = getattr(exc, "code", "") or ""
+    return json.dumps({"error": str(exc), "code": code}).encode()

@@ -1,0 +1,323 @@
+"""A served model: the loaded gear model, its pool of executors, and its batcher.
+
+Executors are bound to threads: the pool has N worker threads and each creates ONE executor
+on its first task and keeps it for its whole life, so an executor is never entered by two
+threads (the executor would refuse with ExecutorBusyError) and on CUDA its graphs are
+captured on the thread that replays them. Requests are checked against the model before they
+queue, so a bad request never spoils a batch and never reaches an executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gear_runtime.errors import (
+    DynamicInputLengthError,
+    GearFileError,
+    GearMismatchError,
+    InputError,
+)
+from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
+from gear_runtime.serving.errors import QueueFullError
+from gear_runtime.serving.metrics import Metrics
+from gear_runtime.serving.protocol import InferRequest, datatype_of
+
+T = TypeVar("T")
+
+#: Default executors (worker threads) per model: one per core, at most 4 (ONNX Runtime's
+#: own intra-op threads share the same cores).
+DEFAULT_EXECUTORS = max(1, min(4, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How models are served (the ``gear-runtime serve`` flags)."""
+
+    backend: str = "onnxruntime"
+    executors: int = DEFAULT_EXECUTORS
+    #: how long the first request of a batch waits for others; batching is for batch-mode
+    #: models only
+    max_batch_delay_ms: float = 2.0
+    batching: bool = True
+    #: requests waiting for an executor beyond which a model answers 503
+    max_queue: int = 256
+    #: dims mode: run requests of any shape padded to the covering gear (needs the runtime's
+    #: ``execute(inputs, pad=True)``)
+    pad: bool = False
+    max_body_bytes: int = 64 * 2**20
+
+
+def execute_accepts_pad() -> bool:
+    """Whether this runtime's ``Executor.execute`` takes ``pad=`` (padding to a gear)."""
+    from gear_runtime.executor import Executor
+
+    return "pad" in inspect.signature(Executor.execute).parameters
+
+
+def model_name(path: str | os.PathLike[str]) -> str:
+    """The served name of a gear file: its file name without ``.gear.onnx`` / ``.onnx``."""
+    name = Path(path).name
+    for suffix in (".gear.onnx", ".onnx"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+class ExecutorPool:
+    """``size`` worker threads, each owning one executor of ``model`` for its whole life."""
+
+    def __init__(self, model: Any, size: int, name: str) -> None:
+        self._model = model
+        self._local = threading.local()
+        self._threads = ThreadPoolExecutor(size, thread_name_prefix=f"gear-{name}")
+        self.size = size
+        self._waiting = 0
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        """Tasks submitted that have not started on an executor yet."""
+        return self._waiting
+
+    def warm_up(self) -> None:
+        """Create every thread's executor now (not on the first requests): N tasks meet at a
+        barrier, so each runs on a thread of its own."""
+        barrier = threading.Barrier(self.size)
+        futures = [self._threads.submit(self._create_and_wait, barrier)
+                   for _ in range(self.size)]
+        for f in futures:
+            f.result()
+
+    def _create_and_wait(self, barrier: threading.Barrier) -> None:
+        self._executor()
+        barrier.wait(timeout=120)
+
+    def _executor(self) -> Any:
+        ex = getattr(self._local, "executor", None)
+        if ex is None:
+            ex = self._local.executor = self._model.create_executor()
+        return ex
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """``fn(executor)`` on a free worker thread, awaited."""
+        with self._lock:
+            self._waiting += 1
+        return await asyncio.wrap_future(self._threads.submit(self._run, fn))
+
+    def _run(self, fn: Callable[[Any], T]) -> T:
+        with self._lock:
+            self._waiting -= 1
+        return fn(self._executor())
+
+    def close(self) -> None:
+        """Wait for running tasks, stop the threads (the model's close closes executors)."""
+        self._threads.shutdown(wait=True, cancel_futures=True)
+
+
+class ServedModel:
+    """One model behind the server: metadata, request checks, execution (batched or not)."""
+
+    def __init__(self, name: str, model: Any, options: ServeOptions, metrics: Metrics) -> None:
+        self.name, self.model, self.options, self.metrics = name, model, options, metrics
+        spec = model.spec
+        self._names = list(spec.input_names)
+        self._dtypes = [np.dtype(d) for d in model.info.input_dtypes]
+        self._datatypes = [datatype_of(d) for d in self._dtypes]
+        self._shapes = [tuple(s) for s in spec.input_shapes]
+        self.pool = ExecutorPool(model, options.executors, name)
+        self.batcher: Batcher | None = None
+        self.no_batching_reason = "batching is off"
+        if options.batching:
+            plan, self.no_batching_reason = BatchPlan.for_model(spec, model.info.output_shapes)
+            if plan is not None:
+                self.batcher = Batcher(plan, self._run_batch,
+                                       max_delay_s=options.max_batch_delay_ms / 1000,
+                                       slots=options.executors, on_batch=self._count_batch)
+        metrics.track_queue(name, self.queue_depth)
+        self.pool.warm_up()
+
+    def queue_depth(self) -> int:
+        """Requests admitted and not yet running."""
+        return self.pool.waiting + (len(self.batcher) if self.batcher else 0)
+
+    def gear_label(self, gear: int | None) -> str:
+        """The metrics label of gear index ``gear``: its dims, or "dynamic" (hybrid miss)."""
+        return "dynamic" if gear is None else ",".join(map(str, self.model.gears[gear]))
+
+    # ---- what the model is ---------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        """v2 model metadata, with the gears (and whether requests are batched) as
+        parameters; -1 marks an axis that differs between gears."""
+        info = self.model.info
+        outputs = [{"name": n, "datatype": datatype_of(dt),
+                    "shape": _merged_shape([g[k] for g in info.output_shapes])}
+                   for k, (n, dt) in enumerate(zip(info.output_names, info.output_dtypes,
+                                                   strict=True))]
+        inputs = [{"name": n, "datatype": d, "shape": list(s)}
+                  for n, d, s in zip(self._names, self._datatypes, self._shapes, strict=True)]
+        params: dict[str, Any] = {"mode": self.model.mode,
+                                  "gears": [list(g) for g in self.model.gears],
+                                  "batching": self.batcher is not None,
+                                  "pad": self.options.pad}
+        if self.batcher is not None:
+            params["max_batch_delay_ms"] = self.options.max_batch_delay_ms
+        return {"name": self.name, "versions": ["1"],
+                "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
+                "outputs": outputs, "parameters": params}
+
+    # ---- running -------------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> tuple[int | None, list[np.ndarray]]:
+        """Run ``request``: (gear index run, outputs in model order). InputError (400) for a
+        request that does not fit the model, QueueFullError (503) when the queue is full."""
+        arrays = self._inputs(request)
+        self._check_outputs(request)
+        dims = self._dims(request)
+        if self.queue_depth() >= self.options.max_queue:
+            raise QueueFullError(f"model {self.name!r} has {self.queue_depth()} requests "
+                                 f"waiting (--max-queue {self.options.max_queue}); retry later")
+        if self.batcher is not None and dims is None:
+            self._check_batch(arrays)
+            return await self.batcher.submit(arrays)
+        return await self.pool.call(partial(self._run_one, arrays, dims))
+
+    def _inputs(self, request: InferRequest) -> list[np.ndarray]:
+        """The request's arrays in model input order, names and datatypes checked."""
+        missing = [n for n in self._names if n not in request.inputs]
+        unknown = [n for n in request.inputs if n not in self._names]
+        if missing or unknown:
+            raise InputError(
+                f"inputs do not match model {self.name!r}"
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                + f"; its inputs are {', '.join(self._names)}")
+        for name, datatype in zip(self._names, self._datatypes, strict=True):
+            if request.datatypes[name] != datatype:
+                raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
+                                 f"model {self.name!r} takes {datatype}")
+        return [request.inputs[n] for n in self._names]
+
+    def _check_outputs(self, request: InferRequest) -> None:
+        if request.outputs is None:
+            return
+        unknown = [n for n in request.outputs if n not in self.model.output_names]
+        if unknown:
+            raise InputError(f"model {self.name!r} has no output {unknown[0]!r}; its outputs "
+                             f"are {', '.join(self.model.output_names)}")
+
+    @staticmethod
+    def _dims(request: InferRequest) -> list[int] | None:
+        """The request parameter ``dynamic_dims`` (as set_dynamic_dims takes), if any."""
+        dims = request.parameters.get("dynamic_dims")
+        if dims is None:
+            return None
+        if not isinstance(dims, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise InputError(f'parameter "dynamic_dims" must be a list of integers, got {dims!r}')
+        return dims
+
+    def _check_batch(self, arrays: Sequence[np.ndarray]) -> None:
+        """What the executor would check, done before the request joins a batch: ranks,
+        static dims (145012), one batch size for all inputs within the gears (145013)."""
+        plan = self.batcher.plan
+        for name, array, shape in zip(self._names, arrays, self._shapes, strict=True):
+            if array.ndim != len(shape) or any(
+                    d != s for d, s in zip(array.shape[1:], shape[1:], strict=True)):
+                raise DynamicInputLengthError(
+                    f"input {name!r} has shape {list(array.shape)}; model {self.name!r} takes "
+                    f"{list(shape)} (-1: the batch)")
+        rows = {a.shape[0] for a in arrays}
+        if len(rows) != 1:
+            raise DynamicInputLengthError(f"the inputs disagree on the batch size: {sorted(rows)}")
+        (n,) = rows
+        if not 1 <= n <= plan.max_rows:
+            raise GearMismatchError(
+                f"batch size {n} fits no gear of model {self.name!r}: requests are batched "
+                f"into the gears {', '.join(map(str, plan.sizes))}, so 1..{plan.max_rows} "
+                "rows are served")
+
+    def _run_one(self, arrays: list[np.ndarray], dims: list[int] | None,
+                 ex: Any) -> tuple[int | None, list[np.ndarray]]:
+        """One request on executor ``ex`` (its thread): the set dims are cleared after, so
+        the executor's next request starts clean."""
+        if dims is None:
+            outputs = self._execute(ex, arrays)
+            return ex.last_gear, outputs
+        ex.set_dynamic_dims(dims)
+        try:
+            outputs = self._execute(ex, arrays)
+        finally:
+            ex.clear_dynamic_dims()
+        return ex.last_gear, outputs
+
+    def _execute(self, ex: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return ex.execute(arrays, pad=True) if self.options.pad else ex.execute(arrays)
+
+    async def _run_batch(self, requests: list[list[np.ndarray]]
+                         ) -> tuple[int, list[list[np.ndarray]]]:
+        plan = self.batcher.plan
+        return await self.pool.call(lambda ex: run_batch(ex.execute, plan, requests))
+
+    def _count_batch(self, gear: int, rows: int) -> None:
+        self.metrics.batch(self.name, self.gear_label(gear), rows, self.batcher.plan.sizes[gear])
+
+    async def close(self) -> None:
+        """Stop batching, wait for running work, close the executors and the model."""
+        if self.batcher is not None:
+            await self.batcher.close()
+        await asyncio.to_thread(self.pool.close)
+        self.model.close()
+
+
+def _merged_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
+    """One shape for all gears: -1 where they differ."""
+    return [d if all(len(s) == len(shapes[0]) and s[a] == d for s in shapes) else -1
+            for a, d in enumerate(shapes[0])]
+
+
+def load_models(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
+                metrics: Metrics) -> dict[str, ServedModel]:
+    """Load every gear file and start its executors; names from ``names`` or the files.
+    GearRuntimeError for duplicate names, ``--pad`` without runtime support, a bad file."""
+    if options.pad and not execute_accepts_pad():
+        raise InputError("--pad needs a runtime whose Executor.execute takes pad=True "
+                         "(padding to a covering gear); this one does not: serve without "
+                         "--pad, and send requests of a gear's exact shapes")
+    names = list(names) if names else [model_name(f) for f in files]
+    if len(names) != len(files):
+        raise InputError(f"{len(names)} names for {len(files)} files: give one --name per file")
+    if len(set(names)) != len(names):
+        raise InputError(f"two models would be served as the same name: {names}; use --name")
+    served: dict[str, ServedModel] = {}
+    try:
+        for name, path in zip(names, files, strict=True):
+            served[name] = _load_one(name, path, options, metrics)
+    except BaseException:
+        for m in served.values():
+            m.pool.close()
+            m.model.close()
+        raise
+    return served
+
+
+def _load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
+    import gear_runtime as gr
+
+    if not os.path.isfile(path):
+        raise GearFileError(f"gear file {path!r} does not exist or is not a file")
+    model = gr.load(path, backend=options.backend)
+    try:
+        return ServedModel(name, model, options, metrics)
+    except BaseException:
+        model.close()
+        raise
