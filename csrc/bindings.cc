@@ -280,6 +280,58 @@ class ExecutorCore {
     shapes_.resize(n);
     sources_.resize(n);
     keep_.resize(n);
+    init_padding();
+  }
+
+  // Pad values (bytes of each input's dtype, None: zeros) and gear costs (None: each gear's
+  // total input elements) for stage(pad=True).
+  void set_padding(py::handle pad_values, py::handle costs) {
+    std::vector<std::vector<uint8_t>> pads = default_pads();
+    if (!pad_values.is_none()) {
+      Items items(pad_values, "pad_values");
+      if (items.size() != pads.size()) {
+        throw_input(std::to_string(items.size()) + " pad values for " +
+                    std::to_string(pads.size()) + " inputs");
+      }
+      for (size_t i = 0; i < pads.size(); ++i) {
+        if (items[i] == Py_None) continue;
+        if (!PyBytes_Check(items[i]) ||
+            static_cast<size_t>(PyBytes_GET_SIZE(items[i])) != itemsizes_[i]) {
+          throw_input("pad value of input '" + names_[i] + "' must be " +
+                      std::to_string(itemsizes_[i]) + " bytes (one " +
+                      py::str(dtypes_[i]).cast<std::string>() + "), got " +
+                      py::repr(items[i]).cast<std::string>());
+        }
+        const auto* data = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(items[i]));
+        pads[i].assign(data, data + itemsizes_[i]);
+      }
+    }
+    std::vector<double> cost = element_costs();
+    if (!costs.is_none()) {
+      Items items(costs, "costs");
+      if (items.size() != cost.size()) {
+        throw_input(std::to_string(items.size()) + " gear costs for " +
+                    std::to_string(cost.size()) + " gears");
+      }
+      for (size_t g = 0; g < cost.size(); ++g) {
+        cost[g] = PyFloat_AsDouble(items[g]);
+        if (cost[g] == -1.0 && PyErr_Occurred()) {
+          PyErr_Clear();
+          throw_input("costs item " + std::to_string(g) + " is " + type_name(items[g]) +
+                      ", not a number");
+        }
+      }
+    }
+    cover_ = Coverer(table_, cost);  // validates the costs before anything changes
+    pads_ = std::move(pads);
+  }
+
+  // The cheapest gear covering `values` (the exact gear when there is one); 145013 otherwise.
+  int64_t cover(py::handle values) const {
+    int64_t buf[kMaxValues];
+    const size_t n = table_.values_per_gear();
+    read_values(values, "dynamic dims", n, buf);
+    return cover_or_throw(buf);
   }
 
   size_t gear_count() const { return table_.gear_count(); }
@@ -309,7 +361,7 @@ class ExecutorCore {
     return to_tuple(buf, table_.values_per_gear());
   }
 
-  int64_t stage(py::handle arrays, py::handle preset) {
+  int64_t stage(py::handle arrays, py::handle preset, bool pad) {
     BusyGuard busy(busy_);
     // Clears the references taken below whatever happens (with the GIL held: it is, here).
     struct Release {
@@ -324,26 +376,30 @@ class ExecutorCore {
     const size_t width = table_.values_per_gear();
     int64_t values[kMaxValues];
     dims_.extract(shapes_.data(), n, values);
-    if (!preset.is_none()) {
-      int64_t set[kMaxValues];
-      read_values(preset, "preset dims", width, set);
-      if (std::memcmp(set, values, width * sizeof(int64_t)) != 0) {
-        throw_length("the inputs' dynamic dims " + format_tuple(values, width) +
-                     " disagree with the dims set with set_dynamic_* " + format_tuple(set, width));
-      }
+    int64_t chosen = -1;
+    if (!preset.is_none()) chosen = preset_gear(preset, values, pad);
+    if (chosen < 0) chosen = pad ? cover_or_throw(values) : find_or_throw(values);
+    const size_t gear = static_cast<size_t>(chosen);
+    const int64_t* gear_values = table_.gear(gear);
+    const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
+    for (size_t i = 0; i < n; ++i) {
+      sources_[i] = source_of(i, items[i]);
+      if (padded) pad_source(gear, i, sources_[i]);
     }
-    const size_t gear = static_cast<size_t>(find_or_throw(values));
-    for (size_t i = 0; i < n; ++i) sources_[i] = source_of(i, items[i]);
-    stager_->check(gear, sources_.data(), n, values, width, names_.data());
+    stager_->check(gear, sources_.data(), n, gear_values, width, names_.data());
     {
-      py::gil_scoped_release no_gil;  // only memcpy in here: no Python object is touched
-      stager_->copy(gear, sources_.data(), n, values, width);
+      py::gil_scoped_release no_gil;  // only memcpy/memset in here: no Python object
+      stager_->copy(gear, sources_.data(), n, gear_values, width);
     }
-    last_values_.assign(values, values + width);
+    last_values_.assign(gear_values, gear_values + width);
+    last_request_.assign(values, values + width);
     return static_cast<int64_t>(gear);
   }
 
   py::tuple last_values() const { return to_tuple(last_values_.data(), last_values_.size()); }
+  py::tuple last_request() const {
+    return to_tuple(last_request_.data(), last_request_.size());
+  }
 
   py::list nearest(py::handle values, py::handle k) const {
     int64_t buf[kMaxValues];
@@ -472,6 +528,79 @@ class ExecutorCore {
     }
   }
 
+  // The gear the set dims name when they differ from the inputs' values: with pad, a gear
+  // that covers the values; otherwise (or when it does not cover them) 145012. -1 when the
+  // set dims equal the values (the normal lookup follows).
+  int64_t preset_gear(py::handle preset, const int64_t* values, bool pad) const {
+    const size_t width = table_.values_per_gear();
+    int64_t set[kMaxValues];
+    read_values(preset, "preset dims", width, set);
+    if (std::memcmp(set, values, width * sizeof(int64_t)) == 0) return -1;
+    const int64_t gear = pad ? table_.find(set, width) : -1;
+    bool covers = gear >= 0;
+    for (size_t v = 0; covers && v < width; ++v) covers = set[v] >= values[v];
+    if (!covers) {
+      throw_length("the inputs' dynamic dims " + format_tuple(values, width) +
+                   " disagree with the dims set with set_dynamic_* " + format_tuple(set, width));
+    }
+    return gear;
+  }
+
+  int64_t cover_or_throw(const int64_t* values) const {
+    const size_t n = table_.values_per_gear();
+    int64_t gear = table_.find(values, n);  // an exact hit is always itself
+    if (gear < 0) gear = cover_.find(values, n);
+    if (gear < 0) {
+      throw_mismatch("dynamic dims " + format_tuple(values, n) + " fit in no gear of the model " +
+                     "(inputs: " + dims_.dynamic_axes_text() + "): padding needs a gear at " +
+                     "least as large in every value; the largest gear is " +
+                     format_tuple(table_.gear(cover_.largest()), n) +
+                     "; legal gears, nearest first: " + table_.legal_gears_text(values, n));
+    }
+    return gear;
+  }
+
+  // Point input i's source at its padded copy: the gear's shape and the input's pad value.
+  void pad_source(size_t gear, size_t i, StageSource& src) const {
+    const std::vector<int64_t>& slot = gear_shapes_[gear][i];
+    const ShapeRef& have = shapes_[i];
+    if (std::memcmp(slot.data(), have.dims, slot.size() * sizeof(int64_t)) == 0) return;
+    src.shape = have.dims;
+    src.slot_shape = slot.data();
+    src.ndim = slot.size();
+    src.itemsize = itemsizes_[i];
+    src.pad = pads_[i].data();
+  }
+
+  void init_padding() {
+    const size_t n = dims_.input_count();
+    gear_shapes_.resize(table_.gear_count());
+    for (size_t g = 0; g < table_.gear_count(); ++g) {
+      for (size_t i = 0; i < n; ++i) gear_shapes_[g].push_back(dims_.gear_shape(i, table_.gear(g)));
+    }
+    pads_ = default_pads();
+    cover_ = Coverer(table_, element_costs());
+  }
+
+  std::vector<std::vector<uint8_t>> default_pads() const {
+    std::vector<std::vector<uint8_t>> pads;
+    for (size_t size : itemsizes_) pads.emplace_back(size, 0);
+    return pads;
+  }
+
+  // Each gear's total input elements: the cost of a gear when none is measured.
+  std::vector<double> element_costs() const {
+    std::vector<double> costs(table_.gear_count(), 0.0);
+    for (size_t g = 0; g < costs.size(); ++g) {
+      for (const std::vector<int64_t>& shape : gear_shapes_[g]) {
+        double elements = 1.0;
+        for (int64_t d : shape) elements *= static_cast<double>(d);
+        costs[g] += elements;
+      }
+    }
+    return costs;
+  }
+
   int64_t find_or_throw(const int64_t* values) const {
     const size_t n = table_.values_per_gear();
     const int64_t gear = table_.find(values, n);
@@ -510,6 +639,10 @@ class ExecutorCore {
   std::unique_ptr<Stager> stager_;
   py::array staging_;
   std::vector<int64_t> last_values_;
+  std::vector<int64_t> last_request_;
+  std::vector<std::vector<std::vector<int64_t>>> gear_shapes_;  // [gear][input] shape
+  std::vector<std::vector<uint8_t>> pads_;                      // [input] pad value bytes
+  Coverer cover_;
   std::atomic<bool> busy_{false};
   // Scratch of stage(), guarded by busy_ so that no call allocates.
   std::vector<ShapeRef> shapes_;
@@ -619,10 +752,18 @@ PyObject* fast_extract(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
 
 PyObject* fast_stage(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                      PyObject* kwnames) {
-  PyObject* a[2];
-  if (!parse_args("stage", args, nargs, kwnames, {"arrays", "preset"}, 1, a)) return nullptr;
+  PyObject* a[3];
+  if (!parse_args("stage", args, nargs, kwnames, {"arrays", "preset", "pad"}, 1, a)) {
+    return nullptr;
+  }
   return guarded([&] {
-    return PyLong_FromLongLong(core_of(self).stage(a[0], a[1] ? a[1] : Py_None));
+    bool pad = false;
+    if (a[2] != nullptr) {
+      const int truth = PyObject_IsTrue(a[2]);
+      if (truth < 0) throw py::error_already_set();
+      pad = truth == 1;
+    }
+    return PyLong_FromLongLong(core_of(self).stage(a[0], a[1] ? a[1] : Py_None, pad));
   });
 }
 
@@ -635,8 +776,8 @@ PyMethodDef kFastMethods[] = {
      "extract($self, /, arrays)\n--\n\nGear values from the arrays' shapes (not matched)."},
     {"stage", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_stage)),
      METH_FASTCALL | METH_KEYWORDS,
-     "stage($self, /, arrays, preset=None)\n--\n\nExtract, match, check and copy the "
-     "inputs into the staging buffer; returns the gear index."},
+     "stage($self, /, arrays, preset=None, pad=False)\n--\n\nExtract, match (or, with pad, "
+     "cover), check and copy the inputs into the staging buffer; returns the gear index."},
 };
 
 void add_fast_methods(py::handle cls) {
@@ -731,6 +872,15 @@ PYBIND11_MODULE(_core, m) {
                              [](H s) { return core_of(s.ptr()).values_per_gear(); })
       .def_property_readonly("layout", [](H s) { return py::cast(core_of(s.ptr()).layout()); })
       .def_property_readonly("last_values", [](H s) { return core_of(s.ptr()).last_values(); })
+      .def_property_readonly("last_request",
+                             [](H s) { return core_of(s.ptr()).last_request(); })
+      .def(
+          "set_padding",
+          [](H s, H pad_values, H costs) { core_of(s.ptr()).set_padding(pad_values, costs); },
+          py::arg("pad_values") = py::none(), py::arg("costs") = py::none())
+      .def(
+          "cover", [](H s, H values) { return core_of(s.ptr()).cover(values); },
+          py::arg("values"))
       .def(
           "values_from_full_dims",
           [](H s, H full_dims) { return core_of(s.ptr()).values_from_full_dims(full_dims); },

@@ -52,7 +52,8 @@ class Executor:
     """Runs one gear model; created by :meth:`GearModel.create_executor`. One thread at a
     time: a second thread entering gets ExecutorBusyError (see the module doc)."""
 
-    def __init__(self, model: GearModel, session: BackendSession) -> None:
+    def __init__(self, model: GearModel, session: BackendSession,
+                 pad_values: Mapping[str, Any] | None = None) -> None:
         spec, info = model.spec, model.info
         self.model = model
         self._session = session
@@ -77,6 +78,13 @@ class Executor:
         #: Index of the gear the last run used; None before the first run, or when the last
         #: run went to the dynamic-shape graph (hybrid miss).
         self.last_gear: int | None = None
+        #: The dynamic values of the last request itself, before any padding (equal to
+        #: last_dynamic_dims unless the last run was padded). None before the first run.
+        self.last_request_dims: tuple[int, ...] | None = None
+        self._pad_values = self._pad_bytes(pad_values or {})
+        # Per output, the (axis, value index) pairs a padded run's outputs are trimmed along.
+        self._trim_axes = [sorted(axes.items()) for axes in model.output_dynamic_axes]
+        self._core.set_padding(self._pad_values, model.gear_costs())
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:
@@ -166,8 +174,37 @@ class Executor:
         except TypeError:
             raise InputError(f"{what} must be a sequence of integers, got {values!r}") from None
 
+    def _pad_bytes(self, pad_values: Mapping[str, Any]) -> list[bytes | None]:
+        """Each input's pad value as one element of its dtype (None: 0), under the rules list
+        inputs follow (no silent cast: 0.5 for an integer input is refused)."""
+        if not isinstance(pad_values, Mapping):
+            raise InputError("pad_values must be a dict input name -> value, got "
+                             f"{type(pad_values).__name__}")
+        unknown = [n for n in pad_values if n not in self._names]
+        if unknown:
+            raise InputError(f"pad_values names unknown inputs: {', '.join(map(str, unknown))}; "
+                             f"the model's inputs are: {', '.join(self._names)}")
+        out: list[bytes | None] = []
+        for name, dtype in zip(self._names, self._dtypes, strict=True):
+            if name not in pad_values:
+                out.append(None)
+                continue
+            value = self._as_array(name, pad_values[name], np.dtype(dtype))
+            if value.shape != () or value.dtype != dtype:
+                raise InputError(f"pad value of input {name!r} must be one {np.dtype(dtype)} "
+                                 f"value, got {pad_values[name]!r}")
+            out.append(value.tobytes())
+        return out
+
+    @property
+    def pad_values(self) -> dict[str, Any]:
+        """The pad value of every input (what padded positions are filled with)."""
+        return {n: (np.frombuffer(b, dtype=dt)[0] if b is not None else np.zeros((), dt)[()])
+                for n, b, dt in zip(self._names, self._pad_values, self._dtypes, strict=True)}
+
     # ---- running -------------------------------------------------------------------------
-    def execute(self, inputs: Inputs, *, copy: bool = True) -> list[np.ndarray]:
+    def execute(self, inputs: Inputs, *, pad: bool = False,
+                copy: bool = True) -> list[np.ndarray]:
         """Run the gear that the inputs (or the set dims) select; outputs in model order.
 
         ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or nested
@@ -175,6 +212,17 @@ class Executor:
         silent casts or truncation, see :meth:`_as_array`). Outputs have the
         gear's real shapes. With ``copy=False`` they are views of this executor's buffers,
         valid until its next execute (zero-copy for services that consume them at once).
+
+        ``pad=True``: inputs that match no gear exactly run on the cheapest gear whose every
+        dynamic value is at least theirs (an exact hit is itself; cost: the model's attached
+        profile, else the gear's total input elements). Each input goes to the leading part
+        of every padded axis, the rest is its pad value (``create_executor(pad_values=)``,
+        default 0). Outputs are trimmed to the request's sizes along the axes that
+        ``model.output_dynamic_axes`` lists (views: of the executor's buffers with
+        ``copy=False``, of arrays the caller owns with ``copy=True``); other outputs are the
+        gear's, whole. Nothing covers the request: GearMismatchError (145013). A hybrid model
+        runs only uncovered requests on its dynamic-shape graph; a sink model refuses
+        padding (InputError). Whether padding is safe for a model: :func:`check_padding`.
 
         The calling thread owns the executor until the call returns: another thread's
         execute / set_* meanwhile raises ExecutorBusyError at once (this call is unaffected);
@@ -187,10 +235,14 @@ class Executor:
         try:
             arrays = self._arrays(inputs)
             if self._sink:
+                if pad:
+                    self._refuse_sink_padding()
                 outputs = self._run_sink(arrays)
+                self.last_request_dims = self.last_dynamic_dims
             else:
                 try:
-                    gear = self._core.stage(arrays, self._preset)
+                    gear = (self._core.stage(arrays, self._preset, True) if pad
+                            else self._core.stage(arrays, self._preset))
                 except GearMismatchError:
                     if not self._hybrid:
                         raise
@@ -202,7 +254,10 @@ class Executor:
                     else:
                         outputs = list(self._session.run_gear(gear))
                     self.last_gear = gear
-                    self.last_dynamic_dims = self._core.last_values
+                    self.last_dynamic_dims = values = self._core.last_values
+                    self.last_request_dims = request = self._core.last_request
+                    if request != values:
+                        return self._trim(outputs, request)
                     return outputs
             return [o.copy() for o in outputs] if copy else list(outputs)
         finally:
@@ -264,6 +319,22 @@ class Executor:
         _check_list_values(name, value, natural, expected)
         return natural.astype(expected)
 
+    def _trim(self, outputs: list[np.ndarray], request: tuple[int, ...]) -> list[np.ndarray]:
+        """A padded run's outputs cut to the request's sizes along their dynamic axes."""
+        for k, axes in enumerate(self._trim_axes):
+            if axes:
+                index = [slice(None)] * outputs[k].ndim
+                for axis, value in axes:
+                    index[axis] = slice(0, request[value])
+                outputs[k] = outputs[k][tuple(index)]
+        return outputs
+
+    def _refuse_sink_padding(self) -> None:
+        raise InputError("execute(pad=True) is not possible on a model compiled with sink=True:"
+                         " its device computes the dims from the input shapes, so padded inputs"
+                         " would select the padded gear's dims without trimming; compile it "
+                         "without sink to serve padded requests")
+
     def _run_dynamic(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss (GE's SelectExecuteGraph): the dynamic-shape graph."""
         values = self._core.extract(arrays)
@@ -272,7 +343,7 @@ class Executor:
         self._check_dtypes(arrays)
         outputs = self._session.run_dynamic(arrays)
         self.last_gear = None
-        self.last_dynamic_dims = values
+        self.last_dynamic_dims = self.last_request_dims = values
         return outputs
 
     def _run_sink(self, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -43,7 +43,9 @@ bytes at load but the runtime that uses them (:meth:`GearFile.runnable`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import stat
 import threading
@@ -66,6 +68,7 @@ from gear_runtime.external_data import (
 from gear_runtime.spec import GearSpec
 
 # ---- names shared by the writer (gear_runtime.compiler) and the reader ------------------------
+_INT64_MAX = 2**63 - 1
 #: Custom operator domain of MapIndex and Case.
 DOMAIN = "ge.gear_runtime"
 DOMAIN_VERSION = 1
@@ -97,6 +100,9 @@ META_HYBRID = "gear_runtime.hybrid"
 META_OUTPUT_DIMS = "gear_runtime.dynamic_output_dims"
 #: The file's integrity record (JSON, see :func:`digest_placeholder`); required.
 META_DIGEST = "gear_runtime.digest"
+#: Optional: JSON list, per output, of {"axis": value index} (compiler/axes.py): which dynamic
+#: value each output axis follows, so a padded run's outputs can be trimmed.
+META_OUTPUT_AXES = "gear_runtime.output_dynamic_axes"
 
 KIND_CASE = "case"
 KIND_SINK = "sink"
@@ -201,6 +207,9 @@ def parse_output_dims(items: Sequence[str], gear_count: int,
             raise ValueError(f"output dims entry {item!r}: gear {g} output {k} given twice")
         if any(d < 0 for d in dims):
             raise ValueError(f"output dims entry {item!r} has a negative dim")
+        if math.prod(dims) > _INT64_MAX:  # sizes are int64 everywhere after this
+            raise ValueError(f"output dims entry {item!r}: {math.prod(dims)} elements do not "
+                             "fit in int64")
         table[(g, k)] = dims
     missing = [(g, k) for g in range(gear_count) for k in range(output_count)
                if (g, k) not in table]
@@ -380,6 +389,9 @@ class GearFile:
     #: every data file (resolved path) -> the digest compile recorded; checked by
     #: :meth:`verify_data` (the gear file itself is checked by the reader).
     data_digests: Mapping[str, DataDigest] = field(default_factory=dict)
+    #: per output ``{axis: value index}`` from :data:`META_OUTPUT_AXES`; None when the file
+    #: has no such record (the loader then derives it from ``output_shapes``).
+    output_dynamic_axes: tuple[dict[int, int], ...] | None = None
 
     @property
     def folder(self) -> str:
@@ -587,9 +599,20 @@ class _Reader:
         self.opsets = [o for o in self.model.opset_import if o.domain != DOMAIN]
         self.weights, self.external = self._weights()
         self.data_digests = self._data_digests(recorded)
-        if kind == KIND_CASE:
-            return self._read_case()
-        return self._read_sink(meta)
+        read = self._read_case() if kind == KIND_CASE else self._read_sink(meta)
+        return dataclasses.replace(read, output_dynamic_axes=self._output_axes(meta, read))
+
+    def _output_axes(self, meta: dict[str, str], read: GearFile
+                     ) -> tuple[dict[int, int], ...] | None:
+        if META_OUTPUT_AXES not in meta:
+            return None
+        from gear_runtime.compiler.axes import axes_from_json
+
+        try:
+            return axes_from_json(json.loads(meta[META_OUTPUT_AXES]), len(read.output_names),
+                                  self.spec.values_per_gear)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            raise self.fail(f"metadata {META_OUTPUT_AXES!r}: {exc}") from exc
 
     # ---- shared pieces ----------------------------------------------------------------------
     def _metadata(self) -> dict[str, str]:

@@ -12,7 +12,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,9 +99,23 @@ class GearModel:
         try:
             self.max_buffer_bytes = buffer_limit(max_buffer_bytes)
             self.layout = self._plan_layout(input_fusion_size)
+            self._output_axes = self._find_output_axes()
         except BaseException:
             backend_model.close()
             raise
+        self._profile: tuple[float, ...] | None = None
+
+    def _find_output_axes(self) -> tuple[dict[int, int], ...]:
+        """What the compiler recorded (in the model info, or the gear file the backend
+        read), else what the per-gear output shapes alone show."""
+        axes = self.info.output_dynamic_axes
+        if axes is None:  # backends that build ModelInfo without the record keep the file
+            axes = getattr(getattr(self._backend, "file", None), "output_dynamic_axes", None)
+        if axes is None:
+            from gear_runtime.compiler.axes import axes_from_shapes
+
+            axes = axes_from_shapes(self.spec.gears, self.info.output_shapes)
+        return tuple(dict(a) for a in axes)
 
     def _plan_layout(self, input_fusion_size: int) -> Any:
         """One layout for every executor: computed once here, never on the hot path. The
@@ -212,6 +226,55 @@ class GearModel:
                              f"outputs ({', '.join(self.info.output_names)})")
         return int(index)
 
+    @property
+    def output_dynamic_axes(self) -> list[dict[int, int]]:
+        """Per output, ``{axis: index of the dynamic value its size follows}`` (logits
+        ``(1, seq, vocab)`` of a seq gear model: ``{1: 0}``): the axes a padded run's outputs
+        are trimmed along. An output with ``{}`` follows no value and is returned whole."""
+        return [dict(a) for a in self._output_axes]
+
+    # ---- gear costs (padding picks the cheapest covering gear) ----------------------------
+    def attach_profile(self, latencies: Any) -> None:
+        """Measured latency per gear, used as the gear cost by executors created after
+        this call: a :class:`gear_runtime.bench.BenchReport` (its ``execute`` p50), a
+        sequence with one latency per gear, or a mapping gear (index or values) -> latency.
+        Every gear needs a finite latency >= 0 (InputError otherwise). ``None`` detaches."""
+        if latencies is None:
+            self._profile = None
+            return
+        self._profile = self._latencies(latencies)
+
+    def _latencies(self, latencies: Any) -> tuple[float, ...]:
+        if hasattr(latencies, "gears") and not isinstance(latencies, Mapping):  # BenchReport
+            latencies = {g.gear: g.execute.p50 for g in latencies.gears}
+        if isinstance(latencies, Mapping):
+            by_gear = {self.gear_of(k): v for k, v in latencies.items()}
+            missing = [self.spec.gears[g] for g in range(self.gear_count) if g not in by_gear]
+            if missing:
+                raise InputError(f"the profile has no latency for gear(s) "
+                                 f"{', '.join(map(str, missing))}")
+            latencies = [by_gear[g] for g in range(self.gear_count)]
+        values = [float(v) for v in latencies]
+        if len(values) != self.gear_count or not all(math.isfinite(v) and v >= 0
+                                                      for v in values):
+            raise InputError(f"a profile needs one finite latency >= 0 per gear "
+                             f"({self.gear_count}), got {latencies!r}")
+        return tuple(values)
+
+    @property
+    def profile(self) -> tuple[float, ...] | None:
+        """The attached per-gear latencies, or None."""
+        return self._profile
+
+    def gear_costs(self) -> list[float]:
+        """Each gear's cost when padding chooses among covering gears: its measured latency
+        when a profile is attached (:meth:`attach_profile`), else its total input
+        elements."""
+        if self._profile is not None:
+            return list(self._profile)
+        return [float(sum(math.prod(s) for s in self.spec.shapes(g).values()))
+                for g in range(self.gear_count)]
+
     # ---- ACL-style queries (acl_mdl.h, GE-NOTES section 8) -------------------------------
     def get_input_dynamic_gear_count(self) -> int:
         """aclmdlGetInputDynamicGearCount(desc, -1)."""
@@ -246,14 +309,21 @@ class GearModel:
         """True once :meth:`close` ran."""
         return self._closed
 
-    def create_executor(self) -> Executor:
+    def create_executor(self, *, pad_values: Mapping[str, Any] | None = None) -> Executor:
         """A new executor: its own staging buffer, bindings and dims; one per thread.
+        ``pad_values``: input name -> the value ``execute(pad=True)`` fills padded positions
+        of that input with (default 0; e.g. ``{"input_ids": 151643, "attention_mask": 0}``).
         ClosedError (145003) once the model is closed."""
         with self._lock:
             if self._closed:
                 raise ClosedError("create_executor on a closed model: load it again with "
                                   "gear_runtime.load()")
-            executor = Executor(self, self._backend.create_session(self.layout))
+            session = self._backend.create_session(self.layout)
+            try:
+                executor = Executor(self, session, pad_values)
+            except BaseException:
+                session.close()
+                raise
             self._executors.add(executor)
             return executor
 

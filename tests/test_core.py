@@ -511,7 +511,7 @@ def test_keyword_arguments_and_call_errors(impl: ModuleType) -> None:
                            tail_padding=32)
     assert (lay.tail_padding, lay.offset(0, 1)) == (32, 64)
     for call in (lambda: core.match(), lambda: core.match((40, 2), 1),
-                 lambda: core.stage(arrays, None, 1), lambda: core.stage(arrays, bad=1),
+                 lambda: core.stage(arrays, None, False, 1), lambda: core.stage(arrays, bad=1),
                  lambda: core.extract(arrays, arrays=arrays)):
         with pytest.raises(TypeError):  # a wrong call, as for any Python function
             call()

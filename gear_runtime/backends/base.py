@@ -43,6 +43,9 @@ class ModelInfo:
     output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
     hybrid: bool = False
     sink: bool = False
+    #: per output ``{axis: index of the dynamic value its size follows}`` as the compiler
+    #: recorded it; None: not recorded (GearModel derives it from ``output_shapes``).
+    output_dynamic_axes: tuple[dict[int, int], ...] | None = None
 
     def output_size(self, gear: int, index: int) -> int:
         """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo)."""

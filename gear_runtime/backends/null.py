@@ -33,7 +33,8 @@ def open_model(path: str | None, *, spec: GearSpec | None = None,
         f = read_gear_file(path)  # type: ignore[arg-type]
         info = ModelInfo(f.spec, tuple(f.input_dtypes), tuple(f.output_names),
                          tuple(f.output_dtypes), tuple(f.output_shapes),
-                         hybrid=f.spec.hybrid, sink=f.kind == "sink")
+                         hybrid=f.spec.hybrid, sink=f.kind == "sink",
+                         output_dynamic_axes=f.output_dynamic_axes)
         return NullModel(info)
     outputs = outputs or {"out": [(1,)] * spec.gear_count}
     names = tuple(outputs)

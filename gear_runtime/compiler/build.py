@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 from tqdm import tqdm
 
+from gear_runtime.compiler.axes import OutputAxes, axes_to_json, output_dynamic_axes
 from gear_runtime.compiler.branch import (
     build_branch,
     build_dynamic,
@@ -56,6 +57,7 @@ from gear_runtime.gearfile import (
     META_FORMAT,
     META_HYBRID,
     META_KIND,
+    META_OUTPUT_AXES,
     META_OUTPUT_DIMS,
     META_SPEC,
     RESERVED_PREFIX,
@@ -177,7 +179,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     build = build_sink_model if sink else build_case_model
     root = build(source, info, spec, branches, shapes, dynamic)
     del source, branches, dynamic  # the root holds what is left; free the rest early
-    _set_metadata(root, spec, report.kind, shapes)
+    _set_metadata(root, spec, report.kind, shapes, output_dynamic_axes(skeleton, spec, shapes))
     report.file_bytes, report.data_path, report.data_bytes = save_gear_file(
         root, path, loaded, external_data)
     report.seconds = time.perf_counter() - start
@@ -192,9 +194,11 @@ def _is_tty(stream: object) -> bool:
 
 
 def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
-                  shapes: list[list[tuple[int, ...]]]) -> None:
+                  shapes: list[list[tuple[int, ...]]], axes: OutputAxes = ()) -> None:
     ours = {META_FORMAT: FORMAT_VERSION, META_SPEC: spec_to_json(spec), META_KIND: kind,
             META_HYBRID: "1" if spec.hybrid else "0"}
+    if axes:
+        ours[META_OUTPUT_AXES] = json.dumps(axes_to_json(axes))
     if kind == KIND_SINK:
         ours[META_OUTPUT_DIMS] = json.dumps(format_output_dims(shapes))
     kept = [p for p in model.metadata_props if p.key not in ours]

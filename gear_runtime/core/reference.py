@@ -493,7 +493,79 @@ class ExecutorCore:
         self._dtypes = self._init_dtypes(input_dtypes)
         self._init_staging(layout, staging)
         self._last_values: tuple[int, ...] = ()
+        self._last_request: tuple[int, ...] = ()
         self._busy = threading.Lock()
+        self._gear_shapes = [[tuple(self._dims.gear_shape(i, g)) for i in range(len(names))]
+                             for g in self._gears]
+        self._pads = [bytes(dt.itemsize) for dt in self._dtypes]
+        self._costs = self._element_costs()
+
+    # ---- padding (csrc/gear_table.cc Coverer, csrc/staging.cc pad_copy) ---------------------
+    def _element_costs(self) -> list[float]:
+        return [float(sum(float(np.prod(s, dtype=np.float64)) for s in shapes))
+                for shapes in self._gear_shapes]
+
+    def set_padding(self, pad_values: Sequence[bytes | None] | None = None,
+                    costs: Sequence[float] | None = None) -> None:
+        """Pad values (each input's dtype as bytes; None: zeros) and gear costs (None: total
+        input elements per gear) for ``stage(pad=True)``."""
+        pads = [bytes(dt.itemsize) for dt in self._dtypes]
+        if pad_values is not None:
+            items = _items(pad_values, "pad_values")
+            if len(items) != len(pads):
+                raise _input(f"{len(items)} pad values for {len(pads)} inputs")
+            for i, item in enumerate(items):
+                if item is None:
+                    continue
+                size = self._dtypes[i].itemsize
+                if not isinstance(item, bytes) or len(item) != size:
+                    raise _input(f"pad value of input '{self._names[i]}' must be {size} bytes "
+                                 f"(one {self._dtypes[i]}), got {item!r}")
+                pads[i] = item
+        cost = self._element_costs()
+        if costs is not None:
+            items = _items(costs, "costs")
+            if len(items) != len(cost):
+                raise _input(f"{len(items)} gear costs for {len(cost)} gears")
+            for g, item in enumerate(items):
+                try:
+                    cost[g] = float(item)
+                except (TypeError, ValueError):
+                    raise _input(f"costs item {g} is {type(item).__name__}, not a number"
+                                 ) from None
+        for g, c in enumerate(cost):
+            if not (np.isfinite(c) and c >= 0):
+                raise _input(f"gear {g} cost must be finite and >= 0")
+        self._pads, self._costs = pads, cost
+
+    def _largest(self) -> int:
+        sums = [sum(g) for g in self._gears]
+        return sums.index(max(sums))
+
+    def _cover_or_raise(self, values: tuple[int, ...]) -> int:
+        gear = self._table.get(values)  # an exact hit is always itself
+        if gear is not None:
+            return gear
+        covering = [g for g, gv in enumerate(self._gears)
+                    if all(a >= b for a, b in zip(gv, values, strict=True))]
+        if covering:
+            return min(covering, key=lambda g: (self._costs[g], g))
+        raise _mismatch(f"dynamic dims {_tuple_text(values)} fit in no gear of the model "
+                        f"(inputs: {self._dims.axes_text}): padding needs a gear at least as "
+                        f"large in every value; the largest gear is "
+                        f"{_tuple_text(self._gears[self._largest()])}; legal gears, nearest "
+                        f"first: {self._legal_text(values)}")
+
+    def cover(self, values: Sequence[int]) -> int:
+        """The cheapest gear covering ``values`` (the exact gear when there is one); 145013
+        when none does."""
+        return self._cover_or_raise(_read_values(values, "dynamic dims", self._dims.width))
+
+    @property
+    def last_request(self) -> tuple[int, ...]:
+        """The inputs' own dynamic values of the last successful :meth:`stage` (before any
+        padding; ``()`` before any)."""
+        return self._last_request
 
     def _init_dtypes(self, input_dtypes: Any) -> list[np.dtype]:
         items = _items(input_dtypes, "input_dtypes")
@@ -633,7 +705,8 @@ class ExecutorCore:
         return self._extract(self._arrays(arrays))
 
     # ---- staging -----------------------------------------------------------------------------
-    def stage(self, arrays: Sequence[np.ndarray], preset: Sequence[int] | None = None) -> int:
+    def stage(self, arrays: Sequence[np.ndarray], preset: Sequence[int] | None = None,
+              pad: bool = False) -> int:
         """Extract, check against ``preset``, match, check dtypes, copy into staging.
 
         Returns the gear index; see :mod:`gear_runtime.core` for the full contract.
@@ -642,34 +715,56 @@ class ExecutorCore:
             raise _input("ExecutorCore.stage is already running in another thread: use one "
                          "executor per thread")
         try:
-            return self._stage(arrays, preset)
+            return self._stage(arrays, preset, bool(pad))
         finally:
             self._busy.release()
 
-    def _stage(self, arrays: Any, preset: Any) -> int:
+    def _stage(self, arrays: Any, preset: Any, pad: bool) -> int:
         items = self._arrays(arrays)
         values = self._extract(items)
         width = self._dims.width
+        gear = None
         if preset is not None:
-            wanted = _read_values(preset, "preset dims", width)
-            if wanted != values:
-                raise _length(f"the inputs' dynamic dims {_tuple_text(values)} disagree with "
-                              f"the dims set with set_dynamic_* {_tuple_text(wanted)}")
-        gear = self._find_or_raise(values)
+            gear = self._preset_gear(_read_values(preset, "preset dims", width), values, pad)
+        if gear is None:
+            gear = self._cover_or_raise(values) if pad else self._find_or_raise(values)
+        gear_values = self._gears[gear]
         sources = [self._source(i, a) for i, a in enumerate(items)]
-        self._check_sources(gear, sources, values)
+        padded = [gear_values != values and src.shape != self._gear_shapes[gear][i]
+                  for i, src in enumerate(sources)]
+        self._check_sources(gear, sources, gear_values, padded)
         layout, flat = self._layout, self._flat
         for i, src in enumerate(sources):
-            if src.nbytes == 0:
-                continue
             start = layout.offset(gear, i)
-            if _address(src) != _address(flat) + start:  # in its slot already: zero copy
+            if padded[i]:
+                self._pad_copy(start, src, self._gear_shapes[gear][i], self._pads[i])
+            elif src.nbytes and _address(src) != _address(flat) + start:  # else zero copy
                 flat[start:start + src.nbytes] = src.reshape(-1).view(np.uint8)
         if width:
             start = layout.dims_offset(gear)
-            flat[start:start + 4 * width] = np.asarray(values, dtype=np.int32).view(np.uint8)
-        self._last_values = values
+            flat[start:start + 4 * width] = np.asarray(gear_values, dtype=np.int32).view(np.uint8)
+        self._last_values = tuple(gear_values)
+        self._last_request = values
         return gear
+
+    def _preset_gear(self, wanted: tuple[int, ...], values: tuple[int, ...],
+                     pad: bool) -> int | None:
+        """ExecutorCore::preset_gear: None when the set dims equal the values."""
+        if wanted == values:
+            return None
+        gear = self._table.get(wanted) if pad else None
+        if gear is None or any(a < b for a, b in zip(wanted, values, strict=True)):
+            raise _length(f"the inputs' dynamic dims {_tuple_text(values)} disagree with "
+                          f"the dims set with set_dynamic_* {_tuple_text(wanted)}")
+        return gear
+
+    def _pad_copy(self, start: int, src: np.ndarray, shape: tuple[int, ...],
+                  pad: bytes) -> None:
+        """pad_copy: ``src`` in the leading corner of the slot, the rest ``pad``."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * src.dtype.itemsize
+        slot = self._flat[start:start + nbytes].view(src.dtype).reshape(shape)
+        slot[...] = np.frombuffer(pad, dtype=src.dtype)[0]
+        slot[tuple(slice(0, d) for d in src.shape)] = src
 
     def _source(self, i: int, a: np.ndarray) -> np.ndarray:
         expected = self._dtypes[i]
@@ -679,12 +774,19 @@ class ExecutorCore:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
     def _check_sources(self, gear: int, sources: list[np.ndarray],
-                       values: tuple[int, ...]) -> None:
-        """Stager::check: every source fits its slot and does not alias another slot."""
+                       values: Sequence[int], padded: list[bool]) -> None:
+        """Stager::check: every source fits its slot and does not alias another slot; a
+        padded one does not overlap the staging buffer at all."""
         layout = self._layout
         lo = _address(self._flat)
         hi = lo + self._flat.nbytes
         for i, src in enumerate(sources):
+            if padded[i]:
+                s = _address(src)
+                if src.nbytes and s < hi and lo < s + src.nbytes:
+                    raise _input(f"input '{self._names[i]}' overlaps the staging buffer and "
+                                 "must be padded: pass a copy")
+                continue
             slot = layout.nbytes(gear, i)
             if src.nbytes > slot:
                 raise _input(f"input '{self._names[i]}' has {src.nbytes} bytes, more than its "

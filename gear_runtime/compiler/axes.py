@@ -1,0 +1,129 @@
+"""Which dynamic value each output axis follows: what trimming a padded run's outputs needs.
+
+An output axis *follows* value ``v`` when its size is gear value ``v`` in every gear (logits
+``(1, seq, vocab)``: axis 1 follows seq). Two sources of evidence:
+
+* the per-gear output shapes (always known at compile and at load): the size equals value
+  ``v`` in every gear, and it changes between gears (a size that is the same in every gear
+  follows nothing, even when it happens to equal a constant value);
+* symbolic shape inference of the source model with every dynamic input dim renamed to its
+  value (``gear_value_<v>``): an output dim that inference names ``gear_value_<v>``.
+
+With two or more gears the shapes decide and inference only breaks ties between values that
+are equal in every gear (tied values). With one gear the shapes cannot tell a coincidence from
+a dependency, so only an axis that inference names AND whose size agrees is recorded. An axis
+whose size is, say, ``2 * seq`` follows nothing: trimming it is not a prefix of the request,
+and such an output is returned whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: Per output, ``{axis: value index}``.
+OutputAxes = tuple[dict[int, int], ...]
+
+_SYMBOL = "gear_value_{}"
+
+
+def axes_from_shapes(gears: Sequence[Sequence[int]],
+                     output_shapes: Sequence[Sequence[Sequence[int]]],
+                     symbolic: Sequence[dict[int, int]] | None = None) -> OutputAxes:
+    """Per output ``{axis: value index}`` from the per-gear output shapes
+    (``output_shapes[g][k]``) and, when given, what symbolic inference says (``symbolic[k]``);
+    see the module doc for the rule."""
+    if not output_shapes:
+        return ()
+    count = len(output_shapes[0])
+    out = []
+    for k in range(count):
+        shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
+        named = symbolic[k] if symbolic is not None and k < len(symbolic) else {}
+        out.append(_axes_of(gears, shapes, named))
+    return tuple(out)
+
+
+def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
+             named: dict[int, int]) -> dict[int, int]:
+    rank = len(shapes[0])
+    if any(len(s) != rank for s in shapes):
+        return {}  # rank changes between gears: nothing to trim by prefix
+    axes: dict[int, int] = {}
+    width = len(gears[0]) if gears else 0
+    for axis in range(rank):
+        sizes = [s[axis] for s in shapes]
+        fits = [v for v in range(width) if all(sizes[g] == gears[g][v] for g in range(len(gears)))]
+        if not fits:
+            continue
+        if len(gears) > 1 and len(set(sizes)) > 1:
+            axes[axis] = named[axis] if named.get(axis) in fits else fits[0]
+        elif len(gears) == 1 and named.get(axis) in fits:
+            # One gear cannot tell a coincidence from a dependency: inference must name it.
+            axes[axis] = named[axis]
+    return axes
+
+
+def symbolic_axes(model: Any, positions: Sequence[tuple[int, int, int]],
+                  input_names: Sequence[str]) -> list[dict[int, int]]:
+    """Per graph output of ``model`` (an onnx.ModelProto, weights not needed), the axes that
+    ONNX symbolic shape inference names after a dynamic value, when every dynamic input axis
+    (``positions``: (input index, axis, value index)) is renamed to its value's symbol.
+    Empty dicts when inference fails (the shapes alone then decide)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inputs = {vi.name: vi for vi in m.graph.input}
+    for i, axis, value in positions:
+        vi = inputs.get(input_names[i])
+        if vi is None or len(vi.type.tensor_type.shape.dim) <= axis:
+            continue
+        dim = vi.type.tensor_type.shape.dim[axis]
+        dim.Clear()
+        dim.dim_param = _SYMBOL.format(value)
+    for o in m.graph.output:  # the exporter's own output shapes must not answer for inference
+        o.type.tensor_type.ClearField("shape")
+    m.graph.ClearField("value_info")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+    except Exception:  # inference is evidence, not a requirement
+        return [{} for _ in m.graph.output]
+    symbols = {_SYMBOL.format(v): v for _, _, v in positions}
+    out = []
+    for o in inferred.graph.output:
+        dims = o.type.tensor_type.shape.dim
+        out.append({a: symbols[d.dim_param] for a, d in enumerate(dims)
+                    if d.HasField("dim_param") and d.dim_param in symbols})
+    return out
+
+
+def output_dynamic_axes(model: Any, spec: Any,
+                        output_shapes: Sequence[Sequence[Sequence[int]]]) -> OutputAxes:
+    """The compiler's answer: shapes and symbolic inference of ``model`` (the source, or its
+    weightless skeleton) under ``spec`` (a GearSpec)."""
+    named = symbolic_axes(model, list(spec.dynamic_positions), list(spec.input_names))
+    return axes_from_shapes(spec.gears, output_shapes, named)
+
+
+def axes_to_json(axes: OutputAxes) -> list[dict[str, int]]:
+    """JSON form (object keys are strings): one ``{"axis": value}`` object per output."""
+    return [{str(a): int(v) for a, v in sorted(d.items())} for d in axes]
+
+
+def axes_from_json(items: Any, output_count: int, width: int) -> OutputAxes:
+    """Inverse of :func:`axes_to_json`; ValueError naming what is wrong."""
+    if not isinstance(items, list) or len(items) != output_count:
+        raise ValueError(f"expected a list of {output_count} objects")
+    out = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"output {k}: expected an object axis -> value index")
+        axes = {}
+        for a, v in item.items():
+            if not (isinstance(a, str) and a.isdigit() and isinstance(v, int)
+                    and not isinstance(v, bool) and 0 <= v < width):
+                raise ValueError(f"output {k}: bad entry {a!r}: {v!r}")
+            axes[int(a)] = v
+        out.append(axes)
+    return tuple(out)
