@@ -17,13 +17,22 @@ The four runs of one iteration are interleaved, so slow drifts of the machine (f
 other processes) hit every column alike, and their order is shuffled every iteration (seeded),
 so no column always runs right after another one (warm caches, a spinning thread pool); the
 overhead is the median of the per-iteration differences ``execute_i - bare_i``.
+
+A run's JSON (:meth:`BenchReport.to_dict`) carries its context: the machine (CPU model,
+cores, load average at the start), the settings (threads, warm-up, iterations, copy mode,
+backend and providers), the versions and the model (files, size, digest, gears), and per gear
+every runner's raw per-iteration times besides their statistics, so that two runs can be
+compared later (:mod:`gear_runtime.bench_compare`, ``gear-runtime bench --compare``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import hashlib
 import operator
 import os
+import platform
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +51,11 @@ if TYPE_CHECKING:
     from gear_runtime.model import GearModel
 
 InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
+
+#: The JSON layout written by :meth:`BenchReport.to_dict` (read back by bench_compare).
+SCHEMA = "gear-runtime-bench/2"
+#: The runners in the order tables, JSON and plots show them.
+RUNNERS = ("execute", "bare", "naive", "dynamic")
 
 
 # ---- statistics -------------------------------------------------------------------------------
@@ -84,6 +98,8 @@ class GearBench:
     #: bytes this gear stages (its inputs + the dims buffer) and returns (its outputs).
     input_bytes: int
     output_bytes: int
+    #: per runner, every timed iteration's duration in ns, in the order they ran.
+    samples_ns: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def throughput(self) -> float:
@@ -105,6 +121,8 @@ class GearBench:
         return self.naive.p50 / self.execute.p50 if self.naive is not None else None
 
     def to_dict(self) -> dict[str, Any]:
+        """Each figure once: ``<runner>_ms`` statistics (None where the runner did not run)
+        and ``samples_ns``, the raw per-iteration times of every runner that ran."""
         def opt(s: Stats | None) -> dict[str, float] | None:
             return s.to_dict() if s is not None else None
 
@@ -113,8 +131,7 @@ class GearBench:
             "dims": list(self.dims),
             "shapes": {n: list(s) for n, s in self.shapes.items()},
             "items": self.items,
-            **self.execute.to_dict(),  # p50/p90/p99 of execute at the top level: the headline
-            "latency_ms": self.execute.to_dict(),
+            "execute_ms": self.execute.to_dict(),
             "throughput": {"value": self.throughput, "unit": self.throughput_unit},
             "bare_ms": opt(self.bare),
             "overhead_us": self.overhead_us,
@@ -124,6 +141,7 @@ class GearBench:
             "speedup_vs_naive": self.speedup_vs_naive,
             "input_bytes": self.input_bytes,
             "output_bytes": self.output_bytes,
+            "samples_ns": {k: list(map(int, v)) for k, v in self.samples_ns.items()},
         }
 
 
@@ -143,12 +161,17 @@ class BenchReport:
     staging_bytes: int
     output_buffer_bytes: int
     gears: list[GearBench] = field(default_factory=list)
+    #: execute(copy=...): True returns outputs the caller keeps, False views (no copy).
+    copy: bool = True
+    #: machine, settings, versions and model of the run (see :func:`run_context`).
+    context: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``schema``, ``context`` (the setup lives there only), ``memory``
+        and ``gears``."""
         return {
-            "model": self.model, "backend": self.backend, "mode": self.mode,
-            "iterations": self.iterations, "warmup": self.warmup, "threads": self.threads,
-            "reference": self.reference,
+            "schema": SCHEMA,
+            "context": self.context,
             "memory": {"rss_after_load_bytes": self.rss_after_load_bytes,
                        "executor_staging_bytes": self.staging_bytes,
                        "executor_output_bytes": self.output_buffer_bytes},
@@ -169,6 +192,10 @@ class _Handles:
     naive_session: Any | None
     staging_bytes: int
     output_buffer_bytes: int
+    #: ORT's execution providers of the model's session (None on other backends).
+    providers: list[str] | None = None
+    #: the gear file the backend loaded, when the backend says.
+    path: str | None = None
 
 
 def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
@@ -189,10 +216,15 @@ def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
         output_bytes = sum(max(model.output_size(g, k) for g in range(model.gear_count))
                            for k in range(len(model.output_names)))
     backend = getattr(model, "_backend", None)
+    path = getattr(getattr(backend, "file", None), "path", None)
+    ort_session = getattr(backend, "session", None)
+    providers = None
+    with contextlib.suppress(AttributeError, RuntimeError):
+        providers = list(ort_session.get_providers()) if ort_session is not None else None
     if model.backend != "onnxruntime" or session is None or backend is None or model.sink:
-        return _Handles(None, None, staging_bytes, output_bytes)
-    return _Handles(session.run_bound, getattr(backend, "session", None), staging_bytes,
-                    output_bytes)
+        return _Handles(None, None, staging_bytes, output_bytes, providers, path)
+    return _Handles(session.run_bound, ort_session, staging_bytes, output_bytes, providers,
+                    path)
 
 
 # ---- inputs and memory ------------------------------------------------------------------------
@@ -226,6 +258,78 @@ def rss_bytes() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+# ---- the context of a run ---------------------------------------------------------------------
+def machine_context() -> dict[str, Any]:
+    """The machine now: CPU model, logical cores (all, and those this process may use), the
+    1/5/15-minute load average (None where the OS has none) and the platform."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = None
+    with contextlib.suppress(OSError, AttributeError):
+        load = [round(x, 2) for x in os.getloadavg()]
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
+            "load_average": load, "platform": platform.platform()}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what platform knows."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8",
+                                             errors="replace") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of what the timings depend on (None: not installed)."""
+    from gear_runtime import __version__
+
+    ort_version = None
+    with contextlib.suppress(ImportError):
+        import onnxruntime
+
+        ort_version = onnxruntime.__version__
+    return {"gear_runtime": __version__, "onnxruntime": ort_version, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def model_files(path: str) -> list[str]:
+    """The gear file and the data files it names (absolute paths, in a fixed order)."""
+    from gear_runtime.gearfile import read_gear_file
+
+    return [os.path.abspath(f) for f in read_gear_file(path).files]
+
+
+def files_digest(files: Sequence[str]) -> str:
+    """A fast digest of the files' bytes, prefixed with its algorithm: ``xxh3_128:<hex>``
+    when xxhash is installed, else ``blake2b:<hex>``. Each file's length goes in first, so
+    moving bytes from one file to the next changes the digest."""
+    try:
+        import xxhash
+
+        h: Any = xxhash.xxh3_128()
+        name = "xxh3_128"
+    except ImportError:
+        h, name = hashlib.blake2b(digest_size=16), "blake2b"
+    for f in files:
+        h.update(os.path.getsize(f).to_bytes(8, "little"))
+        with open(f, "rb") as src:
+            while chunk := src.read(1 << 22):
+                h.update(chunk)
+    return f"{name}:{h.hexdigest()}"
+
+
+def model_context(path: str | None, model: GearModel) -> dict[str, Any]:
+    """What identifies the model: path, files, total bytes, digest, mode and gears (path,
+    files, bytes and digest None when the gear file is not known)."""
+    files = model_files(path) if path is not None and os.path.isfile(path) else None
+    return {"path": os.path.abspath(path) if path is not None else None, "files": files,
+            "bytes": sum(os.path.getsize(f) for f in files) if files else None,
+            "digest": files_digest(files) if files else None, "mode": model.mode,
+            "gears": [list(g) for g in model.gears]}
 
 
 def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
@@ -300,14 +404,17 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 warmup: int = 10, threads: int | None = None,
                 reference: str | os.PathLike[str] | onnx.ModelProto | None = None,
                 inputs: InputsFn | None = None, backend: str = "onnxruntime",
-                progress: bool = True, seed: int = 0) -> BenchReport:
+                progress: bool = True, seed: int = 0, copy: bool = True) -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path).
 
     ``threads`` sets ORT's intra-op threads of every session involved (when the model is
     loaded here and for the reference). ``reference``: the original dynamic ONNX model (the
     ``dynamic`` column; none without it). ``inputs(model, gear)``
-    gives the inputs of a gear (default :func:`default_inputs`). Raises InputError for bad
-    arguments and when the inputs do not select the gear they were made for.
+    gives the inputs of a gear (default :func:`default_inputs`). ``copy``: what ``execute``
+    is timed with (True: outputs the caller keeps, as services get by default; False: views
+    of the executor's buffers, no output copy). ``progress``: a bar on stderr, only when
+    stderr is a terminal (never in a log). Raises InputError for bad arguments and when the
+    inputs do not select the gear they were made for.
     """
     if not isinstance(iterations, int) or iterations < 1:
         raise InputError(f"iterations must be an integer >= 1, got {iterations!r}")
@@ -315,6 +422,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         raise InputError(f"warmup must be an integer >= 0, got {warmup!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InputError(f"threads must be an integer >= 1, got {threads!r}")
+    machine = machine_context()  # the load average before this run adds to it
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     # What this call opens it closes: on Ascend a loaded model holds device memory until then.
     with contextlib.ExitStack() as owned:
@@ -342,29 +451,54 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                              iterations=iterations, warmup=warmup, threads=threads,
                              reference=ref_name, rss_after_load_bytes=rss,
                              staging_bytes=handles.staging_bytes,
-                             output_buffer_bytes=handles.output_buffer_bytes)
+                             output_buffer_bytes=handles.output_buffer_bytes, copy=copy)
+        settings = {"backend": model.backend, "providers": handles.providers,
+                    "threads": threads, "warmup": warmup, "iterations": iterations,
+                    "copy": copy, "seed": seed, "gears": selected, "reference": ref_name}
+        report.context = {"started": started, "machine": machine, "settings": settings,
+                          "versions": versions(),
+                          "model": model_context(handles.path or _path_or_none(path), model)}
         make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed))
-        from tqdm import tqdm
-
-        with tqdm(total=len(selected) * (warmup + iterations), desc="bench", unit="it",
-                  file=sys.stderr, disable=not progress, leave=False) as bar:
+        with progress_bar(len(selected) * (warmup + iterations), "bench", progress) as bar:
             for g in selected:
                 report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
                                                 dict(make_inputs(model, g)), iterations, warmup,
-                                                bar))
+                                                bar, copy))
         return report
+
+
+def _path_or_none(path: str) -> str | None:
+    return path if os.path.isfile(path) else None
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal (a log file, a pipe or a closed stream is not)."""
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress_bar(total: int, desc: str, progress: bool) -> Any:
+    """A tqdm bar on stderr, drawn only when ``progress`` and stderr is a terminal: in a log
+    (stdout and stderr in one file) a bar's carriage returns land in the middle of lines."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="it", file=sys.stderr, leave=False,
+                disable=not progress or not stderr_is_terminal())
 
 
 def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,
                 g: int, feeds: dict[str, np.ndarray], iterations: int, warmup: int,
-                bar: Any) -> GearBench:
+                bar: Any, copy: bool = True) -> GearBench:
     """Time one gear: execute / bare / naive / dynamic interleaved per iteration."""
-    executor.execute(feeds)
+    executor.execute(feeds, copy=copy)
     if executor.last_gear != g:  # the inputs must select this gear, or the row would lie
         raise InputError(f"the inputs given for gear {g} {model.gears[g]} selected gear "
                          f"{executor.last_gear}; give inputs with gear {g}'s shapes "
                          f"{model.spec.shapes(g)}")
-    runners: list[tuple[str, Callable[[], Any]]] = [("execute", lambda: executor.execute(feeds))]
+    runners: list[tuple[str, Callable[[], Any]]] = [
+        ("execute", lambda: executor.execute(feeds, copy=copy))]
     if handles.bare_run is not None:
         bare_run = handles.bare_run
         runners.append(("bare", lambda: bare_run(g)))
@@ -404,7 +538,8 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
     return GearBench(gear=g, dims=tuple(model.gears[g]), shapes=shapes, items=items,
                      execute=Stats.of_ns(samples["execute"]), bare=stats("bare"),
                      overhead_us=overhead, naive=stats("naive"), dynamic=stats("dynamic"),
-                     input_bytes=input_bytes, output_bytes=output_bytes)
+                     input_bytes=input_bytes, output_bytes=output_bytes,
+                     samples_ns={n: samples[n] for n in RUNNERS if n in samples})
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -446,43 +581,133 @@ def format_table(report: BenchReport) -> str:
         "",
         f"model: {report.model} ({report.backend}, {report.mode} mode), "
         f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
-        "bare = the backend's run of the same gear on the executor's pre-bound buffers; "
-        "overhead = median(execute - bare)",
-        "naive = session.run(None, feeds) on the model's session; dynamic = ONNX Runtime on the "
-        f"original dynamic model ({report.reference or 'not known: pass --reference'}); "
-        "x = their p50 / execute p50",
+        *column_notes(report.copy, report.reference),
         f"memory: process RSS after load {_size(report.rss_after_load_bytes)}; executor "
         f"staging {_size(report.staging_bytes)} + outputs {_size(report.output_buffer_bytes)}",
     ]
     return "\n".join(lines)
 
 
-def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
-    """Write a PNG of p50 latency per gear (p90/p99 as whiskers) and the comparison runners.
+def column_notes(copy: bool, reference: str | None) -> list[str]:
+    """What each column of the table includes: the lines printed under it."""
+    if copy:
+        execute = ("execute(copy=True) = gear match + input staging + backend run + outputs "
+                   "returned in arrays the caller keeps")
+        overhead = "includes the output copy (without it: --no-copy)"
+    else:
+        execute = ("execute(copy=False) = gear match + input staging + backend run; outputs "
+                   "are views of the executor's buffers")
+        overhead = "no output copy"
+    return [
+        f"{execute}; p50/p90/p99 and throughput are of execute",
+        "bare = the backend's run of the same gear on the executor's pre-bound buffers "
+        "(no staging, no copy)",
+        f"overhead us = median over iterations of (execute - bare): {overhead}",
+        "naive = session.run(None, feeds) on the model's session; dynamic = ONNX Runtime on the "
+        f"original dynamic model ({reference or 'not known: pass --reference'}); "
+        "x = their p50 / execute p50",
+    ]
 
-    Raises BackendUnavailableError naming the package when matplotlib is not installed.
+
+#: One colour per runner, the same in every plot.
+RUNNER_COLORS = {"execute": "tab:blue", "bare": "tab:green", "naive": "tab:orange",
+                 "dynamic": "tab:red"}
+
+
+def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
+    """Write a PNG of two panels, both on a log latency scale so that slow outliers do not
+    flatten fast gears: left, per gear and runner the median (dot) with its p90 (bar) and p99
+    (cross) markers; right, the distribution of every iteration per gear and runner (box:
+    quartiles; whiskers: p5-p95; beyond them each iteration as a dot).
+
+    Raises BackendUnavailableError naming the package when matplotlib is not installed, and
+    InputError when the file cannot be written.
     """
-    plt = _pyplot()
+    plt = pyplot()
+    runners = [n for n in RUNNERS if all(getattr(r, n) is not None for r in report.gears)]
     labels = [f"{r.gear}: {','.join(map(str, r.dims))}" for r in report.gears]
-    series = [("execute", [r.execute for r in report.gears])]
-    for name in ("bare", "naive", "dynamic"):
-        values = [getattr(r, name) for r in report.gears]
-        if all(v is not None for v in values):
-            series.append((name, values))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(11.0, 2.4 * len(labels) + 4), 4.8))
     x = np.arange(len(labels))
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(labels)), 4.0))
-    for k, (name, stats) in enumerate(series):
-        p50 = np.array([s.p50 for s in stats])
-        err = np.array([[0.0] * len(stats), [s.p99 - s.p50 for s in stats]])
-        ax.bar(x + (k - (len(series) - 1) / 2) * width, p50, width, yerr=err, capsize=3,
-               label=name)
-    ax.set_xticks(x, labels, rotation=20)
-    ax.set_xlabel("gear: dynamic dims")
-    ax.set_ylabel("latency ms (p50, whisker to p99)")
-    ax.set_title(f"gear-runtime bench: {Path(report.model).name}")
-    ax.legend()
+    width = 0.8 / len(runners)
+    for k, name in enumerate(runners):
+        pos = x + (k - (len(runners) - 1) / 2) * width
+        _percentile_markers(left, pos, [getattr(r, name) for r in report.gears], name)
+        samples = [np.asarray(r.samples_ns.get(name, []), dtype=np.float64) / 1e6
+                   for r in report.gears]
+        if all(len(v) for v in samples):
+            draw_boxes(right, pos, samples, width * 0.85, RUNNER_COLORS[name])
+    for ax in (left, right):
+        log_ms_axis(ax)
+        ax.set_xticks(x, labels, rotation=20 if len(labels) > 4 else 0)
+        ax.set_xlabel("gear: dynamic dims")
+        ax.grid(axis="y", which="both", alpha=0.3)
+    left.set_ylabel("latency ms (log)")
+    left.set_title("median (dot), p90 (bar), p99 (cross)")
+    right.set_title("every iteration: box p25-p75, whiskers p5-p95")
+    _runner_legend(left, runners)
+    fig.suptitle(_report_title(report), fontsize=10)
     fig.tight_layout()
+    return save_figure(plt, fig, path)
+
+
+def _percentile_markers(ax: Any, pos: np.ndarray, stats: Sequence[Stats], name: str) -> None:
+    """Median, p90 and p99 of one runner per gear, joined by a thin line (median to p99)."""
+    color = RUNNER_COLORS[name]
+    p50, p90, p99 = (np.array([getattr(s, q) for s in stats]) for q in ("p50", "p90", "p99"))
+    ax.vlines(pos, p50, p99, colors=color, linewidth=1, alpha=0.6)
+    ax.plot(pos, p50, "o", color=color, markersize=7, label=name)
+    ax.plot(pos, p90, "_", color=color, markersize=14, markeredgewidth=2)
+    ax.plot(pos, p99, "x", color=color, markersize=7)
+
+
+def draw_boxes(ax: Any, pos: np.ndarray, samples: Sequence[np.ndarray], width: float,
+           color: str) -> None:
+    """One box per gear of every iteration's latency (whiskers p5-p95, outliers as dots)."""
+    parts = ax.boxplot(samples, positions=pos, widths=width, whis=(5, 95), patch_artist=True,
+                       manage_ticks=False, flierprops={"marker": ".", "markersize": 3,
+                                                       "markerfacecolor": color,
+                                                       "markeredgecolor": color, "alpha": 0.5},
+                       medianprops={"color": "black", "linewidth": 1.5})
+    for box in parts["boxes"]:
+        box.set_facecolor(color)
+        box.set_alpha(0.55)
+    for line in parts["medians"]:
+        line.set_gid("median")
+
+
+def log_ms_axis(ax: Any) -> None:
+    """A log latency axis labelled in plain numbers at 1-2-5 steps (0.1, 0.2, 0.5, 1 ...):
+    matplotlib's default labels only the powers of ten, often one or none in range."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _runner_legend(ax: Any, runners: Sequence[str]) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=RUNNER_COLORS[n], marker="o", linestyle="", label=n)
+               for n in runners]
+    handles += [Line2D([], [], color="gray", marker=m, linestyle="", markersize=s, label=q,
+                       markeredgewidth=2 if m == "_" else 1)
+                for m, s, q in (("o", 7, "p50"), ("_", 14, "p90"), ("x", 7, "p99"))]
+    ax.legend(handles=handles, fontsize=8, ncol=2)
+
+
+def _report_title(report: BenchReport) -> str:
+    machine = report.context.get("machine", {})
+    threads = report.threads if report.threads is not None else "ORT default"
+    return (f"gear-runtime bench: {Path(report.model).name} ({report.backend}), "
+            f"{report.iterations} iterations, threads {threads}, copy={report.copy}"
+            + (f"\n{machine.get('cpu')}, {machine.get('usable_cores')} cores"
+               if machine else ""))
+
+
+def save_figure(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``fig`` as a PNG at ``path`` and close it; InputError when it cannot be written."""
     out = Path(path)
     try:
         fig.savefig(out, format="png", dpi=100)
@@ -493,7 +718,7 @@ def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend, or a clear error naming what to install."""
     try:
         import matplotlib
@@ -509,7 +734,7 @@ def _pyplot() -> Any:
 
 def check_plotting() -> None:
     """Raise the missing-matplotlib error now (before a long benchmark), else nothing."""
-    _pyplot()
+    pyplot()
 
 
 __all__ = [
@@ -519,8 +744,18 @@ __all__ = [
     "bench_model",
     "check_plotting",
     "default_inputs",
+    "column_notes",
+    "draw_boxes",
+    "log_ms_axis",
+    "files_digest",
     "format_table",
+    "machine_context",
+    "model_context",
     "parse_gears",
     "plot_report",
+    "progress_bar",
+    "pyplot",
     "rss_bytes",
+    "save_figure",
+    "versions",
 ]

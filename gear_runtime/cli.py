@@ -62,6 +62,21 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _float_at_least(minimum: float) -> Callable[[str], float]:
+    """An argparse ``type``: the text as a finite float >= ``minimum``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= minimum or value == float("inf"):  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text!r} must be a number >= {minimum:g}")
+        return value
+
+    return parse
+
+
 def _int_list(text: str, what: str) -> list[int]:
     parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
     try:
@@ -132,8 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="per-gear latency, throughput, overhead and memory",
                        description="Benchmark every gear: execute vs the backend's bare run, "
-                       "the naive per-input session.run and the original dynamic model.")
-    p.add_argument("file", metavar="FILE", help="a gear file written by compile")
+                       "the naive per-input session.run and the original dynamic model. With "
+                       "--compare: compare two --json results of the same model instead "
+                       "(exit 1 with --fail-on-regression PCT when a gear got slower).")
+    p.add_argument("file", metavar="FILE", nargs="?",
+                   help="a gear file written by compile (not with --compare)")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                   help="compare two bench --json results, gear by gear (ratio of execute "
+                   "medians with a bootstrap 95%% CI); --plot draws the comparison")
+    p.add_argument("--fail-on-regression", type=_float_at_least(0), metavar="PCT",
+                   help="with --compare: exit 1 when a gear is slower beyond noise and its "
+                   "median grew by more than PCT percent")
+    p.add_argument("--noise", type=_float_at_least(0), default=5.0, metavar="PCT",
+                   help="with --compare: the run-to-run noise band in percent; a gear is "
+                   "faster / slower only when its whole CI is beyond it (default 5)")
+    p.add_argument("--no-copy", action="store_true",
+                   help="time execute(copy=False): outputs as views, no output copy "
+                   "(default: copy=True, what execute returns by default)")
     p.add_argument("--gears", default="all", metavar="0,2|all",
                    help="gear indices to benchmark (default all)")
     p.add_argument("--iterations", type=_int_at_least(1), default=100, metavar="N",
@@ -383,6 +413,12 @@ def _check_output_file(flag: str, path: str) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from gear_runtime import bench
 
+    if args.compare is not None:
+        return _bench_compare(args)
+    if args.file is None:
+        raise _UsageError("give a gear FILE to benchmark, or --compare BEFORE.json AFTER.json")
+    if args.fail_on_regression is not None:
+        raise _UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
     _existing_file(args.file, "gear file")
     if args.reference is not None:
         _existing_file(args.reference, "reference model")
@@ -394,7 +430,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = bench.bench_model(args.file, gears=args.gears, iterations=args.iterations,
                                warmup=args.warmup, threads=args.threads,
                                reference=args.reference, backend=args.backend,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, copy=not args.no_copy)
     print(report.table())
     if args.json is not None:
         try:
@@ -405,6 +441,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if args.plot is not None:
         print(f"wrote {bench.plot_report(report, args.plot)}")
+    return EXIT_OK
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    """``bench --compare``: the table on stdout, warnings on stderr; exit 1 when
+    ``--fail-on-regression`` finds a gear slower beyond noise and the threshold."""
+    from gear_runtime import bench, bench_compare
+
+    if args.file is not None:
+        raise _UsageError(f"--compare compares two results; drop the gear file {args.file!r}")
+    if args.plot is not None:
+        _check_output_file("--plot", args.plot)
+        bench.check_plotting()
+    before_path, after_path = args.compare
+    before = bench_compare.load_result(before_path)
+    after = bench_compare.load_result(after_path)
+    cmp = bench_compare.compare_results(before, after, noise=args.noise / 100,
+                                        names=(before_path, after_path))
+    for line in cmp.warnings:
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    print(cmp.table())
+    if args.plot is not None:
+        print(f"wrote {bench_compare.plot_comparison(cmp, before, after, args.plot)}")
+    if args.fail_on_regression is not None:
+        slow = cmp.regressions(args.fail_on_regression)
+        if slow:
+            print(f"regression: {len(slow)} gear(s) slower by more than "
+                  f"{args.fail_on_regression:g}%: " + "; ".join(
+                      f"gear {d.gear} {d.change_pct:+.1f}%" for d in slow))
+            return EXIT_FAILED
     return EXIT_OK
 
 

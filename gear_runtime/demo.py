@@ -77,7 +77,8 @@ def run_demo(workdir: str | Path | None = None, iterations: int | None = None,
              threads: int | None = 1) -> int:
     """Run the demo; returns the exit code (0: every check passed, 1: a check failed).
 
-    ``workdir``: where the files go (kept); default a temporary directory (removed).
+    ``workdir``: where the files go (kept); default a temporary directory, removed at the
+    end (the output says so, and how to keep the files).
     ``iterations``: benchmark iterations per gear (default 100, or 20 with ``quick``).
     ``threads``: ORT intra-op threads of the benchmark's sessions (default 1: steadier numbers
     on a shared machine; None: ORT's default, one per core).
@@ -88,8 +89,14 @@ def run_demo(workdir: str | Path | None = None, iterations: int | None = None,
     warmup = 3 if quick else 10
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="gear-runtime-demo-") as tmp:
-            return _run(Path(tmp), iterations, warmup, out, progress, threads)
-    return _run(Path(workdir), iterations, warmup, out, progress, threads)
+            code = _run(Path(tmp), iterations, warmup, out, progress, threads, kept=False)
+        out.write(f"removed {tmp}; {KEEP_HINT}\n")
+        return code
+    return _run(Path(workdir), iterations, warmup, out, progress, threads, kept=True)
+
+
+#: How to keep the demo's files: said whenever they go to a temporary folder.
+KEEP_HINT = "to keep the files, run: gear-runtime demo --workdir DIR"
 
 
 @contextmanager
@@ -101,9 +108,11 @@ def _section(out: TextIO, title: str) -> Iterator[None]:
 
 
 def _run(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: bool,
-         threads: int | None) -> int:
+         threads: int | None, kept: bool) -> int:
     checks = _Checks(out)
-    out.write(f"gear-runtime demo: the built-in prefill example, files in {workdir}\n")
+    where = (f"files in {workdir} (kept)" if kept else
+             f"files in the temporary folder {workdir}, removed at the end ({KEEP_HINT})")
+    out.write(f"gear-runtime demo: the built-in prefill example, {where}\n")
     start = time.perf_counter()
     try:
         _steps(workdir, iterations, warmup, out, progress, threads, checks)
@@ -228,4 +237,4 @@ def _expect_refusal(out: TextIO, checks: _Checks, name: str, call: Callable[[], 
     checks.check(name, False, "it was NOT refused")
 
 
-__all__ = ["ATOL", "RTOL", "compare_outputs", "run_demo"]
+__all__ = ["ATOL", "KEEP_HINT", "RTOL", "compare_outputs", "run_demo"]

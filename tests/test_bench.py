@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -10,10 +11,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from models import CONV_BATCH_SPEC, conv_model
+from models import CONV_BATCH_SPEC, HEAVY_SPEC, conv_model, heavy_model
 
 import gear_runtime as gr
-from gear_runtime import bench
+from gear_runtime import bench, bench_compare
 from gear_runtime.errors import BackendUnavailableError, InputError
 from gear_runtime.examples import prefill
 
@@ -64,17 +65,66 @@ def test_parse_gears_never_truncates_to_another_gear(gears, match) -> None:
         bench.parse_gears(gears, 4)
 
 
-def test_every_gear_with_all_comparison_columns(example) -> None:
-    report = bench.bench_model(str(example.gear), iterations=5, warmup=1, threads=1,
-                               reference=str(example.model), inputs=example_inputs,
+@pytest.fixture
+def spy_runs(monkeypatch):
+    """Counts, per runner, the calls the benchmark makes: execute (and its copy flag), the
+    backend's bare run, and ORT session.run on the model's own session (naive) and on any
+    other session (the reference: dynamic)."""
+    import onnxruntime as ort
+
+    from gear_runtime.backends.onnxruntime import OrtSession
+    from gear_runtime.executor import Executor
+
+    calls: dict[str, list] = {"execute": [], "bare": [], "session.run": []}
+
+    def wrap(cls, name, key, record):
+        real = getattr(cls, name)
+
+        def spy(self, *args, **kwargs):
+            calls[key].append(record(self, args, kwargs))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, spy)
+
+    wrap(Executor, "execute", "execute", lambda self, a, kw: kw.get("copy", True))
+    wrap(ort.InferenceSession, "run", "session.run", lambda self, a, kw: id(self))
+    real_handles = bench._backend_handles
+
+    def handles(model, executor):  # the bare column's run (execute calls run_bound too)
+        h = real_handles(model, executor)
+        assert h.bare_run.__func__ is OrtSession.run_bound  # the session's public run_bound
+        run = h.bare_run
+        h.bare_run = lambda g: (calls["bare"].append(g), run(g))[1]
+        return h
+
+    monkeypatch.setattr(bench, "_backend_handles", handles)
+    return calls
+
+
+def test_every_gear_with_all_comparison_columns(example, spy_runs) -> None:
+    """Every column runs what it says, once per iteration (plus warm-up), and its figures
+    are the statistics of its own per-iteration times."""
+    iterations, warmup = 5, 1
+    report = bench.bench_model(str(example.gear), iterations=iterations, warmup=warmup,
+                               threads=1, reference=str(example.model), inputs=example_inputs,
                                progress=False)
     assert [r.gear for r in report.gears] == [0, 1, 2, 3]
     assert [r.dims for r in report.gears] == list(example.spec.gears)
+    runs = warmup + iterations
+    # execute: one check run + every iteration, per gear; bare: every iteration of gear g
+    assert len(spy_runs["execute"]) == 4 * (runs + 1) and all(spy_runs["execute"])
+    assert spy_runs["bare"] == [g for g in range(4) for _ in range(runs)]
+    per_session = {s: spy_runs["session.run"].count(s) for s in set(spy_runs["session.run"])}
+    assert sorted(per_session.values()) == [4 * runs, 4 * runs]  # naive and dynamic
     for r in report.gears:
-        for s in (r.execute, r.bare, r.naive, r.dynamic):
-            assert s is not None and 0 < s.min <= s.p50 <= s.p90 <= s.p99
-        assert r.overhead_us is not None and np.isfinite(r.overhead_us)
+        assert set(r.samples_ns) == {"execute", "bare", "naive", "dynamic"}
+        for name in r.samples_ns:
+            assert len(r.samples_ns[name]) == iterations
+            assert getattr(r, name) == bench.Stats.of_ns(r.samples_ns[name])
+        diffs = np.subtract(r.samples_ns["execute"], r.samples_ns["bare"])
+        assert r.overhead_us == pytest.approx(float(np.median(diffs)) / 1e3)
         assert r.speedup_vs_dynamic == pytest.approx(r.dynamic.p50 / r.execute.p50)
+        assert r.speedup_vs_naive == pytest.approx(r.naive.p50 / r.execute.p50)
         assert r.throughput_unit == "runs/s"  # dims mode: no batch dim
         assert r.throughput == pytest.approx(1e3 / r.execute.mean)
         s = r.dims[0]
@@ -84,11 +134,70 @@ def test_every_gear_with_all_comparison_columns(example) -> None:
     assert report.staging_bytes > 0 and report.output_buffer_bytes > 0
     data = json.loads(json.dumps(report.to_dict()))
     assert [g["gear"] for g in data["gears"]] == [0, 1, 2, 3]
-    assert all({"p50", "p90", "p99"} <= set(g) for g in data["gears"])
     assert data["gears"][0]["dynamic_ms"]["p50"] == pytest.approx(report.gears[0].dynamic.p50)
     table = report.table().splitlines()
     assert table[0].split()[:5] == ["gear", "dims", "p50", "ms", "p90"]
     assert table[2].startswith("0") and "32,32,32,16" in table[2]
+
+
+def test_json_carries_its_context_and_each_figure_once(example) -> None:
+    report = bench.bench_model(str(example.gear), gears="0,2", iterations=4, warmup=1,
+                               threads=1, inputs=example_inputs, progress=False, copy=False)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["schema"] == bench.SCHEMA
+    assert set(data) == {"schema", "context", "memory", "gears"}  # the setup only in context
+    ctx = data["context"]
+    machine = ctx["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1 and machine["usable_cores"] >= 1
+    assert len(machine["load_average"]) == 3
+    assert ctx["settings"] == {"backend": "onnxruntime", "providers": ["CPUExecutionProvider"],
+                               "threads": 1, "warmup": 1, "iterations": 4, "copy": False,
+                               "seed": 0, "gears": [0, 2], "reference": None}
+    import onnxruntime
+
+    assert ctx["versions"] == {"gear_runtime": gr.__version__, "numpy": np.__version__,
+                               "onnxruntime": onnxruntime.__version__,
+                               "python": ".".join(map(str, sys.version_info[:3]))}
+    model = ctx["model"]
+    assert model["path"] == str(example.gear.resolve())
+    assert model["files"] == [str(example.gear.resolve())]
+    assert model["bytes"] == example.gear.stat().st_size
+    assert model["digest"] == bench.files_digest([str(example.gear)])
+    assert model["mode"] == "dims" and model["gears"] == [list(g) for g in example.spec.gears]
+    for g, r in zip(data["gears"], report.gears, strict=True):
+        # every figure once: no copy of execute's statistics at the top level
+        assert "p50" not in g and "latency_ms" not in g
+        assert g["execute_ms"] == r.execute.to_dict()
+        assert g["samples_ns"]["execute"] == r.samples_ns["execute"]
+        assert all(len(v) == 4 and all(isinstance(x, int) and x > 0 for x in v)
+                   for v in g["samples_ns"].values())
+    assert "execute(copy=False)" in report.table()
+
+
+def test_model_context_counts_the_data_file(tmp_path) -> None:
+    """Size and digest cover the gear file AND its data file: changed weights change them."""
+    path = tmp_path / "heavy.gear.onnx"
+    gr.compile(heavy_model(), gr.GearSpec.from_atc(**HEAVY_SPEC), str(path),
+               progress=False, external_data=True)
+    with gr.load(str(path), backend="null") as model:
+        ctx = bench.model_context(str(path), model)
+    data = Path(f"{path}.data")
+    assert ctx["files"] == [str(path), str(data)]
+    assert ctx["bytes"] == path.stat().st_size + data.stat().st_size
+    blob = bytearray(data.read_bytes())
+    blob[-1] ^= 1
+    data.write_bytes(bytes(blob))
+    assert bench.files_digest(ctx["files"]) != ctx["digest"]
+
+
+def test_progress_bar_only_on_a_terminal(example, capsys, monkeypatch) -> None:
+    """Logs never get a bar (stderr not a terminal), even when progress is asked for."""
+    run = dict(gears="0", iterations=2, warmup=0, backend="null", progress=True)
+    bench.bench_model(str(example.gear), **run)
+    assert "bench" not in capsys.readouterr().err
+    monkeypatch.setattr(bench, "stderr_is_terminal", lambda: True)
+    bench.bench_model(str(example.gear), **run)
+    assert "bench" in capsys.readouterr().err
 
 
 def test_naive_column_runs_the_models_own_session(example) -> None:
@@ -167,12 +276,49 @@ def test_closes_what_it_opened(example, monkeypatch, given) -> None:
     assert closed.count("GearModel") == (1 if given == "path" else 0)
 
 
-def test_plot_writes_a_png(example, tmp_path) -> None:
-    report = bench.bench_model(str(example.gear), gears="0,1", iterations=2, warmup=0,
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions save (captured before they are closed)."""
+    pytest.importorskip("matplotlib")
+    saved = []
+    real = bench.save_figure
+
+    def capture(plt, fig, path):
+        saved.append(fig)
+        return real(plt, fig, path)
+
+    monkeypatch.setattr(bench, "save_figure", capture)
+    import gear_runtime.bench_compare as bc
+
+    monkeypatch.setattr(bc, "save_figure", capture)
+    return saved
+
+
+def test_plot_shows_percentiles_and_distributions_on_log_scales(example, tmp_path,
+                                                                figures) -> None:
+    report = bench.bench_model(str(example.gear), gears="0,1", iterations=6, warmup=0,
                                reference=str(example.model), inputs=example_inputs,
                                progress=False)
     out = bench.plot_report(report, tmp_path / "latency.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (fig,) = figures
+    left, right = fig.axes
+    assert left.get_yscale() == right.get_yscale() == "log"
+    # left: per runner its p50, p90 and p99 markers at the statistics' values
+    for name in bench.RUNNERS:
+        lines = [ln for ln in left.get_lines()
+                 if ln.get_color() == bench.RUNNER_COLORS[name] or ln.get_label() == name]
+        ys = sorted(float(y) for ln in lines for y in ln.get_ydata())
+        stats = [getattr(r, name) for r in report.gears]
+        want = sorted(getattr(s, q) for s in stats for q in ("p50", "p90", "p99"))
+        assert ys == pytest.approx(want), name
+    # right: one box per gear and runner, its median the median of the raw times
+    assert len(right.patches) == 2 * len(bench.RUNNERS)
+    medians = sorted(float(ln.get_ydata()[0]) for ln in right.get_lines()
+                     if ln.get_gid() == "median")
+    want = sorted(float(np.median(r.samples_ns[n])) / 1e6 for r in report.gears
+                  for n in bench.RUNNERS)
+    assert medians == pytest.approx(want)
 
 
 def test_plot_without_matplotlib_names_the_package(monkeypatch) -> None:
@@ -219,4 +365,105 @@ def test_bench_gears_rows(scripts) -> None:
 def test_bench_memory_small_model(scripts) -> None:
     rows = scripts.memory.run(width=256, layers=2, repeats=1)
     ratio = next(r for r in rows if r["metric"] == "8-gear / 1-gear load RSS")
-    assert ratio["value"] > 0 and ratio["status"] in ("PASS", "FAIL")
+    # the weights are stored once: 8 gears load in about the memory of 1
+    assert 0 < ratio["value"] <= scripts.memory.MAX_RATIO and ratio["status"] == "PASS", rows
+
+
+# ---- comparing two runs -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def result(example) -> dict:
+    """One real run of gears 0 and 1 as its JSON would hold it."""
+    report = bench.bench_model(str(example.gear), gears="0,1", iterations=40, warmup=2,
+                               threads=1, inputs=example_inputs, progress=False)
+    return json.loads(json.dumps(report.to_dict()))
+
+
+def slowed(data: dict, gear_index: int, factor: float) -> dict:
+    out = copy.deepcopy(data)
+    g = out["gears"][gear_index]
+    g["samples_ns"]["execute"] = [int(v * factor) for v in g["samples_ns"]["execute"]]
+    return out
+
+
+def test_compare_flags_an_injected_30_percent_slowdown(result) -> None:
+    cmp = bench_compare.compare_results(result, slowed(result, 1, 1.3))
+    assert [d.verdict for d in cmp.gears] == ["within noise", "slower"]
+    slow = cmp.gears[1]
+    assert slow.ratio == pytest.approx(1.3, rel=0.01) and 1.05 < slow.low <= 1.3 <= slow.high
+    assert [d.gear for d in cmp.regressions(10)] == [1] and cmp.regressions(40) == []
+    faster = bench_compare.compare_results(slowed(result, 1, 1.3), result)
+    assert [d.verdict for d in faster.gears] == ["within noise", "faster"]
+    table = cmp.table().splitlines()
+    assert table[0].split()[:2] == ["gear", "dims"] and "slower" in table[3]
+
+
+def test_compare_calls_identical_runs_within_noise(result) -> None:
+    same = bench_compare.compare_results(result, copy.deepcopy(result))
+    assert [d.verdict for d in same.gears] == ["within noise"] * 2
+    assert all(d.ratio == 1.0 and d.low <= 1.0 <= d.high for d in same.gears)
+    # two draws of the same (skewed, outlier-prone) distribution: within noise too
+    rng = np.random.default_rng(1)
+    a, b = copy.deepcopy(result), copy.deepcopy(result)
+    for data in (a, b):
+        for g in data["gears"]:
+            g["samples_ns"]["execute"] = (rng.lognormal(np.log(2e5), 0.3, 200)).astype(int)\
+                .tolist()
+    assert [d.verdict for d in bench_compare.compare_results(a, b).gears] == \
+        ["within noise"] * 2
+
+
+def test_bootstrap_interval_covers_the_true_ratio() -> None:
+    rng = np.random.default_rng(2)
+    before = rng.lognormal(0, 0.2, 300)
+    low, high = bench_compare.bootstrap_ratio_interval(before, before * 1.1, rng)
+    assert low < 1.1 < high and high - low < 0.15
+
+
+def test_compare_refuses_different_models_and_gear_sets(result) -> None:
+    other = copy.deepcopy(result)
+    other["context"]["model"]["digest"] = "xxh3_128:" + "0" * 32
+    with pytest.raises(InputError, match="measured different models.*same gear file"):
+        bench_compare.compare_results(result, other)
+    fewer = copy.deepcopy(result)
+    fewer["gears"] = fewer["gears"][:1]
+    with pytest.raises(InputError, match=r"different gear sets: \[0: 32.*1: 64.*\] vs \[0: 32"):
+        bench_compare.compare_results(result, fewer)
+
+
+def test_compare_warns_when_machines_or_settings_differ(result) -> None:
+    other = copy.deepcopy(result)
+    other["context"]["machine"]["cpu"] = "Another CPU"
+    other["context"]["settings"]["threads"] = 4
+    other["context"]["machine"]["load_average"] = [50.0, 1.0, 1.0]
+    warnings = bench_compare.compare_results(result, other).warnings
+    assert any("different machines: cpu" in w and "Another CPU" in w for w in warnings)
+    assert any("different settings: threads 1 vs 4" in w for w in warnings)
+    assert any("after started on a busy machine: load average 50.00" in w for w in warnings)
+    same = bench_compare.compare_results(result, result).warnings
+    assert all("busy" in w for w in same)  # the machine may be busy; nothing else differs
+
+
+def test_compare_refuses_an_old_or_foreign_json(tmp_path, result) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"model": "m", "gears": [{"gear": 0, "p50": 1.0}]}))
+    with pytest.raises(InputError, match="older gear-runtime.*bench --json again"):
+        bench_compare.load_result(old)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(InputError, match="not JSON"):
+        bench_compare.load_result(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(result))
+    assert bench_compare.load_result(good) == result
+
+
+def test_comparison_plot(result, tmp_path, figures) -> None:
+    after = slowed(result, 1, 1.3)
+    cmp = bench_compare.compare_results(result, after)
+    out = bench_compare.plot_comparison(cmp, result, after, tmp_path / "cmp.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    (fig,) = figures
+    ratios, dists = fig.axes
+    assert dists.get_yscale() == "log" and len(dists.patches) == 4  # before/after per gear
+    points = [float(ln.get_ydata()[0]) for ln in ratios.get_lines() if ln.get_marker() == "o"]
+    assert points == pytest.approx([d.ratio for d in cmp.gears])

@@ -335,10 +335,113 @@ def test_bench_json_has_every_gear(capsys, example, tmp_path) -> None:
     data = json.loads(out_json.read_text())
     assert [g["gear"] for g in data["gears"]] == [0, 1, 2, 3]
     for g in data["gears"]:
-        assert g["p50"] <= g["p90"] <= g["p99"]
+        assert g["execute_ms"]["p50"] <= g["execute_ms"]["p90"] <= g["execute_ms"]["p99"]
         assert g["dynamic_ms"] is not None and g["naive_ms"] is not None
+        assert len(g["samples_ns"]["execute"]) == 3
+    assert data["context"]["settings"]["copy"] is True
+    assert data["context"]["model"]["path"] == str(Path(example.gear).resolve())
     assert out.splitlines()[0].startswith("gear")
+    assert "overhead us = median over iterations of (execute - bare): includes the output " \
+           "copy" in out
     assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_no_copy_says_what_it_timed(capsys, example, tmp_path) -> None:
+    out_json = tmp_path / "b.json"
+    code, out, _ = run_cli(capsys, "bench", example.gear, "--gears", "0", "--iterations", "2",
+                           "--warmup", "0", "--no-copy", "--json", out_json)
+    assert code == 0
+    assert json.loads(out_json.read_text())["context"]["settings"]["copy"] is False
+    assert "execute(copy=False)" in out and "(execute - bare): no output copy" in out
+
+
+def test_bench_progress_never_in_a_log(example, tmp_path) -> None:
+    """stdout and stderr in one log file: the table is clean, no bar's carriage returns."""
+    log = tmp_path / "bench.log"
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "gear_runtime.cli", "bench",
+                               str(example.gear), "--gears", "0", "--iterations", "30",
+                               "--warmup", "0"], stdout=f, stderr=subprocess.STDOUT,
+                              timeout=120)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "\r" not in text and "it/s" not in text
+    assert text.splitlines()[0].split()[:2] == ["gear", "dims"]
+
+
+@pytest.fixture(scope="module")
+def results(example, tmp_path_factory) -> SimpleNamespace:
+    """Two bench --json files of the same model: a real run, and a copy with gear 1's
+    per-iteration times made 30% slower."""
+    d = tmp_path_factory.mktemp("compare")
+    before = d / "before.json"
+    assert cli.main(["bench", str(example.gear), "--gears", "0,1", "--iterations", "30",
+                     "--warmup", "2", "--threads", "1", "--json", str(before)]) == 0
+    data = json.loads(before.read_text())
+    g = data["gears"][1]
+    g["samples_ns"]["execute"] = [int(v * 1.3) for v in g["samples_ns"]["execute"]]
+    slow = d / "slow.json"
+    slow.write_text(json.dumps(data))
+    return SimpleNamespace(dir=d, before=before, slow=slow)
+
+
+def test_bench_compare_table_and_fail_on_regression(capsys, results) -> None:
+    code, out, _ = run_cli(capsys, "bench", "--compare", results.before, results.slow)
+    assert code == 0  # a slower gear alone is reported, not an error
+    rows = {line.split()[0]: line for line in out.splitlines()[2:4]}
+    assert rows["1"].endswith("slower") and rows["0"].endswith("within noise")
+    code, out, _ = run_cli(capsys, "bench", "--compare", results.before, results.slow,
+                           "--fail-on-regression", "10")
+    assert code == 1 and "gear 1 +" in out.splitlines()[-1]
+    code, _, _ = run_cli(capsys, "bench", "--compare", results.before, results.slow,
+                         "--fail-on-regression", "50")
+    assert code == 0  # 30% is below 50%
+    code, out, _ = run_cli(capsys, "bench", "--compare", results.before, results.before,
+                           "--fail-on-regression", "0")
+    assert code == 0 and out.count("within noise") == 2
+
+
+def test_bench_compare_plot(capsys, results) -> None:
+    pytest.importorskip("matplotlib")
+    png = results.dir / "cmp.png"
+    code, out, _ = run_cli(capsys, "bench", "--compare", results.before, results.slow,
+                           "--plot", png)
+    assert code == 0 and f"wrote {png}" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_compare_refuses_different_models(capsys, results, tmp_path) -> None:
+    data = json.loads(results.before.read_text())
+    data["context"]["model"]["digest"] = "xxh3_128:" + "f" * 32
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "bench", "--compare", results.before, other)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "measured different models")
+
+
+def test_bench_compare_warns_about_different_settings(capsys, results, tmp_path) -> None:
+    data = json.loads(results.before.read_text())
+    data["context"]["settings"]["threads"] = 8
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    code, _, err = run_cli(capsys, "bench", "--compare", results.before, other)
+    assert code == 0
+    assert "gear-runtime: warning: different settings: threads 1 vs 8" in err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench"], "give a gear FILE to benchmark, or --compare"),
+    (["bench", "{gear}", "--fail-on-regression", "5"], "--fail-on-regression needs --compare"),
+    (["bench", "{gear}", "--compare", "{json}", "{json}"], "drop the gear file"),
+    (["bench", "--compare", "{json}", "{json}", "--fail-on-regression", "x"], "not a number"),
+    (["bench", "--compare", "{json}", "/nonexistent.json"], "cannot read '/nonexistent.json'"),
+])
+def test_bench_compare_usage_errors(capsys, example, results, argv, fragment) -> None:
+    argv = [a.format(gear=example.gear, json=results.before) for a in argv]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert_one_line_error(err, fragment)
 
 
 def test_bench_output_directory_checked_first(capsys, example, tmp_path) -> None:
@@ -373,6 +476,32 @@ def test_demo_quick(capsys, tmp_path) -> None:
     assert "x dynamic" in out and "overhead us" in out  # the benchmark table
     assert (tmp_path / "prefill.gear.onnx").is_file()
     assert (tmp_path / "prefill.hybrid.onnx").is_file()
+    assert f"files in {tmp_path} (kept)" in out.splitlines()[0]
+    assert "overhead us = median over iterations of (execute - bare): includes the output " \
+           "copy" in out
+
+
+def test_demo_without_workdir_says_how_to_keep_the_files(capsys, monkeypatch) -> None:
+    """The temporary folder is named, said to be removed, and --workdir offered, at the start
+    and at the end (where a reader looks for the files)."""
+    from gear_runtime import demo
+
+    seen: list[Path] = []
+    real = demo._run
+
+    def record(workdir, *args, **kwargs):
+        seen.append(workdir)
+        return real(workdir, *args, **kwargs)
+
+    monkeypatch.setattr(demo, "_run", record)
+    code, out, _ = run_cli(capsys, "demo", "--quick", "--iterations", "2", "--no-progress")
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    assert f"temporary folder {seen[0]}, removed at the end" in lines[0]
+    assert "gear-runtime demo --workdir DIR" in lines[0]
+    assert lines[-1] == f"removed {seen[0]}; to keep the files, run: gear-runtime demo " \
+                        "--workdir DIR"
+    assert not seen[0].exists()
 
 
 # ---- the installed console script ---------------------------------------------------------------
