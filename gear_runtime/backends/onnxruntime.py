@@ -152,8 +152,9 @@ class OrtModel(BackendModel):
     def _new_session(self, graph: bytes) -> ort.InferenceSession:
         so = ort.SessionOptions()
         # Errors reach the caller as BackendError; ORT's own copy on stderr would only
-        # duplicate them (and break one-line CLI errors): log errors and worse only.
-        so.log_severity_level = 3
+        # duplicate them (and break one-line CLI errors). Level 3 (errors) still prints a
+        # failing kernel's error, in ANSI colours, before the exception: log fatal only.
+        so.log_severity_level = 4
         if self._threads is not None:
             so.intra_op_num_threads = self._threads
         so.add_session_config_entry(EXTERNAL_FOLDER_KEY, self.file.folder)
