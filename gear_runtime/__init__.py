@@ -50,8 +50,10 @@ __all__ = [
     "GearSpec",
     "GearSpecError",
     "InputError",
+    "check_padding",
     "compile",
     "load",
+    "plan_gears",
 ]
 
 
@@ -79,4 +81,12 @@ def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime`
         from gear_runtime.executor import Executor
 
         return Executor
+    if name == "check_padding":
+        from gear_runtime.padding import check_padding
+
+        return check_padding
+    if name == "plan_gears":
+        from gear_runtime.planner import plan_gears
+
+        return plan_gears
     raise AttributeError(f"module 'gear_runtime' has no attribute {name!r}")

@@ -223,7 +223,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level (default warning)")
+    _add_padding_commands(sub)
     return parser
+
+
+def _add_padding_commands(sub: argparse._SubParsersAction) -> None:
+    """check-padding and plan."""
+    p = sub.add_parser("check-padding", help="is execute(pad=True) exact for this model?",
+                       description="Run the source model at exact request sizes and the gear "
+                       "file padded, compare the trimmed outputs; exit 1 when they differ.")
+    p.add_argument("file", metavar="GEAR", help="the gear file")
+    p.add_argument("source", metavar="SOURCE.onnx", help="the model it was compiled from")
+    p.add_argument("--samples", metavar="V", help='request sizes, e.g. "5;17;100" or '
+                   '"5,5,5,16;17,17,17,16" (default: inside and between the gears)')
+    p.add_argument("--pad-value", action="append", default=[], metavar="NAME=V",
+                   help="pad value of an input (default 0), repeatable")
+    p.add_argument("--rtol", type=_float_at_least(0.0), default=1e-4, metavar="R")
+    p.add_argument("--atol", type=_float_at_least(0.0), default=1e-5, metavar="A")
+    p = sub.add_parser("plan", help="choose the gears from a trace of requests",
+                       description="Plan at most K gears minimising the expected cost of the "
+                       "trace's requests, each padded to its cheapest covering gear.")
+    p.add_argument("model", metavar="MODEL.onnx", help="the dynamic model")
+    p.add_argument("--input-shape", required=True, metavar="S",
+                   help='ATC --input_shape, e.g. "x:1,-1"')
+    p.add_argument("--trace", required=True, metavar="FILE",
+                   help="requests: CSV (values per line) or JSON lines")
+    p.add_argument("--max-gears", type=_int_at_least(1), required=True, metavar="K")
+    p.add_argument("--cost", choices=("elements", "measured"), default="elements")
+    p.add_argument("--current", metavar="V", help='the gears in use, e.g. "32;512;1024;2048"')
+    p.add_argument("--max-gear", type=_int_at_least(1), metavar="N",
+                   help="cap on the largest gear; larger requests stay uncovered")
+    p.add_argument("--ladder", type=_int_at_least(2), default=8, metavar="N",
+                   help="--cost measured: gears compiled and benchmarked (default 8)")
+    p.add_argument("--iterations", type=_int_at_least(1), default=20, metavar="N")
+    p.add_argument("--plot", metavar="OUT.png", help="histogram, gear boundaries, latency")
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -502,8 +535,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_from_args(args)
 
 
+def cmd_check_padding(args: argparse.Namespace) -> int:
+    from gear_runtime.padding import check_padding
+
+    _existing_file(args.file, "gear file")
+    _existing_file(args.source, "source model")
+    pads = {}
+    for item in args.pad_value:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise _UsageError(f"--pad-value {item!r}: expected NAME=VALUE")
+        try:
+            pads[name] = int(value)
+        except ValueError:
+            try:
+                pads[name] = float(value)
+            except ValueError:
+                raise _UsageError(f"--pad-value {item!r}: {value!r} is not a number") from None
+    samples = None
+    if args.samples:
+        samples = [_int_list(s, "--samples") for s in args.samples.split(";")]
+    report = check_padding(args.file, args.source, samples=samples, pad_values=pads,
+                           rtol=args.rtol, atol=args.atol)
+    print(report.table())
+    return EXIT_OK if report.safe else EXIT_FAILED
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from gear_runtime.planner import run_plan
+
+    _existing_file(args.model, "model", InputError)
+    _existing_file(args.trace, "trace", InputError)
+    print(run_plan(args.model, args.input_shape, args.trace, args.max_gears, cost=args.cost,
+                   current=args.current, max_gear=args.max_gear, ladder=args.ladder,
+                   iterations=args.iterations, plot=args.plot))
+    return EXIT_OK
+
+
 COMMANDS = {"compile": cmd_compile, "inspect": cmd_inspect, "run": cmd_run,
-            "bench": cmd_bench, "demo": cmd_demo, "serve": cmd_serve}
+            "bench": cmd_bench, "demo": cmd_demo, "serve": cmd_serve,
+            "check-padding": cmd_check_padding, "plan": cmd_plan}
 
 
 # ---- entry point ------------------------------------------------------------------------------

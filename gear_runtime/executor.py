@@ -176,7 +176,8 @@ class Executor:
 
     def _pad_bytes(self, pad_values: Mapping[str, Any]) -> list[bytes | None]:
         """Each input's pad value as one element of its dtype (None: 0), under the rules list
-        inputs follow (no silent cast: 0.5 for an integer input is refused)."""
+        inputs follow (no silent cast: 0.5 for an integer input is refused; an integer that
+        is exactly a float is accepted for a float input)."""
         if not isinstance(pad_values, Mapping):
             raise InputError("pad_values must be a dict input name -> value, got "
                              f"{type(pad_values).__name__}")
@@ -189,7 +190,11 @@ class Executor:
             if name not in pad_values:
                 out.append(None)
                 continue
-            value = self._as_array(name, pad_values[name], np.dtype(dtype))
+            given = pad_values[name]
+            if np.dtype(dtype).kind in "fc" and isinstance(given, int) \
+                    and not isinstance(given, bool) and float(given) == given:
+                given = float(given)  # 0 for a float input means 0.0: exact, not a cast
+            value = self._as_array(name, given, np.dtype(dtype))
             if value.shape != () or value.dtype != dtype:
                 raise InputError(f"pad value of input {name!r} must be one {np.dtype(dtype)} "
                                  f"value, got {pad_values[name]!r}")
