@@ -10,8 +10,11 @@ resampled with replacement, the ratio of the resampled medians taken each time).
 
 ``noise`` (default 5%) covers what the interval cannot: the bootstrap sees the spread of the
 iterations inside each run, not the drift of a machine between two runs (frequency, other
-processes), which on a shared machine is a few percent. Two runs of different models or gear
-sets are refused (InputError); differences of machine or settings are warnings.
+processes), which on a shared machine is a few percent. The same ratio of the ``bare``
+column (the backend's own run, timed interleaved with execute) is shown beside it: when it
+moved as much as execute, the machine or the backend changed, not the runtime. Two runs of
+different models or gear sets are refused (InputError); differences of machine or settings
+are warnings.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class GearDelta:
     low: float
     high: float
     verdict: str  # "faster" | "slower" | "within noise"
+    #: the same ratio of the bare column (the backend alone); None where either run lacks it.
+    bare_ratio: float | None = None
 
     @property
     def change_pct(self) -> float:
@@ -206,7 +211,13 @@ def _delta(before: dict[str, Any], after: dict[str, Any], noise: float,
     else:
         verdict = "within noise"
     return GearDelta(int(before["gear"]), tuple(before["dims"]), float(np.median(b)),
-                     float(np.median(a)), ratio, low, high, verdict)
+                     float(np.median(a)), ratio, low, high, verdict,
+                     _median_ratio(before, after, "bare"))
+
+
+def _median_ratio(before: dict[str, Any], after: dict[str, Any], runner: str) -> float | None:
+    sb, sa = before["samples_ns"].get(runner), after["samples_ns"].get(runner)
+    return float(np.median(sa) / np.median(sb)) if sb and sa else None
 
 
 def bootstrap_ratio_interval(before: np.ndarray, after: np.ndarray,
@@ -225,14 +236,15 @@ def bootstrap_ratio_interval(before: np.ndarray, after: np.ndarray,
 def format_comparison(cmp: Comparison) -> str:
     """Fixed-width table: per gear both medians, the ratio, its interval and the verdict."""
     header = ["gear", "dims", "before p50 ms", "after p50 ms", "after/before",
-              f"{CONFIDENCE:.0%} CI", "change", "verdict"]
+              f"{CONFIDENCE:.0%} CI", "change", "bare after/before", "verdict"]
     rows = [header]
     for d in cmp.gears:
+        bare = "-" if d.bare_ratio is None else f"{d.bare_ratio:.3f}"
         rows.append([str(d.gear), ",".join(map(str, d.dims)), f"{d.before_ms:.3f}",
                      f"{d.after_ms:.3f}", f"{d.ratio:.3f}", f"{d.low:.3f}-{d.high:.3f}",
-                     f"{d.change_pct:+.1f}%", d.verdict])
+                     f"{d.change_pct:+.1f}%", bare, d.verdict])
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if 2 <= c <= 6 else cell.ljust(w)
+    lines = ["  ".join(cell.rjust(w) if 2 <= c <= 7 else cell.ljust(w)
                        for c, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -242,6 +254,8 @@ def format_comparison(cmp: Comparison) -> str:
         f"after:  {cmp.after}",
         f"execute medians; CI: bootstrap over iterations ({RESAMPLES} resamples); slower / "
         f"faster only when the whole CI is beyond +-{cmp.noise:.0%} (run-to-run noise)",
+        "bare after/before: the backend's own run, timed alongside; when it moved like "
+        "execute, the machine or the backend changed, not the runtime",
         *cmp.notes,
     ]
     return "\n".join(lines)
@@ -276,10 +290,16 @@ def _ratio_panel(ax: Any, cmp: Comparison, x: np.ndarray, labels: list[str]) -> 
                     color=color, capsize=6, markersize=8)
         ax.annotate(f"{d.change_pct:+.1f}%\n{d.verdict}", (xi, d.high), textcoords="offset points",
                     xytext=(0, 6), ha="center", fontsize=8, color=color)
+    bare = [(xi, d.bare_ratio) for xi, d in zip(x, cmp.gears, strict=True)
+            if d.bare_ratio is not None]
+    if bare:
+        ax.plot([b[0] + 0.12 for b in bare], [b[1] for b in bare], "D", markersize=6,
+                markerfacecolor="none", color="tab:green", label="bare (backend alone)")
     ax.set_xticks(x, labels)
     ax.set_xlim(-0.6, len(labels) - 0.4)
-    top = max([d.high for d in cmp.gears] + [1 + cmp.noise])
-    bottom = min([d.low for d in cmp.gears] + [1 / (1 + cmp.noise)])
+    bares = [d.bare_ratio for d in cmp.gears if d.bare_ratio is not None]
+    top = max([d.high for d in cmp.gears] + bares + [1 + cmp.noise])
+    bottom = min([d.low for d in cmp.gears] + bares + [1 / (1 + cmp.noise)])
     ax.set_ylim(bottom - 0.05, top + 0.12 * (top - bottom + 0.1))
     ax.set_xlabel("gear: dynamic dims")
     ax.set_ylabel("median after / before (95% CI)")

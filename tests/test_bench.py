@@ -140,9 +140,10 @@ def test_every_gear_with_all_comparison_columns(example, spy_runs) -> None:
     assert table[2].startswith("0") and "32,32,32,16" in table[2]
 
 
-def test_json_carries_its_context_and_each_figure_once(example) -> None:
+def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> None:
     report = bench.bench_model(str(example.gear), gears="0,2", iterations=4, warmup=1,
                                threads=1, inputs=example_inputs, progress=False, copy=False)
+    assert spy_runs["execute"] and not any(spy_runs["execute"])  # timed as it says: copy=False
     data = json.loads(json.dumps(report.to_dict()))
     assert data["schema"] == bench.SCHEMA
     assert set(data) == {"schema", "context", "memory", "gears"}  # the setup only in context
@@ -390,6 +391,7 @@ def test_compare_flags_an_injected_30_percent_slowdown(result) -> None:
     assert [d.verdict for d in cmp.gears] == ["within noise", "slower"]
     slow = cmp.gears[1]
     assert slow.ratio == pytest.approx(1.3, rel=0.01) and 1.05 < slow.low <= 1.3 <= slow.high
+    assert slow.bare_ratio == 1.0  # the backend alone did not move: the runtime did
     assert [d.gear for d in cmp.regressions(10)] == [1] and cmp.regressions(40) == []
     faster = bench_compare.compare_results(slowed(result, 1, 1.3), result)
     assert [d.verdict for d in faster.gears] == ["within noise", "faster"]
