@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -38,6 +39,10 @@ def serve_from_args(args: argparse.Namespace) -> int:
                                  replicas=args.replicas)
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """Handler that does nothing (see serve_forever)."""
+
+
 def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
                   host: str, port: int, log_level: str = "warning") -> int:
     """Bind first (a port in use fails before any model loads), load, print the address,
@@ -51,10 +56,15 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
     host, port = sock.getsockname()[:2]
     print(f"gear-runtime: serving {', '.join(server.models)} at http://{host}:{port} "
           "(KServe v2 REST; metrics at /metrics)", flush=True)
+    # uvicorn catches SIGINT/SIGTERM while it serves, drains, then raises the signal again
+    # for the handler found before: a no-op one makes a drained shutdown a normal exit (0)
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn_server(server, sock, log_level=log_level).run(sockets=[sock])
     finally:
         asyncio.run(server.close())  # a no-op after the app's own shutdown
         sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print("gear-runtime: server stopped", flush=True)
     return 0
