@@ -107,6 +107,8 @@ def test_nothing_is_written_at_load(external, tmp_path: Path) -> None:
         except OSError:
             return None
 
+    import onnxruntime  # noqa: F401  (its import, not the load, writes a usage record in ~/.cache)
+
     before, w0 = snapshot(), written()
     model = gr.load(str(path))
     ex = model.create_executor()
