@@ -146,14 +146,17 @@ def structure_of(reqs: np.ndarray) -> Structure:
 
 
 # ---- costs --------------------------------------------------------------------------------------
-def elements_cost(spec: GearSpec | None = None) -> CostFn:
-    """Total input elements of a gear: the spec's real input sizes, or the product of the
-    values (+1 per value, so that a 0 does not make a gear free) without a spec."""
-    if spec is None:
-        return lambda gear: float(math.prod(max(int(v), 1) for v in gear))
-    from gear_runtime.padding import shapes_for
+def elements_cost(spec: GearSpec | None = None, structure: Structure | None = None) -> CostFn:
+    """Total input elements of a gear: the spec's real input sizes; without a spec, the
+    product of the values (each group of tied values counted once when ``structure`` is
+    given; a 0 counts as 1 so that no gear is free)."""
+    if spec is not None:
+        from gear_runtime.padding import shapes_for
 
-    return lambda gear: float(sum(math.prod(s) for s in shapes_for(spec, gear).values()))
+        return lambda gear: float(sum(math.prod(s) for s in shapes_for(spec, gear).values()))
+    keep = None if structure is None else [g[0] for g in structure.groups]
+    return lambda gear: float(math.prod(max(int(gear[v]), 1) for v in
+                                        (range(len(gear)) if keep is None else keep)))
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,8 @@ def run_plan(model: str, input_shape: str, trace: str, max_gears: int, *,
     if current:
         gears_now = [_widen_current(structure, g) for g in current.split(";") if g.strip()]
         fn, unit = _cost_fn(cost, spec, curve, structure)
-        now = evaluate(gears_now, requests, fn, unit, spec.mode, True, elements_cost(spec))
+        now = evaluate(gears_now, requests, fn, unit, spec.mode, True,
+                       elements_cost(spec, structure))
         lines.append("current: " + now.summary())
         plans.append(now)
     if curve is not None:
@@ -261,7 +265,7 @@ def _cost_fn(cost: str | CostFn, spec: GearSpec | None, curve: LatencyCurve | No
     if callable(cost):
         return cost, "cost"
     if cost == "elements":
-        return elements_cost(spec), "elements"
+        return elements_cost(spec, structure), "elements"
     if cost == "measured":
         if curve is None:
             raise InputError('cost="measured" needs a latency curve (measure_latency, or the '
@@ -296,7 +300,7 @@ def evaluate(gears: Sequence[Sequence[int]], requests: Any, cost: CostFn,
         return GearPlan([tuple(g) for g in gear_arr.tolist()], math.nan, math.nan, math.nan,
                         1.0, served, cost_unit, mode, exact, per_request)
     request_cost = costs[per_request[ok]]
-    size = element_cost or elements_cost()
+    size = element_cost or elements_cost(None, structure_of(reqs))
     gear_elems = np.array([size(tuple(g)) for g in gear_arr.tolist()])
     uniq_elems = np.array([size(tuple(r)) for r in uniq.tolist()])
     waste = 1.0 - uniq_elems[inverse[ok]].sum() / gear_elems[per_request[ok]].sum()
@@ -338,7 +342,7 @@ def plan_gears(requests: Any, max_gears: int, cost: str | CostFn = "elements", *
         chosen_vecs = _heuristic(kept, max_gears, lambda vec: fn(structure.expand(vec)))
         gears = [structure.expand(v) for v in chosen_vecs]
         exact = False
-    return evaluate(gears, reqs, fn, unit, mode, exact, elements_cost(spec))
+    return evaluate(gears, reqs, fn, unit, mode, exact, elements_cost(spec, structure))
 
 
 def _dp(sizes: np.ndarray, max_gears: int, cost: Callable[[int], float]) -> list[int]:
