@@ -223,6 +223,13 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         checks.check("every gear benchmarked",
                      [r.gear for r in report.gears] == list(range(model.gear_count)))
 
+    with _section(out, "8. check-padding: any seq_len padded to its gear, vs the original"):
+        padding = gr.check_padding(str(gear_path), str(model_path),
+                                   pad_values={"attention_mask": 0},
+                                   inputs=lambda shapes: prefill.inputs_for_shapes(shapes))
+        out.write("".join(f"  {line}\n" for line in padding.table().splitlines()))
+        checks.check("padding is safe (attention_mask padded with 0)", padding.safe)
+
 
 def _expect_refusal(out: TextIO, checks: _Checks, name: str, call: Callable[[], Any]) -> None:
     """The call must raise GearMismatchError with GE's code 145013; its message (which names
