@@ -371,12 +371,25 @@ def test_bench_memory_small_model(scripts) -> None:
 
 
 # ---- comparing two runs -------------------------------------------------------------------------
+def steady_times(median_ns: float, n: int, seed: int) -> list[int]:
+    """Per-iteration times shaped like this machine's (a tight lognormal body, 5% of them
+    slowed 20x by the scheduler), seeded: verdict tests must not depend on how busy the
+    machine happens to be while the suite runs."""
+    rng = np.random.default_rng(seed)
+    times = rng.lognormal(np.log(median_ns), 0.05, n)
+    times[rng.random(n) < 0.05] *= 20
+    return times.astype(np.int64).tolist()
+
+
 @pytest.fixture(scope="module")
 def result(example) -> dict:
-    """One real run of gears 0 and 1 as its JSON would hold it."""
+    """A real run of gears 0 and 1 as its JSON holds it, its execute times made steady."""
     report = bench.bench_model(str(example.gear), gears="0,1", iterations=40, warmup=2,
                                threads=1, inputs=example_inputs, progress=False)
-    return json.loads(json.dumps(report.to_dict()))
+    data = json.loads(json.dumps(report.to_dict()))
+    for k, g in enumerate(data["gears"]):
+        g["samples_ns"]["execute"] = steady_times(2e5 * (k + 1), 40, seed=k)
+    return data
 
 
 def slowed(data: dict, gear_index: int, factor: float) -> dict:
@@ -412,6 +425,15 @@ def test_compare_calls_identical_runs_within_noise(result) -> None:
                 .tolist()
     assert [d.verdict for d in bench_compare.compare_results(a, b).gears] == \
         ["within noise"] * 2
+
+
+def test_a_drift_inside_the_noise_band_is_within_noise(result) -> None:
+    """3% slower with a tight interval: the machine's run-to-run drift, not a change, under
+    the default 5% band; a change when the band is 0 (the interval alone)."""
+    drift = slowed(result, 1, 1.03)
+    assert bench_compare.compare_results(result, drift).gears[1].verdict == "within noise"
+    gear = bench_compare.compare_results(result, drift, noise=0).gears[1]
+    assert gear.low > 1 and gear.verdict == "slower"
 
 
 def test_bootstrap_interval_covers_the_true_ratio() -> None:
