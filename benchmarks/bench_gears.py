@@ -56,7 +56,8 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
             row("gears", f"{name} speed-up vs ORT dynamic", r.speedup_vs_dynamic, "x"),
             row("gears", f"{name} p50 execute", r.execute.p50, "ms"),
             row("gears", f"{name} speed-up vs naive session.run", r.speedup_vs_naive, "x"),
-            row("gears", f"{name} runtime overhead per call", r.overhead_us, "us"),
+            row("gears", f"{name} runtime overhead per call (incl. output copy)",
+                r.overhead_us, "us"),
         ]
     return rows
 
