@@ -83,13 +83,19 @@ def test_loads_from_any_working_directory_and_after_the_folder_moves(
     _check_every_gear(moved / path.name, source, spec)
 
 
-def test_nothing_is_written_at_load(external, tmp_path: Path) -> None:
+def test_nothing_is_written_at_load(external, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     path, source, spec = external
     import tempfile
 
+    private = tmp_path / "tmp"  # the temp dir this process would write to, and nobody else
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+
     def snapshot() -> dict[str, tuple[int, float]]:
         out = {}
-        for root in {str(tmp_path), tempfile.gettempdir()}:
+        for root in (str(tmp_path),):
             for dirpath, _, files in os.walk(root):
                 for f in files:
                     p = os.path.join(dirpath, f)
