@@ -74,3 +74,43 @@ TEST(staging_aliasing) {
   CHECK_THROWS_ERROR(s.check(0, wrong, 2, values, 1, nullptr), "input", "145000",
                      "input #1 overlaps the staging buffer but is not its own slot in gear 0");
 }
+
+TEST(pad_copy_right_pads_every_axis_once) {
+  // src [2, 3] int16 into dst [3, 5], pad 0x0102 (non-uniform bytes: the pattern path)
+  const int64_t src_shape[2] = {2, 3}, dst_shape[2] = {3, 5};
+  int16_t src[6] = {1, 2, 3, 4, 5, 6};
+  int16_t dst[15];
+  const int16_t pad = 0x0102;
+  gear_runtime::pad_copy(reinterpret_cast<uint8_t*>(dst), dst_shape,
+                         reinterpret_cast<const uint8_t*>(src), src_shape, 2, 2,
+                         reinterpret_cast<const uint8_t*>(&pad));
+  const int16_t want[15] = {1, 2, 3, pad, pad, 4, 5, 6, pad, pad, pad, pad, pad, pad, pad};
+  for (int k = 0; k < 15; ++k) CHECK_EQ(dst[k], want[k]);
+  // equal shapes: a plain copy
+  int16_t same[6] = {0};
+  gear_runtime::pad_copy(reinterpret_cast<uint8_t*>(same), src_shape,
+                         reinterpret_cast<const uint8_t*>(src), src_shape, 2, 2,
+                         reinterpret_cast<const uint8_t*>(&pad));
+  CHECK(std::memcmp(same, src, sizeof(src)) == 0);
+}
+
+TEST(staging_padded_source_must_fit_and_not_alias) {
+  Layout l = Layout::plan({{16}}, 1, 131072, 64);
+  std::vector<uint8_t> buf(l.total_bytes(), 0xEE);
+  Stager s(l, buf.data(), buf.size());
+  const int64_t have[1] = {3}, slot[1] = {4}, big[1] = {5};
+  const uint8_t pad[4] = {9, 9, 9, 9};
+  std::vector<uint8_t> a(12, 1);
+  StageSource src[1] = {{a.data(), 12, have, slot, 1, 4, pad}};
+  int64_t values[1] = {4};
+  std::string names[1] = {"a"};
+  s.stage(0, src, 1, values, 1, names);
+  CHECK_EQ(buf[l.offset(0, 0) + 11], 1);
+  CHECK_EQ(buf[l.offset(0, 0) + 12], 9);
+  StageSource wide[1] = {{a.data(), 12, big, slot, 1, 4, pad}};
+  CHECK_THROWS_ERROR(s.check(0, wide, 1, values, 1, names), "input", "145000",
+                     "does not fit its padded shape");
+  StageSource inside[1] = {{buf.data() + l.offset(0, 0), 12, have, slot, 1, 4, pad}};
+  CHECK_THROWS_ERROR(s.check(0, inside, 1, values, 1, names), "input", "145000",
+                     "overlaps the staging buffer and must be padded");
+}
