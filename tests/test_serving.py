@@ -432,6 +432,33 @@ def test_tritonclient_sees_the_code_and_errors_are_counted(port) -> None:
     assert m[key] >= 1
 
 
+def test_a_failure_of_ours_is_500_and_the_server_goes_on(files, reference) -> None:
+    server = build_server([str(files["prefill"])], options=ServeOptions(executors=1))
+    served = server.models["prefill"]
+    real = served._execute
+    calls = []
+
+    def fail_once(ex, arrays):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("backend exploded")
+        return real(ex, arrays)
+
+    served._execute = fail_once
+    inputs = prefill.example_inputs(served.model.spec, 0, seed=1)
+    with live(server) as p:
+        c = client(p)
+        with pytest.raises(triton.InferenceServerException) as info:
+            infer(c, "prefill", inputs, ["logits"], True)
+        assert info.value.status() == "500" and "backend exploded" in info.value.message()
+        (got,) = infer(c, "prefill", inputs, ["logits"], True)
+        m = metrics(p)
+    np.testing.assert_array_equal(got, reference["prefill"].execute(inputs)[0])
+    key = ("gear_errors_total", (("code", "RuntimeError"), ("model", "prefill"),
+                                 ("status", "500")))
+    assert m[key] == 1
+
+
 def test_a_full_queue_is_503_with_retry_after(files) -> None:
     server = build_server([str(files["conv"])],
                           options=ServeOptions(executors=1, max_batch_delay_ms=1500,
@@ -470,6 +497,10 @@ def test_pad_serves_any_length_or_is_refused(files, reference, monkeypatch) -> N
     with live(server) as p:
         inputs = prefill.inputs_for_shapes(prefill.example_shapes(20), seed=7)
         got = infer(client(p), "prefill", inputs, list(prefill.OUTPUT_NAMES), True)
+        m = metrics(p)
+    fill = (("gear", "32,32,32,16"), ("model", "prefill"))
+    assert m[("gear_pad_fill_ratio_count", fill)] == 1
+    assert m[("gear_pad_fill_ratio_sum", fill)] == pytest.approx(20 * 20 * 20 / 32**3)
     expected = reference["prefill"].execute(inputs, pad=True)
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)

@@ -28,6 +28,47 @@ from gear_runtime.serving import ServeOptions  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+def test_cli_ray_serves_and_stops_on_sigterm(tmp_path) -> None:
+    """``gear-runtime serve FILE --ray --replicas 2``: answers, then SIGTERM stops Serve and
+    Ray and exits 0 (runs before the module's Ray instance starts)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_serving import _read_line, request
+
+    from gear_runtime.serving.ray_app import free_port
+
+    files = compile_models(tmp_path)
+    port = free_port(HOST)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gear_runtime.cli", "serve", str(files["conv"]), "--ray",
+         "--replicas", "2", "--executors", "1", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = _read_line(proc, timeout=120)
+        assert f"at http://127.0.0.1:{port} on Ray Serve (2 replicas)" in line, line
+        x = conv_input(2, seed=9)
+        body = json.dumps({"inputs": [{"name": "data", "shape": [2, 3, 8, 8],
+                                       "datatype": "FP32", "data": x.ravel().tolist()}]})
+        status, _, reply = request(port, "POST", "/v2/models/conv/infer", body.encode())
+        assert status == 200, reply
+        with gr.load(str(files["conv"])) as model:
+            expected = model.create_executor().execute([x])[0]
+        got = np.asarray(json.loads(reply)["outputs"][0]["data"], np.float32)
+        np.testing.assert_array_equal(got, expected.ravel())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        assert "server stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def ray_port(tmp_path_factory):
     import ray

@@ -47,6 +47,10 @@ class Metrics:
         self.padding = Counter("gear_padding_rows",
                                "Padding rows run in batches (work wasted to fill a gear)",
                                ["model", "gear"], registry=r)
+        self.pad_fill = Histogram("gear_pad_fill_ratio",
+                                  "--pad: request dims / gear dims (product of the dynamic "
+                                  "values) of every padded request", ["model", "gear"],
+                                  buckets=FILL_BUCKETS, registry=r)
         self.queue = Gauge("gear_queue_depth",
                            "Requests admitted and waiting for an executor", ["model"],
                            registry=r)
@@ -67,6 +71,10 @@ class Metrics:
         self.fill.labels(model, gear).observe(rows / gear_rows)
         self.rows.labels(model, gear).inc(rows)
         self.padding.labels(model, gear).inc(gear_rows - rows)
+
+    def padded(self, model: str, gear: str, fill: float) -> None:
+        """One request padded (``--pad``) to a gear it fills to ``fill`` (1.0: exact)."""
+        self.pad_fill.labels(model, gear).observe(fill)
 
     def error(self, model: str, code: str, status: int) -> None:
         self.errors.labels(model, code, str(status)).inc()

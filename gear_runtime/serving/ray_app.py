@@ -60,9 +60,24 @@ def start_local(host: str, port: int, num_cpus: int | None = None) -> None:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+    _loopback_node()
+    # "local": always a new instance of our own, never one found through RAY_ADDRESS or
+    # another process's cluster file
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
              configure_logging=False, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
+
+
+def _loopback_node() -> None:
+    """Make a new local Ray node use 127.0.0.1 as its address (Ray's own processes then talk
+    over loopback). Ray turns ``_node_ip_address="127.0.0.1"`` into the host's address; its
+    loopback mode is the single-node one it uses on macOS and Windows, switched by this
+    constant (read when the node starts). Without it, Ray picks the host's address."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray without it: its default address
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def free_port(host: str) -> int:

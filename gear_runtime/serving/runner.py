@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -261,7 +262,14 @@ class ServedModel:
         return ex.last_gear, outputs
 
     def _execute(self, ex: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return ex.execute(arrays, pad=True) if self.options.pad else ex.execute(arrays)
+        if not self.options.pad:
+            return ex.execute(arrays)
+        outputs = ex.execute(arrays, pad=True)
+        request, gear = getattr(ex, "last_request_dims", None), ex.last_dynamic_dims
+        if request is not None and gear is not None and ex.last_gear is not None:
+            self.metrics.padded(self.name, self.gear_label(ex.last_gear),
+                                math.prod(request) / max(1, math.prod(gear)))
+        return outputs
 
     async def _run_batch(self, requests: list[list[np.ndarray]]
                          ) -> tuple[int, list[list[np.ndarray]]]:
