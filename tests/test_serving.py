@@ -600,3 +600,18 @@ def test_cli_refuses_bad_flags_before_loading(files, capsys) -> None:
     assert cli.main(["serve", "missing.gear.onnx"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("gear-runtime: error:") for line in err)
+
+
+def test_an_executor_that_cannot_be_created_fails_the_load_at_once() -> None:
+    from gear_runtime.serving.runner import ExecutorPool
+
+    class Broken:
+        def create_executor(self):
+            raise gr.BackendError("no device")
+
+    pool = ExecutorPool(Broken(), 3, "broken")
+    t0 = time.monotonic()
+    with pytest.raises(gr.BackendError, match="no device"):
+        pool.warm_up()
+    assert time.monotonic() - t0 < 10  # not the barrier's timeout
+    pool.close()

@@ -115,11 +115,13 @@ class GearServer:
         t0 = time.perf_counter()
         name = ""
         try:
+            # the body first, even for an unknown model: a reply before the body is read
+            # would close the connection under a client still sending it
+            body = await read_body(request, self.options.max_body_bytes)
             model = self._model(request)
             name = model.name
             if self.closing:
                 raise ClosedError("the server is shutting down")
-            body = await read_body(request, self.options.max_body_bytes)
             infer_request = decode_request(body, request.headers.get(HEADER_LENGTH))
             gear, outputs = await model.infer(infer_request)
             names, outputs = _selected(model, infer_request.outputs, outputs)

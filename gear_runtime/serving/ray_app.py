@@ -99,8 +99,12 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.run(ray_app(files, names, options, replicas=replicas), name=APP_NAME,
-                  route_prefix="/", blocking=False)
+        # at most one CPU per replica, so that N replicas fit on fewer cores (Ray would wait
+        # for CPUs that never come)
+        cpus = min(1.0, (os.cpu_count() or 1) / replicas)
+        serve.run(ray_app(files, names, options, replicas=replicas,
+                          ray_actor_options={"num_cpus": cpus}),
+                  name=APP_NAME, route_prefix="/", blocking=False)
         print(f"gear-runtime: serving {', '.join(names or map(model_name, files))} at "
               f"http://{host}:{port} on Ray Serve ({replicas} replicas)", flush=True)
         stop.wait()

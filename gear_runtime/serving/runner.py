@@ -97,11 +97,18 @@ class ExecutorPool:
         barrier = threading.Barrier(self.size)
         futures = [self._threads.submit(self._create_and_wait, barrier)
                    for _ in range(self.size)]
-        for f in futures:
-            f.result()
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError | None)),
+                     next((e for e in errors if e is not None), None))
+        if first is not None:
+            raise first
 
     def _create_and_wait(self, barrier: threading.Barrier) -> None:
-        self._executor()
+        try:
+            self._executor()
+        except BaseException:
+            barrier.abort()  # the other threads stop waiting: the error is reported at once
+            raise
         barrier.wait(timeout=120)
 
     def _executor(self) -> Any:
