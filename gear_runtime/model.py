@@ -106,11 +106,9 @@ class GearModel:
         self._profile: tuple[float, ...] | None = None
 
     def _find_output_axes(self) -> tuple[dict[int, int], ...]:
-        """What the compiler recorded (in the model info, or the gear file the backend
-        read), else what the per-gear output shapes alone show."""
+        """What the compiler recorded (in the model info), else what the per-gear output
+        shapes alone show (backends reading .om / MindIR files have no record)."""
         axes = self.info.output_dynamic_axes
-        if axes is None:  # backends that build ModelInfo without the record keep the file
-            axes = getattr(getattr(self._backend, "file", None), "output_dynamic_axes", None)
         if axes is None:
             from gear_runtime.compiler.axes import axes_from_shapes
 

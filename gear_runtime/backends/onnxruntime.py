@@ -123,7 +123,8 @@ class OrtModel(BackendModel):
             output_names=tuple(gear_file.output_names),
             output_dtypes=tuple(gear_file.output_dtypes),
             output_shapes=tuple(gear_file.output_shapes),
-            hybrid=gear_file.spec.hybrid, sink=gear_file.kind == "sink")
+            hybrid=gear_file.spec.hybrid, sink=gear_file.kind == "sink",
+            output_dynamic_axes=gear_file.output_dynamic_axes)
         if cuda_graph and self.info.sink:
             raise BackendError("cuda_graph=True needs a gear file compiled without sink=True: "
                                "a sink file routes with If nodes, which CUDA graphs cannot "
