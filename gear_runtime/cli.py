@@ -204,14 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executors", type=_int_at_least(1), default=None, metavar="N",
                    help="executors (worker threads) per model (default: one per core, "
                    "at most 4)")
-    p.add_argument("--max-batch-delay-ms", type=float, default=2.0, metavar="MS",
+    p.add_argument("--max-batch-delay-ms", type=_float_at_least(0), default=2.0, metavar="MS",
                    help="batch-mode models: how long a request waits for others to share its "
                    "batch (default 2)")
     p.add_argument("--no-batching", action="store_true",
                    help="run every request on its own (no dynamic batching)")
     p.add_argument("--max-queue", type=_int_at_least(1), default=256, metavar="N",
                    help="requests waiting per model beyond which it answers 503 (default 256)")
-    p.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+    p.add_argument("--max-body-mb", type=_float_at_least(0), default=64.0, metavar="MB",
                    help="largest request body accepted, in MiB (default 64; more: 413)")
     p.add_argument("--pad", action="store_true",
                    help="dims mode: serve requests of any shape padded to the covering gear")
@@ -518,10 +518,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT / SIGTERM (graceful: requests in flight finish first)."""
-    for flag, value in (("--max-batch-delay-ms", args.max_batch_delay_ms),
-                        ("--max-body-mb", args.max_body_mb)):
-        if not 0 <= value < float("inf"):  # also refuses nan
-            raise _UsageError(f"{flag} must be a number >= 0, got {value}")
     if args.name and len(args.name) != len(args.files):
         raise _UsageError(f"{len(args.name)} --name for {len(args.files)} files: give one "
                           "per FILE, or none")
