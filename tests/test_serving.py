@@ -474,7 +474,9 @@ def test_a_full_queue_is_503_with_retry_after(files) -> None:
         assert status == 503 and headers["retry-after"] == "1", reply
         t.join(30)
         assert first[0][0] == 200
-        _assert_still_serving(p)
+        # still serving: a full gear (8 rows) goes without waiting for the long delay
+        (got,) = infer(client(p), "conv", {"data": conv_input(8, 2)}, ["logits"], True)
+        assert got.shape == (8, 10)
 
 
 def _wait_for_queue(port: int, model: str, depth: int, timeout: float = 20) -> None:
