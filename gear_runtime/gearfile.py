@@ -1,51 +1,19 @@
-"""The gear file: one ONNX file holding every gear of a model, and its reader.
+"""The gear file reader: :func:`read_gear_file` turns a gear file of either kind into a
+:class:`GearFile`.
 
-Two kinds, both written by :func:`gear_runtime.compiler.compile_model`:
+The format (names, codecs, the two kinds) is :mod:`gear_runtime.gearformat`; the integrity
+record :mod:`gear_runtime.digest`; external data :mod:`gear_runtime.external_data`.
 
-``"case"`` (default; GE's multi-batch structure, multi_batch_clone_pass.cc, NOT runnable by
-stock ONNX Runtime): the root graph has the spec inputs shaped to the LARGEST gear plus the
-int32 input ``ascend_mbatch_shape_data`` ([values_per_gear]); the weights as root
-initializers (once) and the gear table (int32, flattened [gear_count * values_per_gear]);
-``MapIndex(ascend_mbatch_shape_data, gear_table) -> branch index`` and
-``Case(branch index, inputs...) -> outputs`` in the custom domain :data:`DOMAIN`. Case carries
-GE's attributes (``batch_num``, ``pred_value_<i>``, ``user_designate_shape_order``,
-``dynamic_type``, ``insert_by_mbatch``), the per-gear static graphs (``branches``, each named
-``Batch_<i>``, GE's batch_label), ``dynamic_output_dims`` (GE's ATTR_NAME_DYNAMIC_OUTPUT_DIMS:
-``"gearIdx,outIdx,dim0,dim1,..."``) and, in hybrid mode, ``dynamic_graph`` (the original
-dynamic-shape graph). Branch graphs declare their inputs (static gear shapes) and read the
-weights from the root graph by name (outer scope); they have no initializers of their own.
-
-``"sink"`` (GE's GetNext-sink mode, runnable by plain ``onnxruntime.InferenceSession``): the
-root inputs keep their dynamic dims; the graph computes the dims from the inputs' shapes
-(Shape -> Gather -> Concat, GE's GetDynamicDims), compares them with the gear table (the
-Constant ``ascend_mbatch_gear_table``, int64 [gear_count, dynamic positions]) into a branch
-index (-1 on a miss) and routes through a balanced tree of ``If`` nodes whose leaves run
-``Batch_<i>`` (no declared inputs: it reads the root inputs and weights from the outer scope).
-A miss gives EMPTY outputs (or, hybrid, runs the ``Dynamic`` graph). The dims, int32, are the
-LAST output, named ``ascend_mbatch_shape_data``. Per-gear output dims are stored in the
-metadata key :data:`META_OUTPUT_DIMS` (JSON list of the same strings).
-
-Weights: every weight is a ROOT initializer, once. Big ones may be ONNX external data in ONE
-file beside the gear file (``<gear file name>.data``, see :mod:`gear_runtime.external_data`),
-resolved against the gear file's folder only and checked before anything reads them.
-
-A case file always stores the source graph as ``dynamic_graph`` (ONNX Runtime runs every gear
-on one session of it); only a hybrid file (:data:`META_HYBRID`) runs it on a miss.
-
-Both kinds carry ``metadata_props``: :data:`META_FORMAT` (= :data:`FORMAT_VERSION`),
-:data:`META_SPEC` (the spec as JSON), :data:`META_KIND`, :data:`META_HYBRID`.
-
-:func:`read_gear_file` turns either kind into a :class:`GearFile`: per gear a STANDALONE static
-ONNX model without the shared weights, the source graph likewise, and the weights once as
-TensorProtos (inline, or checked references to the data file): nothing reads the weights'
-bytes at load but the runtime that uses them (:meth:`GearFile.runnable`).
+Per gear the reader gives a STANDALONE static ONNX model without the shared weights, the source
+graph likewise, and the weights once as TensorProtos (inline, or checked references to the
+data file): nothing reads the weights' bytes at load but the runtime that uses them
+(:meth:`GearFile.runnable`). Every check raises GearFileError naming the path and what is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import stat
 import threading
@@ -55,9 +23,17 @@ from typing import Any
 
 import numpy as np
 import onnx
-import xxhash
 from onnx import helper, numpy_helper
 
+from gear_runtime import passthrough
+from gear_runtime.digest import (
+    DataDigest,
+    check_file,
+    digest_placeholder,
+    seal_digest,
+    verify_data_file,
+)
+from gear_runtime.digest import parse_digest as _parse_digest
 from gear_runtime.errors import GearFileError, GearSpecError, InputError
 from gear_runtime.external_data import (
     ExternalDataError,
@@ -65,290 +41,50 @@ from gear_runtime.external_data import (
     check_external,
     is_external,
 )
+from gear_runtime.gearformat import (
+    ACL_DYNAMIC_TENSOR_NAME,
+    ATTR_BATCH_NUM,
+    ATTR_BRANCHES,
+    ATTR_DYNAMIC_GRAPH,
+    ATTR_DYNAMIC_OUTPUT_DIMS,
+    ATTR_DYNAMIC_TYPE,
+    ATTR_PRED_VALUE,
+    ATTR_SHAPE_ORDER,
+    BATCH_LABEL_PREFIX,
+    BRANCH_INDEX_NAME,
+    CASE_ATTR_TYPES,
+    DOMAIN,
+    DYNAMIC_GRAPH_NAME,
+    DYNAMIC_TYPES,
+    FORMAT_VERSION,
+    GEAR_TABLE_NAME,
+    KIND_CASE,
+    KIND_SINK,
+    KINDS,
+    MAX_GEAR_FILE_BYTES,
+    META_DIGEST,
+    META_FORMAT,
+    META_HYBRID,
+    META_KIND,
+    META_OUTPUT_AXES,
+    META_OUTPUT_DIMS,
+    META_SPEC,
+    OP_CASE,
+    OP_MAP_INDEX,
+    RESERVED_PREFIX,
+    axes_from_json,
+    case_gear_table,
+    parse_output_dims,
+    sink_gear_table,
+    spec_from_json,
+)
+from gear_runtime.onnx_graph import first_bad_text, referenced_names, subgraphs
 from gear_runtime.spec import GearSpec
 
-# ---- names shared by the writer (gear_runtime.compiler) and the reader ------------------------
-_INT64_MAX = 2**63 - 1
-#: Custom operator domain of MapIndex and Case.
-DOMAIN = "ge.gear_runtime"
-DOMAIN_VERSION = 1
-#: Version of this file layout; the reader refuses any other. 2: a case file always keeps
-#: the source graph (``dynamic_graph``), and big weights may live in a data file beside it.
-FORMAT_VERSION = "2"
-#: Largest gear file the reader takes: protobuf cannot hold a message of 2 GiB or more (the
-#: weights of a bigger model are in its data file). A bigger "gear file" is refused before a
-#: byte of it is read.
-MAX_GEAR_FILE_BYTES = 2**31 - 1
+#: digest_placeholder, seal_digest and _parse_digest live in gear_runtime.digest; they are
+#: re-exported because benchmarks/fuzz_gearfile.py reads them from here.
+__all__ = ["GearFile", "_parse_digest", "digest_placeholder", "read_gear_file", "seal_digest"]
 
-OP_MAP_INDEX = "MapIndex"
-OP_CASE = "Case"
-
-ATTR_BATCH_NUM = "batch_num"
-ATTR_PRED_VALUE = "pred_value_"          # + gear index
-ATTR_SHAPE_ORDER = "user_designate_shape_order"
-ATTR_DYNAMIC_TYPE = "dynamic_type"
-ATTR_INSERT_BY_MBATCH = "insert_by_mbatch"
-ATTR_BRANCHES = "branches"
-ATTR_DYNAMIC_OUTPUT_DIMS = "dynamic_output_dims"
-ATTR_DYNAMIC_GRAPH = "dynamic_graph"
-
-META_FORMAT = "gear_runtime.format"
-META_SPEC = "gear_runtime.spec"
-META_KIND = "gear_runtime.kind"
-META_HYBRID = "gear_runtime.hybrid"
-#: sink kind only: JSON list of the dynamic_output_dims strings (no Case node to carry them).
-META_OUTPUT_DIMS = "gear_runtime.dynamic_output_dims"
-#: The file's integrity record (JSON, see :func:`digest_placeholder`); required.
-META_DIGEST = "gear_runtime.digest"
-#: Optional: JSON list, per output, of {"axis": value index} (compiler/axes.py): which dynamic
-#: value each output axis follows, so a padded run's outputs can be trimmed.
-META_OUTPUT_AXES = "gear_runtime.output_dynamic_axes"
-
-KIND_CASE = "case"
-KIND_SINK = "sink"
-KINDS = (KIND_CASE, KIND_SINK)
-
-#: GE's ACL_DYNAMIC_TENSOR_NAME: the dims input (case) / last output (sink), int32.
-ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
-#: Every name the compiler adds starts with this; models using it are refused.
-RESERVED_PREFIX = "ascend_mbatch_"
-GEAR_TABLE_NAME = "ascend_mbatch_gear_table"
-BRANCH_INDEX_NAME = "ascend_mbatch_branch_index"
-#: GE's batch_label of gear i's branch, used as the branch graph's name.
-BATCH_LABEL_PREFIX = "Batch_"
-#: Suffix of every node and intermediate value of gear i's branch (+ str(i)), GE's naming.
-BRANCH_SUFFIX = "_ascend_mbatch_batch_"
-DYNAMIC_GRAPH_NAME = "Dynamic"
-DYNAMIC_SUFFIX = "_ascend_mbatch_dynamic"
-#: Name prefix of the Identity nodes a sink leaf adds when a model output is directly an input
-#: or a weight (a subgraph output must be produced inside the subgraph); the reader drops them.
-PASSTHROUGH_PREFIX = "ascend_mbatch_passthrough_"
-
-#: spec.mode -> Case ``dynamic_type``.
-DYNAMIC_TYPES = {"batch": "batch", "image_size": "image_size", "dims": "dims"}
-
-#: The AttributeProto type of each Case attribute (``pred_value_<i>``: INTS), as written.
-CASE_ATTR_TYPES = {
-    ATTR_BATCH_NUM: onnx.AttributeProto.INT,
-    ATTR_SHAPE_ORDER: onnx.AttributeProto.STRINGS,
-    ATTR_DYNAMIC_TYPE: onnx.AttributeProto.STRING,
-    ATTR_INSERT_BY_MBATCH: onnx.AttributeProto.INT,
-    ATTR_BRANCHES: onnx.AttributeProto.GRAPHS,
-    ATTR_DYNAMIC_OUTPUT_DIMS: onnx.AttributeProto.STRINGS,
-    ATTR_DYNAMIC_GRAPH: onnx.AttributeProto.GRAPH,
-}
-
-
-def batch_label(gear: int) -> str:
-    """GE's batch_label of gear ``gear``: ``Batch_<gear>``."""
-    return f"{BATCH_LABEL_PREFIX}{gear}"
-
-
-def spec_to_json(spec: GearSpec) -> str:
-    """The spec as the JSON stored under :data:`META_SPEC`."""
-    return json.dumps({
-        "mode": spec.mode,
-        "input_names": list(spec.input_names),
-        "input_shapes": [list(s) for s in spec.input_shapes],
-        "gears": [list(g) for g in spec.gears],
-        "hybrid": bool(spec.hybrid),
-        "input_format": spec.input_format,
-    }, separators=(",", ":"))
-
-
-def spec_from_json(text: str) -> GearSpec:
-    """Inverse of :func:`spec_to_json`; GearSpecError / ValueError / KeyError / TypeError on
-    bad text. The JSON values go to GearSpec as they are: its own checks refuse what is not
-    a spec (converting first would turn the string ``"ab"`` into the names ``("a", "b")``)."""
-    d = json.loads(text)
-    if not isinstance(d, dict):
-        raise ValueError(f"a JSON object expected, got {type(d).__name__}")
-    if not isinstance(d["hybrid"], bool):
-        raise ValueError(f"'hybrid' must be true or false, got {d['hybrid']!r}")
-    return GearSpec(mode=d["mode"], input_names=d["input_names"],
-                    input_shapes=d["input_shapes"], gears=d["gears"], hybrid=d["hybrid"],
-                    input_format=d.get("input_format"))
-
-
-def case_gear_table(spec: GearSpec) -> np.ndarray:
-    """Kind ``"case"``'s gear table (GE's MapIndex Const): the gears flattened, int32
-    [gear_count * values_per_gear]."""
-    return np.asarray(spec.gears, dtype=np.int32).reshape(-1)
-
-
-def sink_gear_table(spec: GearSpec) -> np.ndarray:
-    """Kind ``"sink"``'s gear table, compared with GetDynamicDims' output: per gear, the
-    value at every dynamic position (``spec.dynamic_positions`` order), int64
-    [gear_count, len(dynamic_positions)]."""
-    return np.asarray([[g[v] for _, _, v in spec.dynamic_positions] for g in spec.gears],
-                      dtype=np.int64)
-
-
-def format_output_dims(shapes: Sequence[Sequence[Sequence[int]]]) -> list[str]:
-    """``shapes[gear][output]`` -> GE's ``"gearIdx,outIdx,dim0,dim1,..."`` strings."""
-    return [",".join(str(v) for v in (g, k, *shape))
-            for g, outs in enumerate(shapes) for k, shape in enumerate(outs)]
-
-
-def parse_output_dims(items: Sequence[str], gear_count: int,
-                      output_count: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Inverse of :func:`format_output_dims`; ValueError unless every (gear, output) appears
-    exactly once with non-negative dims."""
-    table: dict[tuple[int, int], tuple[int, ...]] = {}
-    for item in items:
-        vals = [int(v) for v in item.split(",")] if item else []
-        if len(vals) < 2:
-            raise ValueError(f"output dims entry {item!r} has no gear and output index")
-        g, k, dims = vals[0], vals[1], tuple(vals[2:])
-        if not (0 <= g < gear_count and 0 <= k < output_count):
-            raise ValueError(f"output dims entry {item!r}: gear or output index out of range "
-                             f"({gear_count} gears, {output_count} outputs)")
-        if (g, k) in table:
-            raise ValueError(f"output dims entry {item!r}: gear {g} output {k} given twice")
-        if any(d < 0 for d in dims):
-            raise ValueError(f"output dims entry {item!r} has a negative dim")
-        if math.prod(dims) > _INT64_MAX:  # sizes are int64 everywhere after this
-            raise ValueError(f"output dims entry {item!r}: {math.prod(dims)} elements do not "
-                             "fit in int64")
-        table[(g, k)] = dims
-    missing = [(g, k) for g in range(gear_count) for k in range(output_count)
-               if (g, k) not in table]
-    if missing:
-        raise ValueError(f"output dims missing for (gear, output) {missing[:5]}")
-    return tuple(tuple(table[(g, k)] for k in range(output_count)) for g in range(gear_count))
-
-
-# ---- integrity -------------------------------------------------------------------------------
-# xxh3_128: a fast NON-cryptographic hash (tens of GB/s in memory, so checking a 400 MB data
-# file costs a small fraction of a load). It detects corruption and accidental edits (a flipped
-# byte, a truncated copy, a data file from another compile), not an attacker who can rewrite
-# both a file and its digest: a model file is trusted code-like input, as for ONNX Runtime.
-DIGEST_ALGORITHM = "xxh3_128"
-_ZERO_DIGEST = "0" * 32
-#: Chunk of the data-file hash: read into one reusable buffer (never the whole file mapped:
-#: file-backed pages would count in the process's RSS during the load). xxhash releases the
-#: GIL on buffers above 64 KiB, so a hash thread runs beside ONNX Runtime's session build.
-_HASH_CHUNK = 4 * 2**20
-
-
-@dataclass(frozen=True)
-class DataDigest:
-    """The recorded digest (hex) and size of one data file."""
-
-    digest: str
-    size: int
-
-
-def digest_placeholder(graph_digest: str, data: Mapping[str, DataDigest]) -> str:
-    """The :data:`META_DIGEST` text compile writes before sealing: the whole file's digest
-    zeroed. ``data``: data file name (relative to the gear file's folder) -> digest.
-
-    The sealed text is the same with ``"file"`` set to the xxh3_128 of the serialized file as
-    written with this placeholder; ``"graph"`` (the xxh3_128 of the serialized graph) only
-    tells, on a mismatch, whether the graph or the rest (metadata) changed."""
-    return _digest_text(_ZERO_DIGEST, graph_digest, data)
-
-
-def _digest_text(file_digest: str, graph_digest: str, data: Mapping[str, DataDigest]) -> str:
-    return json.dumps({"algorithm": DIGEST_ALGORITHM, "file": file_digest, "graph": graph_digest,
-                       "data": {n: {"digest": d.digest, "size": d.size}
-                                for n, d in sorted(data.items())}}, separators=(",", ":"))
-
-
-def graph_digest(model: onnx.ModelProto) -> str:
-    """xxh3_128 (hex) of ``model``'s serialized graph."""
-    return xxhash.xxh3_128_hexdigest(model.graph.SerializeToString())
-
-
-def seal_digest(blob: bytes, placeholder: str) -> bytes:
-    """``blob`` (a serialized gear file holding ``placeholder`` as its :data:`META_DIGEST`
-    value, exactly once) with the file digest filled in; same length, so the reader can blank
-    it again. ValueError when the placeholder is not found exactly once."""
-    raw = placeholder.encode()
-    at = blob.find(raw)
-    if at < 0 or blob.find(raw, at + 1) >= 0:
-        raise ValueError("the digest placeholder is not in the serialized file exactly once")
-    d = json.loads(placeholder)
-    d["file"] = xxhash.xxh3_128_hexdigest(blob)
-    sealed = _digest_text(d["file"], d["graph"], {
-        n: DataDigest(v["digest"], v["size"]) for n, v in d["data"].items()}).encode()
-    return blob[:at] + sealed + blob[at + len(raw):]
-
-
-def reseal(model: onnx.ModelProto) -> bytes:
-    """``model`` (a gear file, edited on purpose) serialized with its :data:`META_DIGEST`
-    recomputed for its current graph and metadata; the recorded data-file digests are kept.
-    ValueError when it has no valid record."""
-    meta = {p.key: p.value for p in model.metadata_props}
-    _, _, data = _parse_digest(meta[META_DIGEST]) if META_DIGEST in meta else ("", "", None)
-    if data is None:
-        raise ValueError(f"no {META_DIGEST!r} record to reseal")
-    placeholder = digest_placeholder(graph_digest(model), data)
-    for p in model.metadata_props:
-        if p.key == META_DIGEST:
-            p.value = placeholder
-    return seal_digest(model.SerializeToString(), placeholder)
-
-
-def _parse_digest(text: str) -> tuple[str, str, dict[str, DataDigest]]:
-    """(file digest, graph digest, data digests) of a :data:`META_DIGEST` text; ValueError
-    unless it is exactly what compile writes (so blanking it gives the placeholder back)."""
-    d = json.loads(text)
-    if not isinstance(d, dict) or set(d) != {"algorithm", "file", "graph", "data"}:
-        raise ValueError("not the digest record compile writes")
-    if d["algorithm"] != DIGEST_ALGORITHM:
-        raise ValueError(f"algorithm {d['algorithm']!r}, this reader checks {DIGEST_ALGORITHM}")
-    if not isinstance(d["data"], dict):
-        raise ValueError("'data' is not an object")
-    data = {}
-    for name, v in d["data"].items():
-        if not (isinstance(v, dict) and set(v) == {"digest", "size"}
-                and type(v["size"]) is int and 0 <= v["size"] <= 2**63 - 1):
-            raise ValueError(f"data file entry {name!r} is not a digest and a size")
-        if os.path.basename(name) != name or name in ("", ".", "..") or "\0" in name:
-            raise ValueError(f"data file name {name!r} is not a file name")
-        data[name] = DataDigest(v["digest"], v["size"])
-    if _digest_text(d["file"], d["graph"], data) != text:
-        raise ValueError("not in the form compile writes")
-    if not all(isinstance(h, str) and len(h) == 32
-               for h in (d["file"], d["graph"], *(x.digest for x in data.values()))):
-        raise ValueError("a digest is not 32 hex digits")
-    return d["file"], d["graph"], data
-
-
-def hash_file(path: str) -> tuple[str, int]:
-    """(xxh3_128 hex, size) of the regular file ``path``, read in chunks into one buffer.
-    OSError when it cannot be read or is not a regular file."""
-    h = xxhash.xxh3_128()
-    buf = bytearray(_HASH_CHUNK)
-    view = memoryview(buf)
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        while n := f.readinto(view):
-            h.update(view[:n])
-            size += n
-    return h.hexdigest(), size
-
-
-def verify_data_file(path: str, want: DataDigest) -> None:
-    """Hash ``path`` and compare with ``want``; GearFileError naming the file on a mismatch
-    or when it cannot be read."""
-    try:
-        digest, size = hash_file(path)
-    except OSError as exc:
-        raise GearFileError(f"data file {path!r} cannot be read: {exc.strerror or exc}") from None
-    if size != want.size:
-        raise GearFileError(f"data file {path!r} is corrupt: {size} bytes, compile wrote "
-                            f"{want.size}; recompile the model or restore the file")
-    if digest != want.digest:
-        raise GearFileError(f"data file {path!r} is corrupt: its content changed since compile "
-                            f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
-                            "restore the file")
-
-
-# ---- the reader ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GearFile:
     """Everything a backend needs from a gear file.
@@ -496,24 +232,6 @@ class GearFile:
                              f"{len(self.output_names)} outputs {list(self.output_names)}")
 
 
-def referenced_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a node of ``graph`` or of its subgraphs reads, plus graph outputs."""
-    names: set[str] = {o.name for o in graph.output}
-    for node in graph.node:
-        names.update(n for n in node.input if n)
-        for sub in subgraphs(node):
-            names |= referenced_names(sub)
-    return names
-
-
-def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    """The graphs held by ``node``'s GRAPH / GRAPHS attributes."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
 
 def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
     """Read and check a gear file written by :func:`gear_runtime.compiler.compile_model`.
@@ -606,8 +324,6 @@ class _Reader:
                      ) -> tuple[dict[int, int], ...] | None:
         if META_OUTPUT_AXES not in meta:
             return None
-        from gear_runtime.compiler.axes import axes_from_json
-
         try:
             return axes_from_json(json.loads(meta[META_OUTPUT_AXES]), len(read.output_names),
                                   self.spec.values_per_gear)
@@ -624,33 +340,9 @@ class _Reader:
         return meta
 
     def _check_digest(self, meta: dict[str, str]) -> dict[str, DataDigest]:
-        """Check the whole file against its :data:`META_DIGEST` (the record's own file digest
-        blanked, as compile hashed it); return the data files' recorded digests.
-        GearFileError naming the part that changed: the graph or the metadata."""
-        text = meta.get(META_DIGEST)
-        if text is None:
-            raise GearFileError(f"{self.path!r} has no integrity digest ({META_DIGEST!r} "
-                                "metadata): it was written by an older gear_runtime; "
-                                "recompile the model")
-        try:
-            file_digest, graph, data = _parse_digest(text)
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            raise self.fail(f"metadata {META_DIGEST!r} is malformed ({exc})") from None
-        raw = text.encode()
-        at = self.data.find(raw)
-        h = xxhash.xxh3_128()
-        if at >= 0:
-            view = memoryview(self.data)
-            h.update(view[:at])
-            h.update(_digest_text(_ZERO_DIGEST, graph, data).encode())
-            h.update(view[at + len(raw):])
-        if at < 0 or h.hexdigest() != file_digest:
-            part = ("its graph" if graph_digest(self.model) != graph
-                    else "its metadata (outside the graph)")
-            raise GearFileError(f"{self.path!r} is corrupt: {part} changed since compile "
-                                f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
-                                "restore the file")
-        return data
+        """The whole file checked against its integrity record; the data files' recorded
+        digests (:func:`gear_runtime.digest.check_file`)."""
+        return check_file(self.path, self.data, self.model, meta.get(META_DIGEST))
 
     def _data_digests(self, recorded: dict[str, DataDigest]) -> dict[str, DataDigest]:
         """The recorded data-file digests by resolved path. Every external weight must be in
@@ -721,17 +413,10 @@ class _Reader:
         g = onnx.GraphProto()
         g.CopyFrom(graph)
         g.name = name
-        passthrough = [n for n in g.node if n.name.startswith(PASSTHROUGH_PREFIX)]
-        for n in passthrough:
-            if n.op_type != "Identity" or len(n.input) != 1 or len(n.output) != 1:
-                raise self.fail(f"graph {name!r}: passthrough node {n.name!r} is not a "
-                                f"one-input, one-output Identity")
-        rename = {n.output[0]: n.input[0] for n in passthrough}
-        keep = [n for n in g.node if not n.name.startswith(PASSTHROUGH_PREFIX)]
-        del g.node[:]
-        g.node.extend(keep)
-        for o in g.output:
-            o.name = rename.get(o.name, o.name)
+        try:
+            passthrough.unwrap(g)
+        except ValueError as exc:
+            raise self.fail(f"graph {name!r}: {exc}") from None
         del g.input[:]
         g.input.extend(inputs)
         got = tuple(o.name for o in g.output)
@@ -957,44 +642,6 @@ class _Reader:
         raise self.fail(f"no Constant {GEAR_TABLE_NAME!r} in the root graph")
 
 
-_TextPlan = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
-_TEXT_PLANS: dict[Any, _TextPlan] = {}
-
-
-def _text_plan(desc: Any) -> _TextPlan:
-    """A message type's (string, repeated string, message, repeated message) field names."""
-    plan = _TEXT_PLANS.get(desc)
-    if plan is None:
-        kinds: tuple[list[str], list[str], list[str], list[str]] = ([], [], [], [])
-        for f in desc.fields:
-            if f.type == f.TYPE_STRING:
-                kinds[1 if f.is_repeated else 0].append(f.name)
-            elif f.type == f.TYPE_MESSAGE:
-                kinds[3 if f.is_repeated else 2].append(f.name)
-        plan = _TEXT_PLANS[desc] = tuple(tuple(k) for k in kinds)  # type: ignore[assignment]
-    return plan
-
-
-def first_bad_text(message: Any) -> str | None:
-    """``"Type.field"`` of the first string field in ``message`` or below it that is not
-    valid UTF-8, else None. ONNX's protobuf is proto2: some protobuf builds hand such a field
-    back as ``bytes`` instead of refusing the file, and every name would then fail later with a
-    TypeError. Bytes fields (weights' data) are never touched."""
-    stack = [message]
-    while stack:
-        m = stack.pop()
-        one, many, sub, subs = _text_plan(m.DESCRIPTOR)
-        for name in one:
-            if type(getattr(m, name)) is not str:
-                return f"{m.DESCRIPTOR.name}.{name}"
-        for name in many:
-            if any(type(v) is not str for v in getattr(m, name)):
-                return f"{m.DESCRIPTOR.name}.{name}"
-        stack.extend(getattr(m, name) for name in sub if m.HasField(name))
-        for name in subs:
-            stack.extend(getattr(m, name))
-    return None
-
 
 def _text(value: bytes) -> str:
     """A STRING(S) attribute value as text; bytes that are not UTF-8 become U+FFFD, so they
@@ -1014,3 +661,4 @@ def _walk_if_tree(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield sub
             else:
                 yield from _walk_if_tree(sub)
+

@@ -21,8 +21,9 @@ from models import assert_same, heavy_model, prefill_model, random_inputs, run_m
 import gear_runtime as gr
 from gear_runtime.compiler import compile_gears
 from gear_runtime.compiler.inspect import describe
+from gear_runtime.digest import reseal
 from gear_runtime.external_data import AUTO_EXTERNAL_BYTES, DATA_ALIGNMENT
-from gear_runtime.gearfile import read_gear_file, reseal
+from gear_runtime.gearfile import read_gear_file
 
 PREFILL = dict(input_shape="input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;"
                            "image_embeds:-1,64",

@@ -14,8 +14,10 @@ from onnx import helper, numpy_helper
 
 import gear_runtime as gr
 from gear_runtime.compiler import compile_model, describe
+from gear_runtime.digest import reseal
 from gear_runtime.errors import GearFileError, InputError
-from gear_runtime.gearfile import (
+from gear_runtime.gearfile import read_gear_file
+from gear_runtime.gearformat import (
     FORMAT_VERSION,
     META_FORMAT,
     META_HYBRID,
@@ -23,8 +25,6 @@ from gear_runtime.gearfile import (
     META_SPEC,
     format_output_dims,
     parse_output_dims,
-    read_gear_file,
-    reseal,
     spec_from_json,
     spec_to_json,
 )

@@ -21,14 +21,14 @@ from onnx import helper, numpy_helper
 
 import gear_runtime as gr
 from gear_runtime.compiler.inspect import describe
-from gear_runtime.gearfile import (
+from gear_runtime.digest import reseal
+from gear_runtime.gearfile import read_gear_file
+from gear_runtime.gearformat import (
     ATTR_DYNAMIC_GRAPH,
     ATTR_DYNAMIC_OUTPUT_DIMS,
     META_DIGEST,
     META_SPEC,
     parse_output_dims,
-    read_gear_file,
-    reseal,
 )
 
 _SPEC = importlib.util.spec_from_file_location(

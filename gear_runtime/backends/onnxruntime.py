@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
+from gear_runtime import passthrough
 from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo, aligned_buffer
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile import GearFile, read_gear_file
@@ -138,7 +138,8 @@ class OrtModel(BackendModel):
         else:
             assert gear_file.dynamic is not None  # the reader checks every case file has it
             model = gear_file.runnable(gear_file.dynamic)
-            _compute_passthrough_outputs(model.graph)
+            # ORT never writes a pre-bound buffer for an output no node computes
+            passthrough.wrap(model.graph, inputs_count=False)
             graph = model.SerializeToString()
         try:
             with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
@@ -230,23 +231,6 @@ def cuda_exclusive(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
 def cuda_shared(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
     """Share the GPU with other runs, never with a capture, when ``on_cuda``; else nothing."""
     return _CUDA_GATE.run() if on_cuda else contextlib.nullcontext()
-
-
-#: Suffix of the private name an output gets when it is an input or a weight as it stands.
-PASSTHROUGH_SUFFIX = "__gear_runtime_output"
-
-
-def _compute_passthrough_outputs(graph: onnx.GraphProto) -> None:
-    """Give every graph output that no node computes an Identity node of its own: ORT hands
-    such outputs back as the input's or the initializer's own value and never writes a
-    pre-bound output buffer."""
-    computed = {o for node in graph.node for o in node.output}
-    for out in graph.output:
-        if out.name not in computed:
-            graph.node.append(onnx.helper.make_node(
-                "Identity", [out.name], [out.name + PASSTHROUGH_SUFFIX],
-                name=out.name + PASSTHROUGH_SUFFIX))
-            out.name += PASSTHROUGH_SUFFIX
 
 
 class OrtSession(BackendSession):

@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-#: Per output, ``{axis: value index}``.
-OutputAxes = tuple[dict[int, int], ...]
+from gear_runtime.gearformat import OutputAxes
 
 _SYMBOL = "gear_value_{}"
 
@@ -104,26 +103,3 @@ def output_dynamic_axes(model: Any, spec: Any,
     weightless skeleton) under ``spec`` (a GearSpec)."""
     named = symbolic_axes(model, list(spec.dynamic_positions), list(spec.input_names))
     return axes_from_shapes(spec.gears, output_shapes, named)
-
-
-def axes_to_json(axes: OutputAxes) -> list[dict[str, int]]:
-    """JSON form (object keys are strings): one ``{"axis": value}`` object per output."""
-    return [{str(a): int(v) for a, v in sorted(d.items())} for d in axes]
-
-
-def axes_from_json(items: Any, output_count: int, width: int) -> OutputAxes:
-    """Inverse of :func:`axes_to_json`; ValueError naming what is wrong."""
-    if not isinstance(items, list) or len(items) != output_count:
-        raise ValueError(f"expected a list of {output_count} objects")
-    out = []
-    for k, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ValueError(f"output {k}: expected an object axis -> value index")
-        axes = {}
-        for a, v in item.items():
-            if not (isinstance(a, str) and a.isdigit() and isinstance(v, int)
-                    and not isinstance(v, bool) and 0 <= v < width):
-                raise ValueError(f"output {k}: bad entry {a!r}: {v!r}")
-            axes[int(a)] = v
-        out.append(axes)
-    return tuple(out)

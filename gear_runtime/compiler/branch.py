@@ -16,16 +16,16 @@ from collections.abc import Iterable, Mapping, Sequence
 import onnx
 from onnx import helper
 
+from gear_runtime import passthrough
 from gear_runtime.compiler.check import GraphInfo
 from gear_runtime.errors import CompileError
-from gear_runtime.gearfile import (
+from gear_runtime.gearformat import (
     BRANCH_SUFFIX,
     DYNAMIC_GRAPH_NAME,
     DYNAMIC_SUFFIX,
-    PASSTHROUGH_PREFIX,
     batch_label,
-    subgraphs,
 )
+from gear_runtime.onnx_graph import subgraphs
 
 #: Initializers with at most this many elements keep their data for shape inference (shape
 #: tensors, axes, Resize scales drive output shapes); bigger ones become typed graph inputs of
@@ -141,22 +141,8 @@ def _assemble(name: str, nodes: Iterable[onnx.NodeProto],
     g.input.extend(inputs)
     g.output.extend(outputs)
     rename_values(g, suffix, keep)
-    wrap_passthrough(g)
+    passthrough.wrap(g)  # a subgraph output must be produced inside it
     return g
-
-
-def wrap_passthrough(graph: onnx.GraphProto) -> None:
-    """Give every output of ``graph`` that is neither produced by one of its nodes nor one of
-    its declared inputs (a weight, or an outer input of an If subgraph) an Identity named
-    ``ascend_mbatch_passthrough_...``: a subgraph output must be produced inside it. The reader
-    drops these nodes when it rebuilds a standalone model."""
-    local = {o for n in graph.node for o in n.output} | {vi.name for vi in graph.input}
-    for k, o in enumerate(graph.output):
-        if o.name in local:
-            continue
-        new = f"{PASSTHROUGH_PREFIX}{graph.name}_{k}"
-        graph.node.append(helper.make_node("Identity", [o.name], [new], name=new))
-        o.name = new
 
 
 def rename_values(graph: onnx.GraphProto, suffix: str, keep: set[str] | frozenset[str],

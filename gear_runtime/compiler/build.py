@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 from tqdm import tqdm
 
-from gear_runtime.compiler.axes import OutputAxes, axes_to_json, output_dynamic_axes
+from gear_runtime.compiler.axes import output_dynamic_axes
 from gear_runtime.compiler.branch import (
     build_branch,
     build_dynamic,
@@ -38,6 +38,7 @@ from gear_runtime.compiler.check import (
 )
 from gear_runtime.compiler.outputs import ShapeRunner, gear_output_shapes, set_output_shapes
 from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
+from gear_runtime.digest import DataDigest, digest_placeholder, graph_digest, seal_digest
 from gear_runtime.errors import CompileError
 from gear_runtime.external_data import (
     AUTO_EXTERNAL_BYTES,
@@ -49,7 +50,7 @@ from gear_runtime.external_data import (
     relocate,
     tensor_nbytes,
 )
-from gear_runtime.gearfile import (
+from gear_runtime.gearformat import (
     FORMAT_VERSION,
     KIND_CASE,
     KIND_SINK,
@@ -61,11 +62,9 @@ from gear_runtime.gearfile import (
     META_OUTPUT_DIMS,
     META_SPEC,
     RESERVED_PREFIX,
-    DataDigest,
-    digest_placeholder,
+    OutputAxes,
+    axes_to_json,
     format_output_dims,
-    graph_digest,
-    seal_digest,
     spec_to_json,
 )
 from gear_runtime.spec import GearSpec

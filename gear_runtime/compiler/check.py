@@ -24,7 +24,8 @@ from gear_runtime.external_data import (
     is_external,
     read_inline,
 )
-from gear_runtime.gearfile import RESERVED_PREFIX, subgraphs
+from gear_runtime.gearformat import RESERVED_PREFIX
+from gear_runtime.onnx_graph import subgraphs
 from gear_runtime.spec import GearSpec
 
 #: GE: an input_shape name not found in the model.

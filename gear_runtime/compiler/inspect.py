@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from gear_runtime.gearfile import (
-    DIGEST_ALGORITHM,
-    DYNAMIC_TYPES,
-    FORMAT_VERSION,
-    KIND_SINK,
-    read_gear_file,
-)
+from gear_runtime.digest import DIGEST_ALGORITHM
+from gear_runtime.gearfile import read_gear_file
+from gear_runtime.gearformat import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
 
 
 def _bytes(n: int) -> str:
