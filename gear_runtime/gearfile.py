@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gear_runtime import passthrough
+from gear_runtime.backends.base import ModelInfo
 from gear_runtime.digest import (
     DataDigest,
     check_file,
@@ -34,7 +35,7 @@ from gear_runtime.digest import (
     verify_data_file,
 )
 from gear_runtime.digest import parse_digest as _parse_digest
-from gear_runtime.errors import GearFileError, GearSpecError, InputError
+from gear_runtime.errors import GearFileError, GearSpecError
 from gear_runtime.external_data import (
     ExternalDataError,
     ExternalSpan,
@@ -209,27 +210,19 @@ class GearFile:
     def hybrid(self) -> bool:
         return self.spec.hybrid
 
-    def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
-        """Static shape of output ``index`` in gear ``gear``; InputError when out of range."""
-        self._check_index(gear, index)
-        return self.output_shapes[gear][index]
-
-    def output_size(self, gear: int, index: int) -> int:
-        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo)."""
-        shape = self.output_shape(gear, index)
-        return int(np.prod(shape, dtype=np.int64)) * self.output_dtypes[index].itemsize
+    @property
+    def info(self) -> ModelInfo:
+        """The model as backends describe it: the gear maps (``info.output_shape(g, k)``,
+        ``info.output_size(g, k)``, checked), dtypes, kind and the recorded output axes."""
+        return ModelInfo(
+            spec=self.spec, input_dtypes=tuple(self.input_dtypes),
+            output_names=tuple(self.output_names), output_dtypes=tuple(self.output_dtypes),
+            output_shapes=tuple(self.output_shapes), hybrid=self.spec.hybrid,
+            sink=self.kind == KIND_SINK, output_dynamic_axes=self.output_dynamic_axes)
 
     def weight_names_of(self, model: onnx.ModelProto) -> tuple[str, ...]:
         """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
         return tuple(sorted(referenced_names(model.graph) & self.weights.keys()))
-
-    def _check_index(self, gear: int, index: int) -> None:
-        if not (isinstance(gear, int | np.integer) and 0 <= gear < self.gear_count):
-            raise InputError(f"gear {gear!r} is out of range: the model has {self.gear_count} "
-                             f"gears (0..{self.gear_count - 1})")
-        if not (isinstance(index, int | np.integer) and 0 <= index < len(self.output_names)):
-            raise InputError(f"output index {index!r} is out of range: the model has "
-                             f"{len(self.output_names)} outputs {list(self.output_names)}")
 
 
 

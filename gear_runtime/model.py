@@ -195,10 +195,7 @@ class GearModel:
     def gear_of(self, gear: int | Sequence[int]) -> int:
         """Index of ``gear``: an index, or a gear's dynamic values. Raises, never guesses."""
         if isinstance(gear, int | np.integer) and not isinstance(gear, bool):
-            if 0 <= gear < self.gear_count:
-                return int(gear)
-            raise InputError(f"gear index {gear} is out of range: the model has "
-                             f"{self.gear_count} gears (0..{self.gear_count - 1})")
+            return self.spec.gear_number(gear, "model")
         if isinstance(gear, str | bytes) or not isinstance(gear, Sequence | np.ndarray):
             raise InputError(f"gear must be an index or a tuple of dynamic values, got "
                              f"{gear!r}")
@@ -210,19 +207,11 @@ class GearModel:
 
     def output_shape(self, gear: int | Sequence[int], index: int) -> tuple[int, ...]:
         """Output ``index``'s shape in ``gear`` (GE's gear -> output shape map; never empty)."""
-        return self.info.output_shapes[self.gear_of(gear)][self._output_index(index)]
+        return self.info.output_shape(self.gear_of(gear), index)
 
     def output_size(self, gear: int | Sequence[int], index: int) -> int:
         """Output ``index``'s size in bytes in ``gear`` (GE's gear -> output size map)."""
-        return self.info.output_size(self.gear_of(gear), self._output_index(index))
-
-    def _output_index(self, index: int) -> int:
-        n = len(self.info.output_names)
-        if not isinstance(index, int | np.integer) or isinstance(index, bool) \
-                or not 0 <= index < n:
-            raise InputError(f"output index {index!r} is out of range: the model has {n} "
-                             f"outputs ({', '.join(self.info.output_names)})")
-        return int(index)
+        return self.info.output_size(self.gear_of(gear), index)
 
     @property
     def output_dynamic_axes(self) -> list[dict[int, int]]:

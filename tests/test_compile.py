@@ -205,7 +205,7 @@ def test_branches_match_the_original_model(compiled, case: str) -> None:
         assert_same(got, want)
         assert tuple(g.shape for g in got) == gf.output_shapes[i]
         for k, g in enumerate(got):
-            assert gf.output_size(i, k) == g.nbytes
+            assert gf.info.output_size(i, k) == g.nbytes
 
 
 def test_branches_are_static_renamed_and_hold_no_weights(compiled) -> None:
@@ -251,7 +251,7 @@ def test_unknown_shapes_fall_back_to_one_real_run(compiled) -> None:
     assert report.ran_on_ort == [0, 1, 2]
     gf = read_gear_file(path)
     assert gf.output_shapes == (((2, 2),), ((2, 3),), ((2, 4),))
-    assert gf.output_size(2, 0) == 2 * 4 * 4
+    assert gf.info.output_size(2, 0) == 2 * 4 * 4
 
 
 def test_the_fallback_builds_one_session_for_all_gears(tmp_path: Path,

@@ -242,7 +242,7 @@ def test_reader_fields(case_file: str) -> None:
     assert gf.output_names == ("logits", "next_token")
     assert gf.output_dtypes == (np.dtype("float32"), np.dtype("int64"))
     assert gf.output_shapes[1] == ((1, 20, 128), (1, 20))
-    assert gf.output_size(1, 0) == 20 * 128 * 4 and gf.output_size(1, 1) == 20 * 8
+    assert gf.info.output_size(1, 0) == 20 * 128 * 4 and gf.info.output_size(1, 1) == 20 * 8
     assert set(gf.weights) == {t.name for t in prefill_model().graph.initializer}
     assert not any(n.startswith("ascend_mbatch_") for n in gf.weights)
     for b in gf.branches:
@@ -252,12 +252,12 @@ def test_reader_fields(case_file: str) -> None:
 
 def test_output_index_errors_are_input_errors(case_file: str) -> None:
     gf = read_gear_file(case_file)
-    with pytest.raises(InputError, match="gear 4 is out of range: the model has 4 gears"):
-        gf.output_size(4, 0)
+    with pytest.raises(InputError, match="gear index 4 is out of range: the model has 4 gears"):
+        gf.info.output_size(4, 0)
     with pytest.raises(InputError, match="output index 2 is out of range"):
-        gf.output_shape(0, 2)
+        gf.info.output_shape(0, 2)
     with pytest.raises(InputError):
-        gf.output_size(-1, 0)
+        gf.info.output_size(-1, 0)
 
 
 def test_passthrough_outputs_survive_both_kinds(tmp_path: Path) -> None:

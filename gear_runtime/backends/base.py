@@ -17,6 +17,7 @@ Every backend call that fails raises :class:`gear_runtime.errors.BackendError` n
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gear_runtime.errors import BackendError, BackendUnavailableError
+from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError, InputError
 from gear_runtime.spec import GearSpec
 
 
@@ -47,10 +48,24 @@ class ModelInfo:
     #: recorded it; None: not recorded (GearModel derives it from ``output_shapes``).
     output_dynamic_axes: tuple[dict[int, int], ...] | None = None
 
+    def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
+        """Static shape of output ``index`` in gear ``gear`` (GE's gear -> output shape map).
+        InputError when either index is out of range."""
+        return self.output_shapes[self.spec.gear_number(gear, "model")][self.output_index(index)]
+
     def output_size(self, gear: int, index: int) -> int:
-        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo)."""
-        shape = self.output_shapes[gear][index]
-        return int(np.prod(shape, dtype=np.int64)) * self.output_dtypes[index].itemsize
+        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo): the one
+        place output sizes are computed. InputError when either index is out of range."""
+        return nbytes_of(self.output_shape(gear, index), self.output_dtypes[int(index)])
+
+    def output_index(self, index: object) -> int:
+        """``index`` as an output index; InputError naming the outputs when it is not one."""
+        n = len(self.output_names)
+        if not isinstance(index, int | np.integer) or isinstance(index, bool) \
+                or not 0 <= index < n:
+            raise InputError(f"output index {index!r} is out of range: the model has {n} "
+                             f"outputs ({', '.join(self.output_names)})")
+        return int(index)
 
     def input_nbytes(self) -> list[list[int]]:
         """[gear][input] bytes of every input in every gear: what the staging layout needs."""
@@ -150,3 +165,36 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     raw = np.zeros(nbytes + alignment, dtype=np.uint8)
     start = -raw.ctypes.data % alignment
     return raw[start:start + nbytes]
+
+
+def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dtype`` (int64 element count, as GE sizes it)."""
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+# ---- checks every device backend makes -------------------------------------------------------
+def check_device_id(device_id: object) -> int:
+    """``device_id`` when it is a non-negative int (not a bool); InputError otherwise."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise InputError(f"device_id must be a non-negative int, got {device_id!r}")
+    return device_id
+
+
+def check_model_file(path: str) -> None:
+    """GearFileError unless ``path`` is an existing file (before the runtime sees it)."""
+    if not os.path.isfile(path):
+        raise GearFileError(f"model file {path!r} does not exist or is not a file")
+
+
+def check_layout_fits(layout: Any, info: ModelInfo) -> None:
+    """BackendError unless ``layout`` places exactly each input's bytes of every gear inside
+    its total (a session's staging is planned from ``info``; any other layout is refused)."""
+    names, total = info.spec.input_names, int(layout.total_bytes)
+    for g, row in enumerate(info.input_nbytes()):
+        for i, nbytes in enumerate(row):
+            got = int(layout.nbytes(g, i))
+            end = int(layout.offset(g, i)) + got
+            if got != nbytes or end > total:
+                raise BackendError(
+                    f"staging layout does not fit the model: input {names[i]!r} of gear {g} "
+                    f"gets {got} bytes ending at {end} of {total}, it needs {nbytes}")

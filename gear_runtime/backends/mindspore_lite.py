@@ -322,9 +322,7 @@ class MsliteSession(BackendSession):
         """Resize if the model is on another gear, hand the staged inputs over (zero-copy),
         predict, copy the outputs into this session's buffers (valid until its next run)."""
         model = self._model
-        if not 0 <= gear < model.info.spec.gear_count:
-            raise InputError(f"gear index {gear} is out of range: the model has "
-                             f"{model.info.spec.gear_count} gears")
+        model.info.spec.gear_number(gear, "model")
         with model.lock:
             self._check_open()
             model.select(gear)

@@ -30,12 +30,7 @@ def open_model(path: str | None, *, spec: GearSpec | None = None,
     if spec is None:
         from gear_runtime.gearfile import read_gear_file
 
-        f = read_gear_file(path)  # type: ignore[arg-type]
-        info = ModelInfo(f.spec, tuple(f.input_dtypes), tuple(f.output_names),
-                         tuple(f.output_dtypes), tuple(f.output_shapes),
-                         hybrid=f.spec.hybrid, sink=f.kind == "sink",
-                         output_dynamic_axes=f.output_dynamic_axes)
-        return NullModel(info)
+        return NullModel(read_gear_file(path).info)  # type: ignore[arg-type]
     outputs = outputs or {"out": [(1,)] * spec.gear_count}
     names = tuple(outputs)
     shapes = tuple(tuple(tuple(outputs[n][g]) for n in names) for g in range(spec.gear_count))

@@ -34,7 +34,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gear_runtime import passthrough
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo, aligned_buffer
+from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile import GearFile, read_gear_file
 
@@ -118,13 +118,7 @@ class OrtModel(BackendModel):
         self.providers = provider_list(providers, device_id, cuda_graph)
         self._threads = intra_op_num_threads
         self._config = dict(session_config or {})
-        self.info = ModelInfo(
-            spec=gear_file.spec, input_dtypes=tuple(gear_file.input_dtypes),
-            output_names=tuple(gear_file.output_names),
-            output_dtypes=tuple(gear_file.output_dtypes),
-            output_shapes=tuple(gear_file.output_shapes),
-            hybrid=gear_file.spec.hybrid, sink=gear_file.kind == "sink",
-            output_dynamic_axes=gear_file.output_dynamic_axes)
+        self.info = gear_file.info
         if cuda_graph and self.info.sink:
             raise BackendError("cuda_graph=True needs a gear file compiled without sink=True: "
                                "a sink file routes with If nodes, which CUDA graphs cannot "

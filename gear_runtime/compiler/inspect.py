@@ -64,7 +64,7 @@ def describe(path: str | os.PathLike[str]) -> str:
         ins = " ".join(f"{n}{_shape(s)}" for n, s in spec.shapes(g).items())
         outs = " ".join(f"{n}{_shape(s)}" for n, s in
                         zip(gf.output_names, gf.output_shapes[g], strict=True))
-        size = sum(gf.output_size(g, k) for k in range(len(gf.output_names)))
+        size = sum(gf.info.output_size(g, k) for k in range(len(gf.output_names)))
         rows.append([str(g), ",".join(map(str, spec.gears[g])), ins, outs, str(size)])
     lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
     lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(gf.weight_bytes)}"

@@ -124,7 +124,7 @@ class GearSpec:
         InputError (as :meth:`GearModel.gear_of <gear_runtime.model.GearModel.gear_of>`) when
         ``i`` is not a gear index: out of range, negative, a bool or not an integer.
         """
-        gear = self.gears[self._gear_number(i)]
+        gear = self.gears[self.gear_number(i)]
         shapes = [list(s) for s in self.input_shapes]
         for inp, axis, v in self.dynamic_positions:
             shapes[inp][axis] = gear[v]
@@ -163,19 +163,10 @@ class GearSpec:
         except ValueError:
             return None
 
-    def _gear_number(self, i: object) -> int:
-        """``i`` as an index into :attr:`gears`; InputError when it is not one."""
-        n = len(self.gears)
-        legal = f"the spec has {n} gears" + (f" (0..{n - 1})" if n else "")
-        try:
-            index = None if isinstance(i, bool) else operator.index(i)
-        except TypeError:
-            index = None
-        if index is None:
-            raise InputError(f"gear index {i!r} is not an integer; {legal}")
-        if not 0 <= index < n:
-            raise InputError(f"gear index {index} is out of range: {legal}")
-        return index
+    def gear_number(self, i: object, owner: str = "spec") -> int:
+        """``i`` as an index into :attr:`gears`; InputError when it is not one (see
+        :func:`gear_number`; ``owner`` names what has the gears in the message)."""
+        return gear_number(i, len(self.gears), owner)
 
     # ---- constructors (parsers live in gear_runtime.spec.parse / .config) ----------------
     @classmethod
@@ -288,3 +279,20 @@ def _check_gear_rows(gears: tuple[tuple[int, ...], ...], width: int, why: str,
             raise GearSpecError(f"{what}: gear {list(g)} appears more than once; gears must be "
                                 "unique", code="E10039")
         seen.add(g)
+
+
+def gear_number(i: object, count: int, owner: str = "spec") -> int:
+    """``i`` as a gear index in ``0..count-1``: the one check of a gear index, wherever one is
+    given (spec, model, gear file, backend session, bench). InputError when ``i`` is not an
+    integer (a bool or 1.5 never becomes gear 1) or out of range; the message names the
+    ``owner`` ("the model has 4 gears (0..3)")."""
+    legal = f"the {owner} has {count} gears" + (f" (0..{count - 1})" if count else "")
+    try:
+        index = None if isinstance(i, bool) else operator.index(i)
+    except TypeError:
+        index = None
+    if index is None:
+        raise InputError(f"gear index {i!r} is not an integer; {legal}")
+    if not 0 <= index < count:
+        raise InputError(f"gear index {index} is out of range: {legal}")
+    return index
