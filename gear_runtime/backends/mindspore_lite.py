@@ -41,6 +41,9 @@ from gear_runtime.backends.base import (
     BackendSession,
     ModelInfo,
     aligned_buffer,
+    check_device_id,
+    check_layout_fits,
+    check_model_file,
     import_runtime,
 )
 from gear_runtime.errors import (
@@ -150,11 +153,8 @@ class MsliteModel(BackendModel):
     name = "mindspore_lite"
 
     def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0) -> None:
-        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-            raise InputError(f"device_id must be a non-negative int, got {device_id!r}")
-        if not os.path.isfile(path):
-            raise GearFileError(f"model file {path!r} does not exist or is not a file")
-        self.mslite, self.path, self.device_id = mslite, path, device_id
+        check_model_file(path)
+        self.mslite, self.path, self.device_id = mslite, path, check_device_id(device_id)
         #: guards the Model object: resize + set data + predict are one critical section
         self.lock = threading.Lock()
         #: the gear the Model's inputs are resized to (None: unknown / not a gear)
@@ -276,18 +276,9 @@ class MsliteSession(BackendSession):
         self._model = model
         info = model.info
         spec = info.spec
+        check_layout_fits(layout, info)
         expected = info.input_nbytes()
-        total = int(layout.total_bytes)
-        for g, row in enumerate(expected):
-            for i, nbytes in enumerate(row):
-                got = int(layout.nbytes(g, i))
-                end = int(layout.offset(g, i)) + got
-                if got != nbytes or end > total:
-                    raise BackendError(
-                        f"staging layout does not fit the model: input {spec.input_names[i]!r} "
-                        f"of gear {g} gets {got} bytes ending at {end} of {total}, it needs "
-                        f"{nbytes}")
-        self.staging = aligned_buffer(total)  # 64-byte aligned, like pinned memory
+        self.staging = aligned_buffer(int(layout.total_bytes))  # 64-aligned, like pinned memory
         # Per gear, every input as a view of the staging, in MODEL order (what predict takes).
         self._views: list[list[np.ndarray]] = []
         for g in range(spec.gear_count):

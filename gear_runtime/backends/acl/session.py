@@ -1,0 +1,195 @@
+"""One executor's buffers and datasets on the NPU (:class:`AclSession`); the picture is in
+:mod:`gear_runtime.backends.acl`'s docstring."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gear_runtime.backends.acl.calls import (
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    ALIGN,
+    PAD,
+    Scratch,
+    check,
+    host_array,
+)
+from gear_runtime.backends.base import BackendSession, check_layout_fits
+from gear_runtime.errors import BackendError
+
+if TYPE_CHECKING:
+    from gear_runtime.backends.acl.model import AclModel
+
+
+class AclSession(BackendSession):
+    """One executor's buffers and datasets on the NPU (see the module docstring's picture)."""
+
+    def __init__(self, model: AclModel, layout: Any) -> None:
+        self._model, self._acl, self._layout = model, model.acl, layout
+        self._mem = Scratch(model.acl)
+        self._closed = False
+        self.staging = np.empty(0, dtype=np.uint8)
+        try:
+            self._build()
+        except BaseException:
+            self._mem.release(strict=False)
+            self._closed = True
+            raise
+        # An executor dropped without close() still frees its NPU memory when collected
+        # (not at interpreter exit: ACL may be finalised by then, and exit frees it anyway).
+        self._finalizer = weakref.finalize(self, self._mem.release, False)
+        self._finalizer.atexit = False
+
+    def _build(self) -> None:
+        model, layout, mem = self._model, self._layout, self._mem
+        info = model.info
+        spec = info.spec
+        model.activate()  # the allocations below belong to the model's context
+        check_layout_fits(layout, info)
+        self._check_padding()
+        self._total = int(layout.total_bytes)
+        self._host = mem.host(self._total)
+        self.staging = host_array(self._host, max(self._total, 1))[: self._total]
+        # the layout's footprints include every buffer's padding, the last one's too
+        self._device = mem.device(self._total)
+        # The dims input gets its own data buffer (ACL writes the dims into it in set_*). It
+        # points at the layout's dims slot when that slot is large enough for the model's
+        # dims input; else (an int64 dims input) at a session buffer of the model's size.
+        if int(layout.dims_nbytes) >= model.dims_nbytes:
+            dims_at = [self._device + int(layout.dims_offset(g)) for g in range(spec.gear_count)]
+        else:
+            dims_at = [mem.device(model.dims_nbytes)] * spec.gear_count
+        self._build_outputs()
+        self._in_datasets, self._set_dims = [], []
+        for g in range(spec.gear_count):
+            ds = mem.dataset()
+            for j in range(len(model.input_indices) + 1):  # model input order
+                if j == model.dims_index:
+                    mem.add(ds, dims_at[g], model.dims_nbytes)
+                else:
+                    i = model.spec_index(j)
+                    mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
+            self._in_datasets.append(ds)
+            self._set_dims.append(model.dims_call(spec, ds, g))
+        # error-message suffixes, formatted here rather than on every run
+        self._labels = [f" (gear {g}: {values})" for g, values in enumerate(spec.gears)]
+        self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
+        self._separate = [[_span(s) for s in layout.separate(g)] for g in range(spec.gear_count)]
+
+    def _check_padding(self) -> None:
+        """Every sub-buffer of the device region (each input, and the dims slot) must start
+        64-aligned and have ALIGN_UP(len, 32) + 32 bytes before the next one or the region's
+        end: what ACL asks of buffers carved from one aclrtMalloc block. A layout planned with
+        :attr:`AclModel.layout_options` always does; any other is refused (BackendError)."""
+        layout, spec = self._layout, self._model.info.spec
+        total = int(layout.total_bytes)
+        for g in range(spec.gear_count):
+            bufs = [(int(layout.offset(g, i)), int(layout.nbytes(g, i)), repr(name))
+                    for i, name in enumerate(spec.input_names)]
+            if int(layout.dims_nbytes):
+                bufs.append((int(layout.dims_offset(g)), int(layout.dims_nbytes), "the dims"))
+            bufs.sort()
+            limits = [start for start, _, _ in bufs[1:]] + [total]
+            for (start, n, what), limit in zip(bufs, limits, strict=True):
+                room = (n + 31) // 32 * 32 + PAD
+                if start % ALIGN or start + room > limit:
+                    raise BackendError(
+                        f"staging layout breaks ACL's rule for buffers carved from one "
+                        f"aclrtMalloc block: {what} of gear {g} at offset {start} ({n} bytes) "
+                        f"needs a 64-aligned start and {room} bytes (ALIGN_UP(len,32)+32) "
+                        f"before offset {limit}; plan it with gear_runtime.core.plan_layout(..., "
+                        f"**AclModel.layout_options) = {self._model.layout_options}")
+
+    def _build_outputs(self) -> None:
+        """Device output buffers sized for the largest gear (the model's output sizes), one
+        output dataset shared by every gear, and pinned host buffers the results land in."""
+        model, mem = self._model, self._mem
+        info = model.info
+        sizes = [max(int(s), 1) for s in model.outputs.sizes]
+        offsets = np.cumsum([0] + [_aligned(s) for s in sizes]).tolist()
+        host = mem.host(offsets[-1])
+        host_bytes = host_array(host, offsets[-1])
+        self._out_dataset = mem.dataset()
+        devices = []
+        for size in sizes:
+            devices.append(mem.device(size))
+            mem.add(self._out_dataset, devices[-1], size)
+        self._out_copies: list[list[tuple[int, int, int, int]]] = []
+        self._out_views: list[list[np.ndarray]] = []
+        for g in range(info.spec.gear_count):
+            copies, views = [], []
+            for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
+                nbytes = info.output_size(g, k)
+                copies.append((host + offsets[k], size, dev, nbytes))
+                view = host_bytes[offsets[k]:offsets[k] + nbytes].view(info.output_dtypes[k])
+                views.append(view.reshape(info.output_shapes[g][k]))
+            self._out_copies.append(copies)
+            self._out_views.append(views)
+
+    def _memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int,
+                what: str) -> None:
+        # acl.rt.memcpy(dst, dest_max, src, count, kind) -> ret (aclpythondevg_01_0120)
+        ret = self._acl.rt.memcpy(dst, dest_max, src, count, kind)
+        if ret != 0:  # the message is formatted only on failure: this is the hot path
+            check(ret, "acl.rt.memcpy", f" ({what}, {count} bytes)")
+
+    def run_gear(self, gear: int) -> list[np.ndarray]:
+        """Copy gear ``gear``'s staged inputs to the device (ONE memcpy for the merged span,
+        one per separate span), select the gear, execute, copy the outputs back."""
+        self._model.info.spec.gear_number(gear, "model")
+        with self._model.lock:
+            if self._closed:  # checked under the lock: the model may close meanwhile
+                raise BackendError("this acl session is closed")
+            # Every run, not once per thread: another model driven from this thread may have
+            # bound its own context since (and a thread id can be reused by a new thread).
+            self._model.activate()
+            return self._run_locked(gear)
+
+    def _run_locked(self, gear: int) -> list[np.ndarray]:
+        h2d, d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
+        start, end = self._merged[gear]
+        if end > start:
+            self._memcpy(self._device + start, self._total - start, self._host + start,
+                         end - start, h2d, "merged inputs, host to device")
+        for start, end in self._separate[gear]:
+            if end > start:
+                self._memcpy(self._device + start, self._total - start, self._host + start,
+                             end - start, h2d, "separate input, host to device")
+        # After the copies: set_* writes the dims into ascend_mbatch_shape_data in the
+        # model's own width, overwriting the int32 dims the merged copy may have carried.
+        call, fn, args = self._set_dims[gear]
+        check(fn(*args), call, self._labels[gear])
+        check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[gear],
+                                     self._out_dataset),
+               "acl.mdl.execute", self._labels[gear])
+        for host, cap, dev, nbytes in self._out_copies[gear]:
+            if nbytes:
+                self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
+        return list(self._out_views[gear])
+
+    def close(self) -> None:
+        """Destroy the datasets and free the buffers; idempotent. Takes the model's lock, so a
+        close from another thread (the model's close) never frees memory under a run."""
+        with self._model.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.staging = np.empty(0, dtype=np.uint8)
+            self._out_views = []
+            self._finalizer.detach()
+            if self._model.context is not None:
+                self._acl.rt.set_context(self._model.context)
+            self._mem.release(strict=True)
+
+
+def _span(value: Any) -> tuple[int, int]:
+    """A layout span ``(start, end)`` (both cores return a pair) as ints."""
+    start, end = value
+    return int(start), int(end)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
