@@ -183,13 +183,13 @@ class BenchReport:
         return format_table(self)
 
 
-# ---- the one place that reaches into backend internals ----------------------------------------
+# ---- what the comparison columns run -----------------------------------------------------------
 @dataclass
 class _Handles:
     """What the comparison columns need from the backend; None where it has no such thing."""
 
     bare_run: Callable[[int], Any] | None
-    naive_session: Any | None
+    naive_run: Callable[[Mapping[str, np.ndarray]], Any] | None
     staging_bytes: int
     output_buffer_bytes: int
     #: ORT's execution providers of the model's session (None on other backends).
@@ -199,32 +199,20 @@ class _Handles:
 
 
 def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
-    """The executor's backend session and the ORT session of the model, kept in this ONE
-    function: ``bare_run(g)`` is the session's public :meth:`BackendSession.run_bound` (the
-    pre-bound backend run that ``execute`` wraps); ``naive_session`` is the model's own ORT
-    session, run with plain ``session.run(feeds)`` (no IO binding). Other backends and sink
-    files get no bare / naive columns.
-    """
-    session = getattr(executor, "_session", None)
-    staging = getattr(session, "staging", None)
-    staging_bytes = int(staging.nbytes) if isinstance(staging, np.ndarray) else int(
-        getattr(model.layout, "total_bytes", 0))
-    out_bufs = getattr(session, "_out_buffers", None)
-    if out_bufs is not None:
-        output_bytes = int(sum(b.nbytes for b in out_bufs))
-    else:  # what any backend must hold at least: each output at its largest gear
+    """The comparison columns, from public interfaces only: ``bare_run(g)`` is the executor's
+    session's :meth:`BackendSession.run_bound` (the pre-bound backend run ``execute`` wraps)
+    where the backend has such a split; ``naive_run(feeds)`` is
+    :meth:`BackendModel.naive_run` (the model's own runtime, fed from Python). Backends
+    without them, and sink files, get no bare / naive columns."""
+    session, backend = executor.session, model.backend_model
+    output_bytes = session.output_nbytes()
+    if output_bytes is None:  # what any backend must hold at least: each output at its largest
         output_bytes = sum(max(model.output_size(g, k) for g in range(model.gear_count))
                            for k in range(len(model.output_names)))
-    backend = getattr(model, "_backend", None)
-    path = getattr(getattr(backend, "file", None), "path", None)
-    ort_session = getattr(backend, "session", None)
-    providers = None
-    with contextlib.suppress(AttributeError, RuntimeError):
-        providers = list(ort_session.get_providers()) if ort_session is not None else None
-    if model.backend != "onnxruntime" or session is None or backend is None or model.sink:
-        return _Handles(None, None, staging_bytes, output_bytes, providers, path)
-    return _Handles(session.run_bound, ort_session, staging_bytes, output_bytes, providers,
-                    path)
+    return _Handles(bare_run=session.run_bound if session.has_bare_run else None,
+                    naive_run=backend.naive_run if backend.has_naive_run else None,
+                    staging_bytes=int(session.staging.nbytes), output_buffer_bytes=output_bytes,
+                    providers=backend.execution_providers, path=backend.gear_file_path)
 
 
 # ---- inputs and memory ------------------------------------------------------------------------
@@ -502,9 +490,9 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
     if handles.bare_run is not None:
         bare_run = handles.bare_run
         runners.append(("bare", lambda: bare_run(g)))
-    if handles.naive_session is not None:
-        naive = handles.naive_session
-        runners.append(("naive", lambda: naive.run(None, feeds)))
+    if handles.naive_run is not None:
+        naive_run = handles.naive_run
+        runners.append(("naive", lambda: naive_run(feeds)))
     if ref_session is not None:
         runners.append(("dynamic", lambda: ref_session.run(None, feeds)))
 

@@ -429,6 +429,12 @@ class Executor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def session(self) -> BackendSession:
+        """This executor's backend session (read-only): what benchmarks time as the bare run
+        (:meth:`BackendSession.run_bound`); running it directly bypasses the executor."""
+        return self._session
+
 
 #: Kinds of the values a Python list may hold for an input of each numpy kind: the same kind
 #: (``u`` and ``i`` are both integers: numpy reads big Python ints as uint64).

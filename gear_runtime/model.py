@@ -165,6 +165,12 @@ class GearModel:
         return self._backend.name
 
     @property
+    def backend_model(self) -> BackendModel:
+        """The backend's model (read-only): its public extras (``execution_providers``,
+        ``naive_run``, ``gear_file_path``) are what benchmarks compare with."""
+        return self._backend
+
+    @property
     def gear_count(self) -> int:
         return self.spec.gear_count
 

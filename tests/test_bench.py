@@ -201,6 +201,26 @@ def test_progress_bar_only_on_a_terminal(example, capsys, monkeypatch) -> None:
     assert "bench" in capsys.readouterr().err
 
 
+def test_bare_and_naive_columns_compute_the_gear(example) -> None:
+    """The bare run recomputes gear g's outputs into the executor's buffers from what execute
+    staged (cleared buffers come back right: a bare run that does nothing fails here), and
+    the naive run gives the same outputs from the model's own session."""
+    with gr.load(str(example.gear)) as model, model.create_executor() as ex:
+        handles = bench._backend_handles(model, ex)
+        assert handles.bare_run is not None and handles.naive_run is not None
+        for g in range(model.gear_count):
+            feeds = example_inputs(model, g)
+            want = ex.execute(feeds)  # arrays of our own
+            views = ex.execute(feeds, copy=False)  # the executor's buffers
+            for v in views:
+                v[...] = -7
+            handles.bare_run(g)
+            for got, w in zip(views, want, strict=True):
+                np.testing.assert_array_equal(got, w)
+            for got, w in zip(handles.naive_run(feeds), want, strict=True):
+                np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+
+
 def test_naive_column_runs_the_models_own_session(example) -> None:
     report = bench.bench_model(str(example.hybrid), gears="0", iterations=3, warmup=0,
                                inputs=example_inputs, progress=False)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -106,6 +106,17 @@ class BackendSession(ABC):
         Backends without such a split run the whole gear."""
         self.run_gear(gear)
 
+    @property
+    def has_bare_run(self) -> bool:
+        """Whether :meth:`run_bound` is a run of its own, lighter than :meth:`run_gear`
+        (benchmarks time it as the floor only then)."""
+        return False
+
+    def output_nbytes(self) -> int | None:
+        """Bytes of the output buffers this session holds, where the backend knows them;
+        None otherwise (benchmarks then count each output at its largest gear)."""
+        return None
+
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss)."""
         raise BackendError(f"backend {type(self).__name__} has no dynamic-shape graph")
@@ -130,6 +141,24 @@ class BackendModel(ABC):
     #: with them; ``fusion_size`` always comes from the user's ``input_fusion_size``. Empty:
     #: plan_layout's defaults (GE's packed staging). Read-only: never mutate it.
     layout_options: ClassVar[dict[str, int]] = {}
+    #: The gear file the model was loaded from; None where the backend loads another format.
+    gear_file_path: str | None = None
+
+    @property
+    def execution_providers(self) -> list[str] | None:
+        """The execution providers in use (ONNX Runtime's names); None on other backends."""
+        return None
+
+    @property
+    def has_naive_run(self) -> bool:
+        """Whether :meth:`naive_run` exists on this backend and model."""
+        return False
+
+    def naive_run(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        """The naive way to serve a gear, for benchmarks to compare with: the model's own
+        runtime fed from Python (``feeds``: input name -> array), outputs allocated by it.
+        BackendError where there is none (:attr:`has_naive_run`)."""
+        raise BackendError(f"backend {self.name!r} has no naive run")
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:

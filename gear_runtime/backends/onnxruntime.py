@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,7 @@ class OrtModel(BackendModel):
                  device_id: int, intra_op_num_threads: int | None,
                  session_config: dict[str, str] | None) -> None:
         self.file = gear_file
+        self.gear_file_path = gear_file.path
         names = check_providers(providers)
         self.on_cuda = names[0] == CUDA
         if cuda_graph and not self.on_cuda:
@@ -161,6 +162,20 @@ class OrtModel(BackendModel):
         except Exception as exc:  # ORT raises its own types; map them in one place
             raise BackendError(f"onnxruntime could not create a session for "
                                f"{self.file.path}: {exc}") from exc
+
+    @property
+    def execution_providers(self) -> list[str] | None:
+        """The providers ORT really uses for this model's session (None once closed)."""
+        return None if self.session is None else list(self.session.get_providers())
+
+    @property
+    def has_naive_run(self) -> bool:
+        return not self.info.sink  # a sink file runs whole: no gear to feed naively
+
+    def naive_run(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        """``session.run(None, feeds)`` on the model's own session: no IO binding, each
+        input fed separately from Python, outputs allocated by ORT."""
+        return self.live_session().run(None, feeds)  # type: ignore[arg-type]
 
     def live_session(self) -> ort.InferenceSession:
         if self.session is None:
@@ -303,6 +318,14 @@ class OrtSession(BackendSession):
         except Exception as exc:
             raise BackendError(f"onnxruntime run of gear {gear} "
                                f"{self.model.info.spec.gears[gear]} failed: {exc}") from exc
+
+    @property
+    def has_bare_run(self) -> bool:
+        return bool(self._bindings)  # a sink file has no pre-bound gears
+
+    def output_nbytes(self) -> int | None:
+        """Bytes of the preallocated output buffers (each output at its largest gear)."""
+        return int(sum(b.nbytes for b in self._out_buffers))
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
         outs = self._outputs[gear]
