@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gear_runtime.errors import BackendUnavailableError, InputError
+from gear_runtime.textfmt import format_bytes
+from gear_runtime.textfmt import format_table as text_table
 
 if TYPE_CHECKING:
     import onnx
@@ -535,15 +537,6 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _size(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "n/a"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def format_table(report: BenchReport) -> str:
     """Fixed-width table: latency percentiles, throughput, overhead, comparison columns."""
     header = ["gear", "dims", "p50 ms", "p90 ms", "p99 ms", "throughput", "bare p50",
@@ -559,19 +552,16 @@ def format_table(report: BenchReport) -> str:
             _fmt(r.dynamic.p50 if r.dynamic else None, ".3f"),
             _fmt(r.speedup_vs_dynamic, ".2f"),
         ])
-    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if c >= 2 else cell.ljust(w)
-                       for c, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = text_table(rows, right=lambda c: c >= 2, rule=True)
     threads = report.threads if report.threads is not None else "ORT default"
     lines += [
         "",
         f"model: {report.model} ({report.backend}, {report.mode} mode), "
         f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
         *column_notes(report.copy, report.reference),
-        f"memory: process RSS after load {_size(report.rss_after_load_bytes)}; executor "
-        f"staging {_size(report.staging_bytes)} + outputs {_size(report.output_buffer_bytes)}",
+        f"memory: process RSS after load {format_bytes(report.rss_after_load_bytes)}; executor "
+        f"staging {format_bytes(report.staging_bytes)} + outputs "
+        f"{format_bytes(report.output_buffer_bytes)}",
     ]
     return "\n".join(lines)
 

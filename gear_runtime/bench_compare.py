@@ -30,6 +30,7 @@ import numpy as np
 
 from gear_runtime.bench import SCHEMA, draw_boxes, log_ms_axis, pyplot, save_figure
 from gear_runtime.errors import InputError
+from gear_runtime.textfmt import format_table
 
 #: Default half-width of the band a ratio must leave to count as a change (5%).
 DEFAULT_NOISE = 0.05
@@ -243,11 +244,7 @@ def format_comparison(cmp: Comparison) -> str:
         rows.append([str(d.gear), ",".join(map(str, d.dims)), f"{d.before_ms:.3f}",
                      f"{d.after_ms:.3f}", f"{d.ratio:.3f}", f"{d.low:.3f}-{d.high:.3f}",
                      f"{d.change_pct:+.1f}%", bare, d.verdict])
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if 2 <= c <= 7 else cell.ljust(w)
-                       for c, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = format_table(rows, right=lambda c: 2 <= c <= 7, rule=True)
     lines += [
         "",
         f"before: {cmp.before}",

@@ -21,11 +21,8 @@ from gear_runtime import core
 from gear_runtime.backends import BackendModel, ModelInfo, open_model
 from gear_runtime.errors import ClosedError, GearFileError, GearMismatchError, InputError
 from gear_runtime.executor import Executor
+from gear_runtime.gearformat import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.spec import GearSpec
-
-#: GE's ``ascend_mbatch_shape_data`` (ACL_DYNAMIC_TENSOR_NAME): the extra int32 input that
-#: carries the current gear's dynamic dims.
-ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 
 #: GE's default ``ge.exec.input_fusion_size``: inputs up to this many bytes share the one
 #: merged host-to-device copy.

@@ -245,3 +245,17 @@ def test_a_backend_whose_module_is_missing_says_what_to_install(monkeypatch) -> 
     monkeypatch.setitem(backends.BACKENDS, "ghost", "ghost_runtime_module_xyz")
     with pytest.raises(gr.BackendUnavailableError, match="pip install ghost_runtime_module_xyz"):
         gr.load("x.onnx", backend="ghost")
+
+
+@pytest.mark.parametrize("alignment", [64, 128, 4096])
+def test_aligned_buffer_is_aligned_zeroed_and_exactly_sized(alignment) -> None:
+    """aligned_buffer promises what pinned allocators give: its data pointer on an
+    ``alignment`` boundary (the staging layout's offsets assume it), zeros, nbytes exactly."""
+    from gear_runtime.backends.base import aligned_buffer
+
+    for nbytes in (0, 1, 63, 64, 1000, 1 << 16):
+        for _ in range(8):  # numpy's allocations land at different offsets
+            buf = aligned_buffer(nbytes, alignment) if alignment != 64 else aligned_buffer(nbytes)
+            assert buf.ctypes.data % alignment == 0, (nbytes, buf.ctypes.data)
+            assert buf.nbytes == nbytes and buf.dtype == np.uint8 and buf.flags.c_contiguous
+            assert not buf.any()

@@ -193,7 +193,9 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     (what pinned allocators give; the staging layout's offsets assume it)."""
     raw = np.zeros(nbytes + alignment, dtype=np.uint8)
     start = -raw.ctypes.data % alignment
-    return raw[start:start + nbytes]
+    # an explicit offset, not raw[start:start + nbytes]: numpy gives an EMPTY slice the base
+    # array's (unaligned) address, so a 0-byte buffer would break the promise
+    return np.ndarray((nbytes,), np.uint8, buffer=raw, offset=start)
 
 
 def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:

@@ -8,13 +8,7 @@ from collections.abc import Sequence
 from gear_runtime.digest import DIGEST_ALGORITHM
 from gear_runtime.gearfile import read_gear_file
 from gear_runtime.gearformat import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit} ({n} bytes)"
-    return f"{n} bytes"
+from gear_runtime.textfmt import format_bytes, format_table
 
 
 def _shape(dims: Sequence[int]) -> str:
@@ -22,9 +16,11 @@ def _shape(dims: Sequence[int]) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
-    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in (header, *rows)]
+    return format_table([header, *rows], indent=indent)
+
+
+def _bytes(n: int) -> str:
+    return format_bytes(n, digits=2, exact=True)
 
 
 def describe(path: str | os.PathLike[str]) -> str:
