@@ -8,7 +8,7 @@ the mapping lives in one place for both layers (ONNX Runtime's Python layer does
 
 from __future__ import annotations
 
-# ACL / GE codes we mirror (inc/external/ge/ge_error_codes.h, GE-NOTES.md).
+# ACL / GE codes we mirror (inc/external/ge/ge_error_codes.h; docs/ge-notes.md sections 1-2).
 ACL_ERROR_GE_PARAM_INVALID = "145000"
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = "145002"
 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = "145003"

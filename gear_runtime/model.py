@@ -265,7 +265,7 @@ class GearModel:
         return [float(sum(math.prod(s) for s in self.spec.shapes(g).values()))
                 for g in range(self.gear_count)]
 
-    # ---- ACL-style queries (acl_mdl.h, GE-NOTES section 8) -------------------------------
+    # ---- ACL-style queries (acl_mdl.h, docs/ge-notes.md section 8)----------------------------
     def get_input_dynamic_gear_count(self) -> int:
         """aclmdlGetInputDynamicGearCount(desc, -1)."""
         return self.gear_count

@@ -90,7 +90,7 @@ def conv_model(channels: int = 3, hidden: int = 8, classes: int = 10,
 
 def prefill_model(hidden: int = 64, vocab: int = 128, max_positions: int = 256,
                   seed: int = 0) -> onnx.ModelProto:
-    """A prefill-like block with the four inputs of the seed-004 Qwen config.
+    """A prefill-like block with the four inputs of a Qwen prefill service's config.
 
     Inputs: ``input_ids`` int64 [1, S], ``attention_mask`` int64 [1, S], ``position_ids`` int64
     [4, 1, S] (4 rope sections), ``image_embeds`` float32 [T, hidden]. Token and position

@@ -27,7 +27,7 @@ import gear_runtime as gr
 from gear_runtime.backends import acl as acl_backend
 from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError
 
-# The seed 000 / ACL documentation example: three inputs, four -1 dims, three gears.
+# The ACL documentation's dims example: three inputs, four -1 dims, three gears.
 DIMS_INPUTS = [("data", [1, 1, 40, -1], "float32"), ("label", [1, -1], "float32"),
                ("mask", [-1, -1], "int32")]
 DIMS_GEARS = [(20, 20, 1, 1), (40, 40, 2, 2), (80, 60, 4, 4)]

@@ -1,14 +1,14 @@
 """The mindspore_lite backend against the MindSpore Lite double (tests/doubles/fake_mslite.py).
 
-What is shown: the spec comes from seed 004's converter config (or spec=), build on Ascend
-with the device id, the per-gear output-shape table (from resize + get_outputs, or from a
-predict on zeros when the shapes are only known after a run), runs of every gear with
+What is shown: the spec comes from a Qwen prefill service's converter config (or spec=), build
+on Ascend with the device id, the per-gear output-shape table (from resize + get_outputs, or
+from a predict on zeros when the shapes are only known after a run), runs of every gear with
 checkable outputs read from zero-copy views of the staging, ``resize`` only when the gear
-changes, inputs matched by name (or by position), failing calls -> BackendError with the
-call and the code, a missing mindspore_lite -> BackendUnavailableError, and through
-``gr.load(..., backend="mindspore_lite")``: an out-of-gear request fails with our
-GearMismatchError BEFORE any resize / predict (the gap seed 004 names), and hybrid mode runs
-the dynamic-shape graph on a miss.
+changes, inputs matched by name (or by position), failing calls -> BackendError with the call
+and the code, a missing mindspore_lite -> BackendUnavailableError, and through ``gr.load(...,
+backend="mindspore_lite")``: an out-of-gear request fails with our GearMismatchError BEFORE any
+resize / predict (the gap docs/ge-notes.md section 9 names), and hybrid mode runs the dynamic-
+shape graph on a miss.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gear_runtime.errors import (
     GearSpecError,
 )
 
-# seed 004's config_prefill.ini, with smaller numbers
+# a Qwen prefill service's config_prefill.ini, with smaller numbers
 CONFIG = """\
 [acl_init_options]
 ge.exec.precision_mode=force_fp32

@@ -1,4 +1,5 @@
-"""GearSpec from ATC flags and GE options: GE's rules, codes and order (issue #2)."""
+"""GearSpec from ATC flags and GE options: GE's rules, codes and order
+(docs/ge-notes.md section 1)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def rejects(code: str, quoted: str, fn=spec_from_atc, /, *args, **kwargs) -> Gea
     return err
 
 
-# ---- the seed example and the modes -----------------------------------------------------------
+# ---- the documented example and the modes -------------------------------------------------------
 def test_seed_000_dims_spec_maps_values_to_inputs_in_order() -> None:
     spec = gr.GearSpec.from_atc(**SEED000)
     assert spec.mode == "dims"

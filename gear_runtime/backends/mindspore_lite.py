@@ -1,16 +1,17 @@
 """Ascend backend through MindSpore Lite (cloud-side inference, MindIR models).
 
 Written to the documented MindSpore Lite 2.x Python API (mindspore.cn/lite/api/en/r2.3.1/
-mindspore_lite/mindspore_lite.Model.html, .Context.html, .Tensor.html) and the flow of seed
-004 (build_from_file, get_inputs, ``resize`` only when the shapes change, predict); tested
-against the double in ``tests/doubles/fake_mslite.py``, NOT run on Ascend hardware here
-(docs/ascend.md).
+mindspore_lite/mindspore_lite.Model.html, .Context.html, .Tensor.html) and the flow of a Qwen
+prefill service on Ascend (build_from_file, get_inputs, ``resize`` only when the shapes change,
+predict); tested against the double in ``tests/doubles/fake_mslite.py``, NOT run on Ascend
+hardware here (docs/ascend.md).
 
 A MindIR converted with ``ge.dynamicDims`` (or ``[ascend_context] dynamic_dims``) does not
 describe its gears through the Python API, so the spec comes from the converter config file
 (``config=``, read by :meth:`GearSpec.from_config`) or is given (``spec=``). That closes the
-gap seed 004 names: the executor matches the gear BEFORE any MindSpore Lite call and raises
-GearMismatchError listing the gears, instead of a "Shape Conflict" deep inside resize/predict.
+gap that service hits (docs/ge-notes.md section 9): the executor matches the gear BEFORE any
+MindSpore Lite call and raises GearMismatchError listing the gears, instead of a "Shape
+Conflict" deep inside resize/predict.
 
 Output shapes per gear are read at load: ``resize`` to each gear, then the shapes of
 ``get_outputs()``; where those still hold -1 (the backend only knows them after a run), one
@@ -179,7 +180,7 @@ class MsliteModel(BackendModel):
 
     def _match_inputs(self, spec: GearSpec) -> tuple[int, ...]:
         """By name when every spec input is a model input; else by position when the counts
-        agree (seed 004's preferred_order fallback: converters may rename inputs)."""
+        agree (the prefill service's preferred_order fallback: converters may rename inputs)."""
         names = [str(getattr(t, "name", "")) for t in self.inputs]
         if len(names) != len(spec.input_names):
             raise CompileError(f"{self.path!r} has {len(names)} inputs {names}, the spec has "
@@ -210,8 +211,8 @@ class MsliteModel(BackendModel):
         return self.to_model_order([[int(d) for d in s] for s in self.spec.shapes(gear).values()])
 
     def select(self, gear: int) -> None:
-        """Resize the Model's inputs to ``gear`` unless they already are (seed 004: resize
-        only when the shapes change). Call with :attr:`lock` held."""
+        """Resize the Model's inputs to ``gear`` unless they already are (as the prefill
+        service does: resize only when the shapes change). Call with :attr:`lock` held."""
         if self.current_gear == gear:
             return
         self.resize(self.model_shapes(gear))

@@ -1,4 +1,4 @@
-"""The gear compiler (issue #3): a dynamic ONNX model + a GearSpec -> one gear file.
+"""The gear compiler: a dynamic ONNX model + a GearSpec -> one gear file.
 
     from gear_runtime.compiler import compile_model, describe
     compile_model("model.onnx", spec, "model.gear.onnx", hybrid=False, sink=False)

@@ -2,7 +2,7 @@
 
 Three sections are recognised (any others, e.g. ``[acl_init_options]``, are ignored):
 
-``[acl_build_options]`` (seed 004's config_prefill.ini) and ``[ge_graph_options]``
+``[acl_build_options]`` (a Qwen prefill service's config_prefill.ini) and ``[ge_graph_options]``
     ATC or GE option names, values optionally in quotes::
 
         input_format="ND"
@@ -118,7 +118,8 @@ def _read(path: object) -> tuple[str, configparser.ConfigParser]:
 
 
 def _unquote(value: str | None) -> str:
-    """Strip surrounding whitespace and one pair of matching quotes (seed 004 quotes values)."""
+    """Strip surrounding whitespace and one pair of matching quotes (a Qwen prefill
+    service's converter config quotes its values)."""
     v = (value or "").strip()
     if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
         v = v[1:-1]
@@ -263,7 +264,7 @@ def spec_to_config(spec: GearSpec) -> str:
     """Ini text that :func:`spec_from_config` reads back as ``spec`` (hybrid included; pass
     ``max_gears`` when reading a spec of more than DEFAULT_MAX_GEARS gears).
 
-    A non-hybrid spec is written as ``[acl_build_options]`` in the seed's style (quoted
+    A non-hybrid spec is written as ``[acl_build_options]`` in that prefill config's style (quoted
     values, ``ge.dynamicDims`` for dims mode); a hybrid spec as ``[ge_graph_options]`` with
     the two hybrid keys. GearSpecError when the spec cannot be written (see
     :func:`~gear_runtime.spec.parse.spec_to_atc`; also names with non-printable characters,

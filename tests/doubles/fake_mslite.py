@@ -17,8 +17,8 @@ Faithful to the 2.x API reference (mindspore.cn/lite/api/en/r2.3.1/mindspore_lit
   ZERO-COPY as in python/src/tensor_pybind.cc: the tensor keeps the caller's array and reads
   it at predict time; an output array is a view of the model's output memory, which the next
   predict of the model overwrites (the stricter reading of reused output buffers);
-* the gap seed 004 describes: an out-of-gear shape fails only deep inside resize / predict,
-  with no friendly message ("Shape Conflict").
+* the gap docs/ge-notes.md section 9 describes: an out-of-gear shape fails only deep inside
+  resize / predict, with no friendly message ("Shape Conflict").
 
 The fake MindIR is a JSON file (:func:`write_mindir`) listing the inputs (shape with -1) and
 the compiled gears (each a full shape per input, what the converter config expands to). Its
