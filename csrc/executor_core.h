@@ -1,0 +1,184 @@
+// ExecutorCore: one executor's hot path in plain C++ -- dims from the request, the gear (exact
+// O(1) match, or the cheapest covering gear when padding), every check, then one copy of all
+// inputs (padded where the gear is larger) and the int32 dims into the staging buffer.
+//
+// No Python here: requests come in as ArrayViews (pointers, shapes, a dtype verdict) and
+// values as spans. The binding converts Python objects into these and releases the GIL around
+// the copy (the `around` hook of stage()). Every check runs before any byte is written, in a
+// fixed order (count, array types, ranks and static dims, preset, gear, dtypes, slot sizes),
+// so the first failure reported is always the same one.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dims.h"
+#include "gear_table.h"
+#include "layout.h"
+#include "staging.h"
+
+namespace gear_runtime {
+
+// GE allows at most ACL_MAX_DIM_CNT = 128 dynamic values (DimsExtractor enforces it), so the
+// hot path keeps values on the stack.
+inline constexpr size_t kMaxValues = 128;
+
+// A read-only run of int64 values (dynamic dims, full dims, a preset).
+struct Values {
+  const int64_t* data = nullptr;
+  size_t size = 0;
+};
+
+// Pad values per input (itemsize bytes each; nullopt: zeros).
+using PadValues = std::vector<std::optional<std::vector<uint8_t>>>;
+
+// One model input.
+struct InputSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // -1 on dynamic axes
+  size_t itemsize = 0;         // bytes of one element (> 0)
+  std::string dtype;           // the dtype's name, for messages ("float32")
+};
+
+// One array of a request, as the caller found it.
+struct ArrayView {
+  // Not an array at all: `type` names what it is, nothing else is read.
+  bool is_array = true;
+  std::string_view type;
+  // An array: C-contiguous bytes and its shape.
+  const void* data = nullptr;
+  const int64_t* shape = nullptr;
+  size_t ndim = 0;
+  // Whether its dtype is the model's; when not, `type` is the array's dtype name.
+  bool dtype_ok = true;
+};
+
+// The "input" errors of plan_layout's arguments (negative sizes, alignment, padding), then
+// Layout::plan. `dims_count`, `alignment` and `tail_padding` as the caller gave them.
+Layout plan_layout_checked(const std::vector<std::vector<int64_t>>& input_nbytes,
+                           int64_t dims_count, int64_t fusion_size, int64_t alignment,
+                           int64_t tail_padding);
+
+class ExecutorCore {
+ public:
+  // `positions` rows are (input, axis, value index), each >= 0 (else Error kind "input");
+  // then DimsExtractor's and GearTable's checks (kind "spec"). The layout must have the
+  // model's gears and inputs, a dims buffer of 4 bytes per value and slots large enough for
+  // every gear's shapes; [staging, staging + size) must hold the layout (kind "input"). The
+  // core does not own the staging buffer.
+  ExecutorCore(std::vector<InputSpec> inputs,
+               const std::vector<std::vector<int64_t>>& positions,
+               const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
+               uint8_t* staging, size_t staging_size);
+
+  size_t gear_count() const noexcept { return table_.gear_count(); }
+  size_t values_per_gear() const noexcept { return table_.values_per_gear(); }
+  size_t input_count() const noexcept { return inputs_.size(); }
+  const InputSpec& input(size_t i) const { return inputs_.at(i); }
+  const Layout& layout() const noexcept { return stager_.layout(); }
+  // Gear g's values (kind "input" unless g < gear_count()).
+  std::vector<int64_t> gear(size_t g) const;
+
+  // Pad values per input (nullopt: all zeros) and per-gear costs (nullopt: each gear's total
+  // input elements; else finite and >= 0) for stage(pad = true). Nothing
+  // changes when anything is refused (Error kind "input").
+  void set_padding(const std::optional<PadValues>& pads,
+                   const std::optional<std::vector<double>>& costs);
+
+  // The gear equal to `values`: 145012 for a wrong count, 145013 naming the inputs' dynamic
+  // axes and the legal gears, nearest first.
+  size_t match(Values values) const;
+  // The cheapest gear covering `values` (an exact gear is itself): 145012 / 145013.
+  size_t cover(Values values) const;
+  // Up to k gears by L1 distance to `values`, ties to the lower index (145012 on a wrong
+  // count).
+  std::vector<std::vector<int64_t>> nearest(Values values, int64_t k) const;
+
+  // aclmdlSetInputDynamicDims' full dims (every input's shape flattened) -> gear values,
+  // with GE's 145012 checks; not matched.
+  std::vector<int64_t> values_from_full_dims(Values full_dims) const;
+  // GetCurDynamicDims: the gear values from the arrays' shapes (count and array types:
+  // kind "input"; ranks, static dims, agreement: 145012); not matched.
+  std::vector<int64_t> extract(const ArrayView* arrays, size_t n) const;
+
+  // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
+  // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
+  // or with `pad` cover); dtypes (kind "input"); every slot check of Stager::check. Then
+  // around(copy), where copy() moves every byte (padded inputs with their pad values) and
+  // must be called exactly once; the binding runs it with the GIL released. Returns the
+  // gear; last_values / last_request change only on success. One call at a time: a second
+  // caller meanwhile gets Error kind "input" (one executor per thread).
+  template <typename Around>
+  size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
+               Around&& around);
+  size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad) {
+    return stage(arrays, n, preset, pad, [](auto&& copy) { copy(); });
+  }
+
+  // The gear values of the last successful stage, and the request's own values (they differ
+  // when it was padded); empty before any.
+  const std::vector<int64_t>& last_values() const noexcept { return last_values_; }
+  const std::vector<int64_t>& last_request() const noexcept { return last_request_; }
+
+ private:
+  class Busy;
+  size_t prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
+                 int64_t* values);
+  void copy_prepared(size_t gear) const noexcept;
+  void finish(size_t gear, const int64_t* values);
+
+  void read_shapes(const ArrayView* arrays, size_t n, ShapeRef* out) const;
+  void read_values(Values values, const char* what, int64_t* out) const;
+  int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
+  size_t find_or_throw(const int64_t* values) const;
+  size_t cover_or_throw(const int64_t* values) const;
+  void set_source(size_t gear, size_t i, const ArrayView& a, bool padded);
+  void check_layout(const Layout& layout) const;
+  std::vector<std::vector<uint8_t>> default_pads() const;
+  std::vector<double> element_costs() const;
+
+  std::vector<InputSpec> inputs_;
+  std::vector<std::string> names_;  // inputs_[i].name, contiguous for Stager's messages
+  DimsExtractor dims_;
+  GearTable table_;
+  Stager stager_;
+  std::vector<std::vector<std::vector<int64_t>>> gear_shapes_;  // [gear][input] shape
+  std::vector<std::vector<uint8_t>> pads_;                      // [input] pad value bytes
+  Coverer cover_;
+  std::vector<int64_t> last_values_;
+  std::vector<int64_t> last_request_;
+  std::atomic<bool> busy_{false};
+  // Scratch of stage(), sized once, so that no call allocates (guarded by busy_).
+  std::vector<ShapeRef> shapes_;
+  std::vector<StageSource> sources_;
+};
+
+// Holds busy_ for one stage(): a second caller meanwhile is refused, never waits.
+class ExecutorCore::Busy {
+ public:
+  explicit Busy(std::atomic<bool>& flag);
+  ~Busy() { flag_.store(false); }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+template <typename Around>
+size_t ExecutorCore::stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
+                           Around&& around) {
+  Busy busy(busy_);
+  int64_t values[kMaxValues];
+  const size_t gear = prepare(arrays, n, preset, pad, values);
+  around([this, gear] { copy_prepared(gear); });
+  finish(gear, values);
+  return gear;
+}
+
+}  // namespace gear_runtime

@@ -1,0 +1,189 @@
+// ExecutorCore: the hot path over plain views -- match, cover, extract, stage (plain and
+// padded), the order of its checks, and one call at a time.
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "executor_core.h"
+
+using gear_runtime::ArrayView;
+using gear_runtime::ExecutorCore;
+using gear_runtime::InputSpec;
+using gear_runtime::Layout;
+using gear_runtime::PadValues;
+using gear_runtime::plan_layout_checked;
+using gear_runtime::Values;
+
+namespace {
+
+// x: float32 [1, S], mask: int64 [S]; gears S = 2, 4, 8 (value 0 carried by both inputs).
+struct Model {
+  Layout layout = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 1, 131072, 64);
+  std::vector<uint8_t> staging = std::vector<uint8_t>(layout.total_bytes(), 0xEE);
+  ExecutorCore core{{{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+                    {{0, 1, 0}, {1, 0, 0}},
+                    {{2}, {4}, {8}},
+                    layout,
+                    staging.data(),
+                    staging.size()};
+};
+
+struct Request {
+  std::vector<float> x;
+  std::vector<int64_t> mask;
+  int64_t x_shape[2];
+  int64_t mask_shape[1];
+  ArrayView views[2];
+  explicit Request(int64_t s) : x(static_cast<size_t>(s)), mask(static_cast<size_t>(s)) {
+    for (int64_t k = 0; k < s; ++k) {
+      x[static_cast<size_t>(k)] = static_cast<float>(k + 1);
+      mask[static_cast<size_t>(k)] = 7;
+    }
+    x_shape[0] = 1;
+    x_shape[1] = s;
+    mask_shape[0] = s;
+    views[0] = ArrayView{true, {}, x.data(), x_shape, 2, true};
+    views[1] = ArrayView{true, {}, mask.data(), mask_shape, 1, true};
+  }
+};
+
+template <typename T>
+T at(const Model& m, size_t offset, size_t k) {
+  T v;
+  std::memcpy(&v, m.staging.data() + offset + k * sizeof(T), sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+TEST(core_match_cover_and_their_errors) {
+  Model m;
+  const int64_t four[1] = {4}, five[1] = {5}, nine[1] = {9};
+  CHECK_EQ(m.core.match({four, 1}), 1u);
+  CHECK_EQ(m.core.cover({five, 1}), 2u);  // 8 is the only gear covering 5
+  CHECK_EQ(m.core.cover({four, 1}), 1u);  // an exact gear is itself
+  CHECK_THROWS_ERROR(m.core.match({five, 1}), "mismatch", "145013",
+                     "dynamic dims (5,) match no gear of the model (inputs: x axis 1; mask "
+                     "axis 0); legal gears, nearest first: (4,), (2,), (8,)");
+  CHECK_THROWS_ERROR(m.core.cover({nine, 1}), "mismatch", "145013",
+                     "the largest gear is (8,)");
+  CHECK_THROWS_ERROR(m.core.match({four, 0}), "length", "145012",
+                     "dynamic dims have 0 values, the model's gears have 1");
+  CHECK_EQ(m.core.nearest({five, 1}, 2).size(), 2u);
+  CHECK_THROWS_ERROR(m.core.nearest({five, 1}, -1), "input", "145000", "k must be >= 0");
+}
+
+TEST(core_stage_copies_inputs_and_dims) {
+  Model m;
+  Request r(4);
+  CHECK(m.core.last_values().empty());
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, false), 1u);
+  for (size_t k = 0; k < 4; ++k) {
+    CHECK_EQ(at<float>(m, m.layout.offset(1, 0), k), static_cast<float>(k + 1));
+    CHECK_EQ(at<int64_t>(m, m.layout.offset(1, 1), k), 7);
+  }
+  CHECK_EQ(at<int32_t>(m, m.layout.dims_offset(1), 0), 4);
+  CHECK(m.core.last_values() == std::vector<int64_t>{4});
+  CHECK(m.core.last_request() == std::vector<int64_t>{4});
+}
+
+TEST(core_stage_pads_to_the_covering_gear) {
+  Model m;
+  m.core.set_padding(PadValues{std::nullopt, std::vector<uint8_t>(8, 0xFF)}, std::nullopt);
+  Request r(3);
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 1u);
+  CHECK_EQ(at<float>(m, m.layout.offset(1, 0), 2), 3.0f);
+  CHECK_EQ(at<float>(m, m.layout.offset(1, 0), 3), 0.0f);  // default pad: zeros
+  CHECK_EQ(at<int64_t>(m, m.layout.offset(1, 1), 3), -1);  // 0xFF.. pad value
+  CHECK_EQ(at<int32_t>(m, m.layout.dims_offset(1), 0), 4);
+  CHECK(m.core.last_values() == std::vector<int64_t>{4});
+  CHECK(m.core.last_request() == std::vector<int64_t>{3});
+  // measured costs pick another covering gear; bad ones change nothing
+  m.core.set_padding(std::nullopt, std::vector<double>{1.0, 9.0, 2.0});
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 2u);
+  CHECK_THROWS_ERROR(m.core.set_padding(std::nullopt, std::vector<double>{1.0}), "input",
+                     "145000", "1 gear costs for 3 gears");
+  CHECK_THROWS_ERROR(m.core.set_padding(PadValues{std::vector<uint8_t>(3)}, std::nullopt),
+                     "input", "145000", "1 pad values for 2 inputs");
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 2u);
+}
+
+TEST(core_stage_checks_in_order_and_writes_nothing_on_error) {
+  Model m;
+  Request r(4);
+  const std::vector<uint8_t> before = m.staging;
+  CHECK_THROWS_ERROR(m.core.stage(r.views, 1, nullptr, false), "input", "145000",
+                     "expected 2 input arrays (x, mask), got 1");
+  ArrayView not_array[2] = {r.views[0], ArrayView{false, "list"}};
+  CHECK_THROWS_ERROR(m.core.stage(not_array, 2, nullptr, false), "input", "145000",
+                     "input 'mask' must be a numpy.ndarray, got list");
+  const int64_t eight[1] = {8};
+  const Values preset{eight, 1};
+  CHECK_THROWS_ERROR(m.core.stage(r.views, 2, &preset, false), "length", "145012",
+                     "the inputs' dynamic dims (4,) disagree with the dims set with "
+                     "set_dynamic_* (8,)");
+  CHECK_EQ(m.core.stage(r.views, 2, &preset, true), 2u);  // with pad: a covering preset
+  m.staging = before;
+  ArrayView wrong_dtype[2] = {r.views[0], r.views[1]};
+  wrong_dtype[1].dtype_ok = false;
+  wrong_dtype[1].type = "float64";
+  CHECK_THROWS_ERROR(m.core.stage(wrong_dtype, 2, nullptr, false), "input", "145000",
+                     "input 'mask' has dtype float64, the model's input has int64");
+  Request five(5);
+  CHECK_THROWS_ERROR(m.core.stage(five.views, 2, nullptr, false), "mismatch", "145013",
+                     "(5,) match no gear");
+  CHECK(m.staging == before);
+  CHECK(m.core.last_request() == std::vector<int64_t>{4});  // the padded stage above
+}
+
+TEST(core_stage_is_one_call_at_a_time) {
+  Model m;
+  Request r(2);
+  bool refused = false;
+  m.core.stage(r.views, 2, nullptr, false, [&](auto&& copy) {
+    try {
+      m.core.stage(r.views, 2, nullptr, false);
+    } catch (const gear_runtime::Error& e) {
+      refused = std::string(e.what()).find("already running") != std::string::npos;
+    }
+    copy();
+  });
+  CHECK(refused);
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, false), 0u);  // and free again afterwards
+}
+
+TEST(core_construction_checks_layout_positions_and_staging) {
+  const std::vector<InputSpec> inputs{{"x", {-1}, 4, "float32"}};
+  const Layout small = Layout::plan({{4}, {7}}, 1, 131072, 64);
+  std::vector<uint8_t> buf(4096);
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {2}}, small, buf.data(), 4096),
+                     "input", "145000",
+                     "layout slot of input 'x' in gear 1 has 7 bytes, its shape (2,) of "
+                     "float32 needs 8");
+  const Layout good = Layout::plan({{4}, {8}}, 1, 131072, 64);
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0}}, {{1}, {2}}, good, buf.data(), 4096),
+                     "input", "145000", "dynamic_positions[0] must have 3 values");
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, -1}}, {{1}, {2}}, good, buf.data(), 4096),
+                     "input", "145000", "has a negative value");
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {1}}, good, buf.data(), 4096),
+                     "spec", "E10039", "repeats gear 0");
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 3),
+                     "input", "145000", "staging buffer has 3 bytes");
+  ExecutorCore core(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 4096);
+  CHECK_THROWS_ERROR(core.gear(2), "input", "145000", "gear index 2 out of range");
+}
+
+TEST(core_plan_layout_checked_refuses_negative_arguments) {
+  CHECK_THROWS_ERROR(plan_layout_checked({{1, -2}}, 1, 10, 64, 0), "input", "145000",
+                     "input_nbytes[0][1] is -2, a byte count must be >= 0");
+  CHECK_THROWS_ERROR(plan_layout_checked({{1}}, -1, 10, 64, 0), "input", "145000",
+                     "dims_count must be >= 0, got -1");
+  CHECK_THROWS_ERROR(plan_layout_checked({{1}}, 1, 10, 0, 0), "input", "145000",
+                     "alignment must be a power of two >= 1, got 0");
+  CHECK_THROWS_ERROR(plan_layout_checked({{1}}, 1, 10, 64, -1), "input", "145000",
+                     "tail_padding must be >= 0, got -1");
+  CHECK_EQ(plan_layout_checked({{4, 8}}, 1, 131072, 64, 0).total_bytes(), 132u);
+}
