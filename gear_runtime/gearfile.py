@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from gear_runtime import gearformat as fmt
 from gear_runtime import passthrough
 from gear_runtime.backends.base import ModelInfo
 from gear_runtime.digest import (
@@ -42,49 +43,14 @@ from gear_runtime.external_data import (
     check_external,
     is_external,
 )
-from gear_runtime.gearformat import (
-    ACL_DYNAMIC_TENSOR_NAME,
-    ATTR_BATCH_NUM,
-    ATTR_BRANCHES,
-    ATTR_DYNAMIC_GRAPH,
-    ATTR_DYNAMIC_OUTPUT_DIMS,
-    ATTR_DYNAMIC_TYPE,
-    ATTR_PRED_VALUE,
-    ATTR_SHAPE_ORDER,
-    BATCH_LABEL_PREFIX,
-    BRANCH_INDEX_NAME,
-    CASE_ATTR_TYPES,
-    DOMAIN,
-    DYNAMIC_GRAPH_NAME,
-    DYNAMIC_TYPES,
-    FORMAT_VERSION,
-    GEAR_TABLE_NAME,
-    KIND_CASE,
-    KIND_SINK,
-    KINDS,
-    MAX_GEAR_FILE_BYTES,
-    META_DIGEST,
-    META_FORMAT,
-    META_HYBRID,
-    META_KIND,
-    META_OUTPUT_AXES,
-    META_OUTPUT_DIMS,
-    META_SPEC,
-    OP_CASE,
-    OP_MAP_INDEX,
-    RESERVED_PREFIX,
-    axes_from_json,
-    case_gear_table,
-    parse_output_dims,
-    sink_gear_table,
-    spec_from_json,
-)
+from gear_runtime.gearformat import META_DIGEST
 from gear_runtime.onnx_graph import first_bad_text, referenced_names, subgraphs
 from gear_runtime.spec import GearSpec
 
-#: digest_placeholder, seal_digest and _parse_digest live in gear_runtime.digest; they are
-#: re-exported because benchmarks/fuzz_gearfile.py reads them from here.
-__all__ = ["GearFile", "_parse_digest", "digest_placeholder", "read_gear_file", "seal_digest"]
+#: META_DIGEST (home: gearformat), digest_placeholder, seal_digest and _parse_digest (home:
+#: digest) are re-exported because benchmarks/fuzz_gearfile.py reads them from here.
+__all__ = ["META_DIGEST", "GearFile", "_parse_digest", "digest_placeholder", "read_gear_file",
+           "seal_digest"]
 
 @dataclass(frozen=True)
 class GearFile:
@@ -126,7 +92,7 @@ class GearFile:
     #: every data file (resolved path) -> the digest compile recorded; checked by
     #: :meth:`verify_data` (the gear file itself is checked by the reader).
     data_digests: Mapping[str, DataDigest] = field(default_factory=dict)
-    #: per output ``{axis: value index}`` from :data:`META_OUTPUT_AXES`; None when the file
+    #: per output ``{axis: value index}`` from :data:`fmt.META_OUTPUT_AXES`; None when the file
     #: has no such record (the loader then derives it from ``output_shapes``).
     output_dynamic_axes: tuple[dict[int, int], ...] | None = None
 
@@ -218,7 +184,7 @@ class GearFile:
             spec=self.spec, input_dtypes=tuple(self.input_dtypes),
             output_names=tuple(self.output_names), output_dtypes=tuple(self.output_dtypes),
             output_shapes=tuple(self.output_shapes), hybrid=self.spec.hybrid,
-            sink=self.kind == KIND_SINK, output_dynamic_axes=self.output_dynamic_axes)
+            sink=self.kind == fmt.KIND_SINK, output_dynamic_axes=self.output_dynamic_axes)
 
     def weight_names_of(self, model: onnx.ModelProto) -> tuple[str, ...]:
         """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
@@ -245,7 +211,7 @@ def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
 
 def _read_regular_file(path: str) -> bytes:
     """The bytes of ``path``, which must be a regular file of at most
-    :data:`MAX_GEAR_FILE_BYTES` (a FIFO, a device or a huge file is refused before any read:
+    :data:`fmt.MAX_GEAR_FILE_BYTES` (a FIFO, a device or a huge file is refused before any read:
     /dev/zero would never end, a FIFO would block)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -256,18 +222,18 @@ def _read_regular_file(path: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise GearFileError(f"gear file {path!r} cannot be read: it is {what}")
-        if st.st_size > MAX_GEAR_FILE_BYTES:
+        if st.st_size > fmt.MAX_GEAR_FILE_BYTES:
             raise GearFileError(f"gear file {path!r} is {st.st_size} bytes; a gear file is at "
-                                f"most {MAX_GEAR_FILE_BYTES} bytes (its weights beyond that "
+                                f"most {fmt.MAX_GEAR_FILE_BYTES} bytes (its weights beyond that "
                                 f"are in its data file)")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_GEAR_FILE_BYTES + 1)
+            data = f.read(fmt.MAX_GEAR_FILE_BYTES + 1)
     except OSError as exc:
         raise GearFileError(f"gear file {path!r} cannot be read: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
-    if len(data) > MAX_GEAR_FILE_BYTES:  # grew while read
-        raise GearFileError(f"gear file {path!r} is larger than {MAX_GEAR_FILE_BYTES} bytes")
+    if len(data) > fmt.MAX_GEAR_FILE_BYTES:  # grew while read
+        raise GearFileError(f"gear file {path!r} is larger than {fmt.MAX_GEAR_FILE_BYTES} bytes")
     return data
 
 
@@ -284,44 +250,44 @@ class _Reader:
 
     def read(self) -> GearFile:
         meta = self._metadata()
-        if META_FORMAT not in meta:
+        if fmt.META_FORMAT not in meta:
             raise GearFileError(
-                f"{self.path!r} is not a gear file: it has no {META_FORMAT!r} metadata "
+                f"{self.path!r} is not a gear file: it has no {fmt.META_FORMAT!r} metadata "
                 f"(compile the model with gear_runtime.compile first)")
-        if meta[META_FORMAT] != FORMAT_VERSION:
-            raise self.fail(f"format version {meta[META_FORMAT]!r}, this reader reads "
-                            f"version {FORMAT_VERSION!r}")
+        if meta[fmt.META_FORMAT] != fmt.FORMAT_VERSION:
+            raise self.fail(f"format version {meta[fmt.META_FORMAT]!r}, this reader reads "
+                            f"version {fmt.FORMAT_VERSION!r}")
         recorded = self._check_digest(meta)
         bad = first_bad_text(self.model)
         if bad is not None:
             raise self.fail(f"a {bad} field is not valid UTF-8")
         try:
-            spec = spec_from_json(meta.get(META_SPEC, ""))
+            spec = fmt.spec_from_json(meta.get(fmt.META_SPEC, ""))
         except (GearSpecError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise self.fail(f"metadata {META_SPEC!r} is not a valid spec ({exc})") from exc
-        kind = meta.get(META_KIND)
-        if kind not in KINDS:
-            raise self.fail(f"metadata {META_KIND!r} is {kind!r}, expected one of {KINDS}")
-        hybrid = meta.get(META_HYBRID)
+            raise self.fail(f"metadata {fmt.META_SPEC!r} is not a valid spec ({exc})") from exc
+        kind = meta.get(fmt.META_KIND)
+        if kind not in fmt.KINDS:
+            raise self.fail(f"metadata {fmt.META_KIND!r} is {kind!r}, expected one of {fmt.KINDS}")
+        hybrid = meta.get(fmt.META_HYBRID)
         if hybrid not in ("0", "1") or (hybrid == "1") != spec.hybrid:
-            raise self.fail(f"metadata {META_HYBRID!r} is {hybrid!r} but the spec says "
+            raise self.fail(f"metadata {fmt.META_HYBRID!r} is {hybrid!r} but the spec says "
                             f"hybrid={spec.hybrid}")
         self.spec = spec
-        self.opsets = [o for o in self.model.opset_import if o.domain != DOMAIN]
+        self.opsets = [o for o in self.model.opset_import if o.domain != fmt.DOMAIN]
         self.weights, self.external = self._weights()
         self.data_digests = self._data_digests(recorded)
-        read = self._read_case() if kind == KIND_CASE else self._read_sink(meta)
+        read = self._read_case() if kind == fmt.KIND_CASE else self._read_sink(meta)
         return dataclasses.replace(read, output_dynamic_axes=self._output_axes(meta, read))
 
     def _output_axes(self, meta: dict[str, str], read: GearFile
                      ) -> tuple[dict[int, int], ...] | None:
-        if META_OUTPUT_AXES not in meta:
+        if fmt.META_OUTPUT_AXES not in meta:
             return None
         try:
-            return axes_from_json(json.loads(meta[META_OUTPUT_AXES]), len(read.output_names),
-                                  self.spec.values_per_gear)
+            return fmt.axes_from_json(json.loads(meta[fmt.META_OUTPUT_AXES]),
+                                      len(read.output_names), self.spec.values_per_gear)
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            raise self.fail(f"metadata {META_OUTPUT_AXES!r}: {exc}") from exc
+            raise self.fail(f"metadata {fmt.META_OUTPUT_AXES!r}: {exc}") from exc
 
     # ---- shared pieces ----------------------------------------------------------------------
     def _metadata(self) -> dict[str, str]:
@@ -335,7 +301,7 @@ class _Reader:
     def _check_digest(self, meta: dict[str, str]) -> dict[str, DataDigest]:
         """The whole file checked against its integrity record; the data files' recorded
         digests (:func:`gear_runtime.digest.check_file`)."""
-        return check_file(self.path, self.data, self.model, meta.get(META_DIGEST))
+        return check_file(self.path, self.data, self.model, meta.get(fmt.META_DIGEST))
 
     def _data_digests(self, recorded: dict[str, DataDigest]) -> dict[str, DataDigest]:
         """The recorded data-file digests by resolved path. Every external weight must be in
@@ -365,7 +331,7 @@ class _Reader:
         weights: dict[str, onnx.TensorProto] = {}
         external: dict[str, ExternalSpan] = {}
         for t in self.model.graph.initializer:
-            if t.name.startswith(RESERVED_PREFIX):
+            if t.name.startswith(fmt.RESERVED_PREFIX):
                 continue
             if is_external(t):
                 try:
@@ -444,15 +410,15 @@ class _Reader:
                 branches: list[onnx.ModelProto], dynamic: onnx.ModelProto | None,
                 model_bytes: bytes | None) -> GearFile:
         try:
-            shapes = parse_output_dims(dims_items, self.spec.gear_count, len(output_names))
+            shapes = fmt.parse_output_dims(dims_items, self.spec.gear_count, len(output_names))
         except ValueError as exc:
             raise self.fail(f"dynamic_output_dims: {exc}") from exc
         for g, b in enumerate(branches):
             self._check_branch_outputs(b, shapes[g], g)
         if self.spec.hybrid and dynamic is None:
             raise self.fail("the spec is hybrid but the file has no dynamic-shape graph")
-        if kind == KIND_CASE and dynamic is None:
-            raise self.fail(f"the {OP_CASE} node has no {ATTR_DYNAMIC_GRAPH!r} (the source "
+        if kind == fmt.KIND_CASE and dynamic is None:
+            raise self.fail(f"the {fmt.OP_CASE} node has no {fmt.ATTR_DYNAMIC_GRAPH!r} (the source "
                             "graph every case file keeps)")
         return GearFile(path=self.path, spec=self.spec, kind=kind, input_dtypes=input_dtypes,
                         output_names=output_names, output_dtypes=output_dtypes,
@@ -464,13 +430,13 @@ class _Reader:
         """Order branch graphs by their Batch_<i> labels; each gear exactly once."""
         found: dict[int, onnx.GraphProto] = {}
         for g in graphs:
-            if not g.name.startswith(BATCH_LABEL_PREFIX):
-                raise self.fail(f"branch graph {g.name!r} has no {BATCH_LABEL_PREFIX}<i> label")
+            if not g.name.startswith(fmt.BATCH_LABEL_PREFIX):
+                raise self.fail(f"branch graph {g.name!r} has no {fmt.BATCH_LABEL_PREFIX}<i> label")
             try:
-                idx = int(g.name[len(BATCH_LABEL_PREFIX):])
+                idx = int(g.name[len(fmt.BATCH_LABEL_PREFIX):])
             except ValueError:
                 raise self.fail(f"branch graph label {g.name!r} is not "
-                                f"{BATCH_LABEL_PREFIX}<integer>") from None
+                                f"{fmt.BATCH_LABEL_PREFIX}<integer>") from None
             if idx in found:
                 raise self.fail(f"gear {idx} ({g.name}) appears twice")
             if not 0 <= idx < self.spec.gear_count:
@@ -485,37 +451,38 @@ class _Reader:
     def _read_case(self) -> GearFile:
         spec = self.spec
         graph = self.model.graph
-        custom = [n for n in graph.node if n.domain == DOMAIN]
-        cases = [n for n in custom if n.op_type == OP_CASE]
-        maps = [n for n in custom if n.op_type == OP_MAP_INDEX]
+        custom = [n for n in graph.node if n.domain == fmt.DOMAIN]
+        cases = [n for n in custom if n.op_type == fmt.OP_CASE]
+        maps = [n for n in custom if n.op_type == fmt.OP_MAP_INDEX]
         if len(cases) != 1 or len(maps) != 1:
-            raise self.fail(f"expected one {OP_MAP_INDEX} and one {OP_CASE} node in domain "
-                            f"{DOMAIN!r}, found {len(maps)} and {len(cases)}")
+            raise self.fail(f"expected one {fmt.OP_MAP_INDEX} and one {fmt.OP_CASE} node in domain "
+                            f"{fmt.DOMAIN!r}, found {len(maps)} and {len(cases)}")
         case, mapi = cases[0], maps[0]
-        if list(mapi.input) != [ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]:
-            raise self.fail(f"{OP_MAP_INDEX} reads {list(mapi.input)}, expected "
-                            f"{[ACL_DYNAMIC_TENSOR_NAME, GEAR_TABLE_NAME]}")
-        if list(mapi.output) != [BRANCH_INDEX_NAME]:
-            raise self.fail(f"{OP_MAP_INDEX} writes {list(mapi.output)}, expected "
-                            f"{[BRANCH_INDEX_NAME]}")
-        if list(case.input) != [BRANCH_INDEX_NAME, *spec.input_names]:
-            raise self.fail(f"{OP_CASE} reads {list(case.input)}, expected the branch index "
+        if list(mapi.input) != [fmt.ACL_DYNAMIC_TENSOR_NAME, fmt.GEAR_TABLE_NAME]:
+            raise self.fail(f"{fmt.OP_MAP_INDEX} reads {list(mapi.input)}, expected "
+                            f"{[fmt.ACL_DYNAMIC_TENSOR_NAME, fmt.GEAR_TABLE_NAME]}")
+        if list(mapi.output) != [fmt.BRANCH_INDEX_NAME]:
+            raise self.fail(f"{fmt.OP_MAP_INDEX} writes {list(mapi.output)}, expected "
+                            f"{[fmt.BRANCH_INDEX_NAME]}")
+        if list(case.input) != [fmt.BRANCH_INDEX_NAME, *spec.input_names]:
+            raise self.fail(f"{fmt.OP_CASE} reads {list(case.input)}, expected the branch index "
                             f"then {list(spec.input_names)}")
         attrs = self._case_attrs(case)
         self._check_case_attrs(attrs)
-        tables = [t for t in graph.initializer if t.name == GEAR_TABLE_NAME]
+        tables = [t for t in graph.initializer if t.name == fmt.GEAR_TABLE_NAME]
         if len(tables) != 1:
-            raise self.fail(f"expected one initializer {GEAR_TABLE_NAME!r}, found {len(tables)}")
-        self._check_table(self._array(tables[0], f"gear table {GEAR_TABLE_NAME!r}"),
-                          case_gear_table(spec))
+            raise self.fail(f"expected one initializer {fmt.GEAR_TABLE_NAME!r}, found "
+                            f"{len(tables)}")
+        self._check_table(self._array(tables[0], f"gear table {fmt.GEAR_TABLE_NAME!r}"),
+                          fmt.case_gear_table(spec))
         root = self._root_inputs()
-        if ACL_DYNAMIC_TENSOR_NAME not in root:
-            raise self.fail(f"no {ACL_DYNAMIC_TENSOR_NAME!r} input")
+        if fmt.ACL_DYNAMIC_TENSOR_NAME not in root:
+            raise self.fail(f"no {fmt.ACL_DYNAMIC_TENSOR_NAME!r} input")
         outs = {o.name: o for o in graph.output}
         output_names = tuple(outs)
         self._check_routing_outputs(list(case.output), output_names, root)
         branches = []
-        for i, g in enumerate(self._by_label(attrs.get(ATTR_BRANCHES, []))):
+        for i, g in enumerate(self._by_label(attrs.get(fmt.ATTR_BRANCHES, []))):
             declared = [(vi.name, tuple(d.dim_value if d.HasField("dim_value") else -1
                                         for d in vi.type.tensor_type.shape.dim))
                         for vi in g.input]
@@ -525,12 +492,12 @@ class _Reader:
                                 f"{i} is {expected}")
             branches.append(self._standalone(g, g.name, list(g.input), output_names))
         dynamic = None
-        if ATTR_DYNAMIC_GRAPH in attrs:
-            dg = attrs[ATTR_DYNAMIC_GRAPH]
-            dynamic = self._standalone(dg, DYNAMIC_GRAPH_NAME, list(dg.input), output_names)
-        dims = [_text(s) for s in attrs.get(ATTR_DYNAMIC_OUTPUT_DIMS, [])]
+        if fmt.ATTR_DYNAMIC_GRAPH in attrs:
+            dg = attrs[fmt.ATTR_DYNAMIC_GRAPH]
+            dynamic = self._standalone(dg, fmt.DYNAMIC_GRAPH_NAME, list(dg.input), output_names)
+        dims = [_text(s) for s in attrs.get(fmt.ATTR_DYNAMIC_OUTPUT_DIMS, [])]
         return self._finish(
-            KIND_CASE, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
+            fmt.KIND_CASE, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
             tuple(self._dtype(outs[n]) for n in output_names), dims, branches, dynamic, None)
 
     def _check_routing_outputs(self, produced: Sequence[str], output_names: Sequence[str],
@@ -542,7 +509,7 @@ class _Reader:
                             f"{len(output_names)}")
         roots = set(root) | set(self.weights)
         for k, (p, n) in enumerate(zip(produced, output_names, strict=True)):
-            if p != n and not (p == f"{RESERVED_PREFIX}out_{k}" and n in roots):
+            if p != n and not (p == f"{fmt.RESERVED_PREFIX}out_{k}" and n in roots):
                 raise self.fail(f"root output {k} is {n!r} but the routing node writes {p!r}")
 
     def _case_attrs(self, case: onnx.NodeProto) -> dict[str, Any]:
@@ -550,39 +517,41 @@ class _Reader:
         attribute is a GearFileError, never a TypeError further on)."""
         out: dict[str, Any] = {}
         for a in case.attribute:
-            want = (onnx.AttributeProto.INTS if a.name.startswith(ATTR_PRED_VALUE)
-                    else CASE_ATTR_TYPES.get(a.name))
+            want = (onnx.AttributeProto.INTS if a.name.startswith(fmt.ATTR_PRED_VALUE)
+                    else fmt.CASE_ATTR_TYPES.get(a.name))
             if want is not None and a.type != want:
                 names = onnx.AttributeProto.AttributeType.Name
-                raise self.fail(f"{OP_CASE} attribute {a.name!r} is of type {names(a.type)}, "
+                raise self.fail(f"{fmt.OP_CASE} attribute {a.name!r} is of type {names(a.type)}, "
                                 f"expected {names(want)}")
             out[a.name] = helper.get_attribute_value(a)
         return out
 
     def _check_case_attrs(self, attrs: dict[str, Any]) -> None:
         spec = self.spec
-        if attrs.get(ATTR_BATCH_NUM) != spec.gear_count:
-            raise self.fail(f"{ATTR_BATCH_NUM} is {attrs.get(ATTR_BATCH_NUM)!r}, the spec has "
-                            f"{spec.gear_count} gears")
+        if attrs.get(fmt.ATTR_BATCH_NUM) != spec.gear_count:
+            raise self.fail(f"{fmt.ATTR_BATCH_NUM} is {attrs.get(fmt.ATTR_BATCH_NUM)!r}, the "
+                            f"spec has {spec.gear_count} gears")
         for i, gear in enumerate(spec.gears):
-            got = attrs.get(f"{ATTR_PRED_VALUE}{i}")
+            got = attrs.get(f"{fmt.ATTR_PRED_VALUE}{i}")
             if got is None or tuple(got) != gear:
-                raise self.fail(f"{ATTR_PRED_VALUE}{i} is {got!r}, the spec's gear {i} is {gear}")
-        order = tuple(_text(s) for s in attrs.get(ATTR_SHAPE_ORDER, []))
+                raise self.fail(f"{fmt.ATTR_PRED_VALUE}{i} is {got!r}, the spec's gear {i} is "
+                                f"{gear}")
+        order = tuple(_text(s) for s in attrs.get(fmt.ATTR_SHAPE_ORDER, []))
         if order != spec.input_names:
-            raise self.fail(f"{ATTR_SHAPE_ORDER} is {list(order)}, the spec's inputs are "
+            raise self.fail(f"{fmt.ATTR_SHAPE_ORDER} is {list(order)}, the spec's inputs are "
                             f"{list(spec.input_names)}")
-        dtype = _text(attrs.get(ATTR_DYNAMIC_TYPE, b""))
-        if dtype != DYNAMIC_TYPES[spec.mode]:
-            raise self.fail(f"{ATTR_DYNAMIC_TYPE} is {dtype!r}, the spec's mode is {spec.mode!r}")
-        if len(attrs.get(ATTR_BRANCHES, [])) != spec.gear_count:
-            raise self.fail(f"{len(attrs.get(ATTR_BRANCHES, []))} branches for "
+        dtype = _text(attrs.get(fmt.ATTR_DYNAMIC_TYPE, b""))
+        if dtype != fmt.DYNAMIC_TYPES[spec.mode]:
+            raise self.fail(f"{fmt.ATTR_DYNAMIC_TYPE} is {dtype!r}, the spec's mode is "
+                            f"{spec.mode!r}")
+        if len(attrs.get(fmt.ATTR_BRANCHES, [])) != spec.gear_count:
+            raise self.fail(f"{len(attrs.get(fmt.ATTR_BRANCHES, []))} branches for "
                             f"{spec.gear_count} gears")
 
     def _check_table(self, table: np.ndarray, expected: np.ndarray) -> None:
         """The stored gear table equals the one the spec gives (shape and values)."""
         if table.shape != expected.shape or not np.array_equal(table, expected):
-            raise self.fail(f"gear table {GEAR_TABLE_NAME!r} is {table.tolist()}, the spec "
+            raise self.fail(f"gear table {fmt.GEAR_TABLE_NAME!r} is {table.tolist()}, the spec "
                             f"gives {expected.tolist()}")
 
     # ---- kind "sink" ---------------------------------------------------------------------------
@@ -590,15 +559,15 @@ class _Reader:
         spec = self.spec
         graph = self.model.graph
         outs = list(graph.output)
-        if not outs or outs[-1].name != ACL_DYNAMIC_TENSOR_NAME:
-            raise self.fail(f"the last output is not {ACL_DYNAMIC_TENSOR_NAME!r}")
-        self._check_table(self._sink_table(graph), sink_gear_table(spec))
+        if not outs or outs[-1].name != fmt.ACL_DYNAMIC_TENSOR_NAME:
+            raise self.fail(f"the last output is not {fmt.ACL_DYNAMIC_TENSOR_NAME!r}")
+        self._check_table(self._sink_table(graph), fmt.sink_gear_table(spec))
         gears: list[onnx.GraphProto] = []
         dynamic_graphs: list[onnx.GraphProto] = []
         for sub in _walk_if_tree(graph):
-            if sub.name.startswith(BATCH_LABEL_PREFIX):
+            if sub.name.startswith(fmt.BATCH_LABEL_PREFIX):
                 gears.append(sub)
-            elif sub.name == DYNAMIC_GRAPH_NAME:
+            elif sub.name == fmt.DYNAMIC_GRAPH_NAME:
                 dynamic_graphs.append(sub)
         root = self._root_inputs()
         output_names = tuple(o.name for o in outs[:-1])
@@ -613,26 +582,27 @@ class _Reader:
             if len(dynamic_graphs) != 1:
                 raise self.fail(f"{len(dynamic_graphs)} dynamic-shape graphs, expected one")
             dyn_inputs = [root[n] for n in spec.input_names]
-            dynamic = self._standalone(dynamic_graphs[0], DYNAMIC_GRAPH_NAME, dyn_inputs,
+            dynamic = self._standalone(dynamic_graphs[0], fmt.DYNAMIC_GRAPH_NAME, dyn_inputs,
                                        output_names)
         try:
-            dims = json.loads(meta.get(META_OUTPUT_DIMS, "null"))
+            dims = json.loads(meta.get(fmt.META_OUTPUT_DIMS, "null"))
             if not isinstance(dims, list):
                 raise ValueError("not a list")
         except (ValueError, RecursionError) as exc:
-            raise self.fail(f"metadata {META_OUTPUT_DIMS!r} is not a JSON list ({exc})") from exc
+            raise self.fail(f"metadata {fmt.META_OUTPUT_DIMS!r} is not a JSON list "
+                            f"({exc})") from exc
         return self._finish(
-            KIND_SINK, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
+            fmt.KIND_SINK, tuple(self._dtype(root[n]) for n in spec.input_names), output_names,
             tuple(self._dtype(o) for o in outs[:-1]), [str(s) for s in dims], branches,
             dynamic, self.data)
 
     def _sink_table(self, graph: onnx.GraphProto) -> np.ndarray:
         for node in graph.node:
-            if node.op_type == "Constant" and list(node.output) == [GEAR_TABLE_NAME]:
+            if node.op_type == "Constant" and list(node.output) == [fmt.GEAR_TABLE_NAME]:
                 for a in node.attribute:
                     if a.name == "value":
-                        return self._array(a.t, f"gear table {GEAR_TABLE_NAME!r}")
-        raise self.fail(f"no Constant {GEAR_TABLE_NAME!r} in the root graph")
+                        return self._array(a.t, f"gear table {fmt.GEAR_TABLE_NAME!r}")
+        raise self.fail(f"no Constant {fmt.GEAR_TABLE_NAME!r} in the root graph")
 
 
 
@@ -650,7 +620,7 @@ def _walk_if_tree(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             continue
         for sub in subgraphs(node):
-            if sub.name.startswith(BATCH_LABEL_PREFIX) or sub.name == DYNAMIC_GRAPH_NAME:
+            if sub.name.startswith(fmt.BATCH_LABEL_PREFIX) or sub.name == fmt.DYNAMIC_GRAPH_NAME:
                 yield sub
             else:
                 yield from _walk_if_tree(sub)
