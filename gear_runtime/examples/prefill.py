@@ -1,6 +1,6 @@
-"""A small transformer-prefill-like model with the four inputs of the seed's Qwen prefill.
+"""A small transformer-prefill-like model with the four inputs of a Qwen3.5 prefill export.
 
-The MindSpore Lite Qwen3.5 prefill export (seed article 004) has four inputs, each with one
+A MindSpore Lite Qwen3.5 prefill export served on Ascend has four inputs, each with one
 dynamic axis, and a converter config that allows four sequence gears::
 
     input_ids       int64   [1, S]
@@ -49,7 +49,8 @@ _NEG = -1.0e4  # additive mask value (finite: a fully masked row still softmaxes
 
 def prefill_config(hidden: int = HIDDEN, seq_gears: Sequence[int] = SEQ_GEARS,
                    image_tokens: int = IMAGE_TOKENS) -> str:
-    """The converter config of the example, in the seed's ``[acl_build_options]`` form.
+    """The converter config of the example, in a prefill service's ``[acl_build_options]``
+    form.
 
     Four -1 in input_shape (the three sequence axes and the image-token count), one gear per
     sequence length, each gear ``S,S,S,T`` in input_shape order (GE's
