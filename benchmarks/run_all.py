@@ -61,19 +61,20 @@ def format_rows(rows: Sequence[Row]) -> str:
 
 
 def _core_rows(stdout: str) -> list[Row]:
-    """Rows of bench_core.py's printed table (case, A, B, "name = 1.23x", target, result)."""
+    """Rows of bench_core.py's printed table (case, A, B, "name = 1.23x" or "name = 2.50us",
+    target, result)."""
     rows: list[Row] = []
     for line in stdout.splitlines():
         cells = re.split(r"\s{2,}", line.strip())
         if len(cells) < 4 or cells[0] == "case" or set(cells[0]) <= {"-"}:
             continue
-        ratio = re.search(r"^(.*?)\s*=\s*([0-9.,]+)x$", cells[3])
+        ratio = re.search(r"^(.*?)\s*=\s*(-?[0-9.,]+)(x|us)$", cells[3])
         if ratio is None:
             continue
         target = cells[4] if len(cells) > 4 and cells[4] != "(info)" else None
         result = cells[5] if len(cells) > 5 else ""
         rows.append(row("core", f"{cells[0]} ({ratio.group(1)})",
-                        float(ratio.group(2).replace(",", "")), "x", target,
+                        float(ratio.group(2).replace(",", "")), ratio.group(3), target,
                         status=result if result in ("PASS", "FAIL") else "info"))
     return rows
 

@@ -49,7 +49,7 @@ class Error : public std::runtime_error {
 [[noreturn]] void throw_spec(const std::string& message, const std::string& code = "");
 
 // Python's repr of a tuple of ints: "()", "(17,)", "(20, 1, 1)". Messages show values this
-// way in both the C++ core and the Python reference so that their texts are identical.
+// way, so that they read as Python users write them.
 std::string format_tuple(const int64_t* values, size_t n);
 std::string format_tuple(const std::vector<int64_t>& values);
 

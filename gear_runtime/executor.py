@@ -67,6 +67,7 @@ class Executor:
             list(spec.dynamic_positions), [list(g) for g in spec.gears],
             [np.dtype(d) for d in info.input_dtypes], model.layout, session.staging)
         self._preset: tuple[int, ...] | None = None
+        self._gear_values = [tuple(g) for g in spec.gears]  # what an unpadded run reports
         # Held for the whole of every call that reads or writes the executor's state; taken
         # for good by close(), so a closed executor costs the hot path nothing extra.
         self._owner = threading.Lock()
@@ -259,7 +260,10 @@ class Executor:
                     else:
                         outputs = list(self._session.run_gear(gear))
                     self.last_gear = gear
-                    self.last_dynamic_dims = values = self._core.last_values
+                    self.last_dynamic_dims = values = self._gear_values[gear]
+                    if not pad:  # then the request is the gear's values: no core call
+                        self.last_request_dims = values
+                        return outputs
                     self.last_request_dims = request = self._core.last_request
                     if request != values:
                         return self._trim(outputs, request)
@@ -270,10 +274,10 @@ class Executor:
 
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
         """Inputs as a list of arrays in input order; clear errors for missing/unknown names."""
-        if isinstance(inputs, Mapping):
+        if type(inputs) is dict or isinstance(inputs, Mapping):  # a dict skips the ABC check
             # Hot path: one lookup per input; the names are diffed only on the error path.
             try:
-                values = [inputs[n] for n in self._names]
+                values = list(map(inputs.__getitem__, self._names))
             except KeyError:
                 values = []
             if len(values) != len(self._names) or len(inputs) != len(self._names):
@@ -286,9 +290,10 @@ class Executor:
         else:
             raise InputError("inputs must be a dict name -> array or a list in input order "
                              f"({', '.join(self._names)}), got {type(inputs).__name__}")
-        for i, v in enumerate(values):
-            if not isinstance(v, np.ndarray):
-                values[i] = self._as_array(self._names[i], v, self._dtypes[i])
+        if not set(map(type, values)) <= _NDARRAY:  # C-level check; subclasses: the loop
+            for i, v in enumerate(values):
+                if not isinstance(v, np.ndarray):
+                    values[i] = self._as_array(self._names[i], v, self._dtypes[i])
         return values
 
     def _raise_name_mismatch(self, inputs: Mapping[str, Any]) -> None:
@@ -435,6 +440,8 @@ class Executor:
         (:meth:`BackendSession.run_bound`); running it directly bypasses the executor."""
         return self._session
 
+
+_NDARRAY = frozenset({np.ndarray})
 
 #: Kinds of the values a Python list may hold for an input of each numpy kind: the same kind
 #: (``u`` and ``i`` are both integers: numpy reads big Python ints as uint64).

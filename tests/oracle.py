@@ -266,13 +266,16 @@ class ExecutorCore:
         for i, p in enumerate(pad_values or []):
             if p is not None:
                 if len(p) != self._dtypes[i].itemsize:
-                    raise _input("bad pad value")
+                    raise _input(f"pad value of input '{self._names[i]}' must be "
+                                 f"{self._dtypes[i].itemsize} bytes")
                 pads[i] = p
         default = [sum(float(np.prod(s, dtype=np.float64)) for s in shapes)
                    for shapes in self._shapes]
         cost = list(default if costs is None else costs)
-        if len(cost) != len(self._gears) or not all(np.isfinite(c) and c >= 0 for c in cost):
-            raise _input("bad costs")
+        if len(cost) != len(self._gears):
+            raise _input(f"{len(cost)} gear costs for {len(self._gears)} gears")
+        if not all(np.isfinite(c) and c >= 0 for c in cost):
+            raise _input("gear cost must be finite and >= 0")
         self._pads, self._costs = pads, cost
 
     # ---- lookups -----------------------------------------------------------------------------

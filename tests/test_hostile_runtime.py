@@ -27,7 +27,8 @@ from gear_runtime.model import MAX_BUFFER_BYTES_ENV, GearModel
 HAMMER_SECONDS = float(os.environ.get("GEAR_RUNTIME_HAMMER_SECONDS", "0.5"))
 
 # Run in a subprocess so that a crash (segfault) fails the test instead of killing pytest.
-# argv: gear file (or "echo" for the null-backend double below), seconds, thread counts.
+# argv: gear file (or "echo" for the null-backend double below), seconds, the core ("native",
+# or the folder of tests/oracle.py to run the executor on the oracle instead), thread counts.
 # Prints one JSON line per thread count: calls that returned the expected outputs, calls
 # refused with ExecutorBusyError, calls that returned other outputs, anything else raised.
 HAMMER = r'''
@@ -114,24 +115,26 @@ def hammer(model, threads, seconds):
 
 
 sys.setswitchinterval(1e-5)  # switch threads often: more interleavings, more progress
+if sys.argv[3] != "native":  # the executor on the oracle: other timing, other interleavings
+    sys.path.insert(0, sys.argv[3])
+    import oracle
+    import gear_runtime.core
+    gear_runtime.core.ExecutorCore = oracle.ExecutorCore
 model = load(sys.argv[1])
-for n in sys.argv[3:]:
+for n in sys.argv[4:]:
     print(json.dumps(hammer(model, int(n), float(sys.argv[2]))), flush=True)
 '''
 
 
 def run_hammers(what: str, tmp_path: Path) -> dict[str, list[dict]]:
-    """Hammer on the C++ core and, at the same time, on the pure-Python twin; 2 then 8
-    threads each. Returns the counts per implementation; fails on a crash."""
+    """Hammer on the C++ core and, at the same time, on the oracle (tests/oracle.py); 2 then
+    8 threads each. Returns the counts per implementation; fails on a crash."""
     script = tmp_path / "hammer.py"
     script.write_text(HAMMER)
     procs = {}
-    for impl in ("native", "pure"):
-        env = {k: v for k, v in os.environ.items() if k != "GEAR_RUNTIME_PURE_PYTHON"}
-        if impl == "pure":
-            env["GEAR_RUNTIME_PURE_PYTHON"] = "1"
+    for impl, core in (("native", "native"), ("oracle", str(Path(__file__).parent))):
         procs[impl] = subprocess.Popen(
-            [sys.executable, str(script), what, str(HAMMER_SECONDS), "2", "8"], env=env,
+            [sys.executable, str(script), what, str(HAMMER_SECONDS), core, "2", "8"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = {}
     for impl, proc in procs.items():

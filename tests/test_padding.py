@@ -7,12 +7,12 @@ from types import ModuleType
 
 import numpy as np
 import onnxruntime as ort
+import oracle as reference
 import pytest
 
 import gear_runtime as gr
 from gear_runtime import _core
 from gear_runtime.backends.null import open_model as null_model
-from gear_runtime.core import reference
 from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.examples import prefill
 from gear_runtime.model import GearModel

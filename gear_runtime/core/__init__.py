@@ -6,7 +6,7 @@ Exports, from the C++ extension ``gear_runtime._core``:
 -> Layout``
     Where each input and the int32 dims buffer sit in the host staging buffer per gear, and
     which bytes GE's ONE merged host-to-device copy moves (rules in
-    :func:`gear_runtime.core.reference.plan_layout`). ``tail_padding > 0`` gives every buffer
+    csrc/layout.h). ``tail_padding > 0`` gives every buffer
     ``ALIGN_UP(nbytes, 32) + tail_padding`` bytes before the next one (pyACL's rule for
     buffers carved out of one device block; 0 packs them as GE does). ``Layout`` is
     read-only: ``gear_count``, ``input_count``, ``merged``, ``dims_nbytes``, ``total_bytes``,
@@ -29,32 +29,29 @@ staging)``
       inputs' shapes flattened) to gear values, with GE's 145012 checks; not matched.
     * ``extract(arrays) -> tuple``: GetCurDynamicDims from the arrays' shapes (count:
       InputError; rank, static dims, agreement of positions sharing a value: 145012).
-    * ``stage(arrays, preset=None) -> int``: the whole hot path in one call -- extract; compare
-      with ``preset`` (values from ``set_dynamic_*``; 145012 if they differ); match (145013);
+    * ``stage(arrays, preset=None, pad=False) -> int``: the whole hot path in one call --
+      extract; compare with ``preset`` (values from ``set_dynamic_*``; 145012 if they differ,
+      unless ``pad`` and the preset is a gear covering them); match (145013; with ``pad``,
+      the cheapest covering gear, the inputs padded with their pad values);
       dtype must equal the model's (InputError; non-C-contiguous arrays are copied first);
       copy every input to ``layout.offset(g, i)`` with the GIL released, write the values as
       int32 at ``layout.dims_offset(g)``; returns the gear index. An array already sitting in
       its own slot of the staging buffer is not copied (zero copy); any other overlap with the
       staging buffer is an InputError.
     * ``nearest(values, k=5) -> list[tuple]``: legal gears by L1 distance, ties by index.
+    * ``set_padding(pad_values=None, costs=None)``: per input one element's bytes (None:
+      zeros), per gear a cost (None: its input elements); ``cover(values) -> int``: the
+      cheapest covering gear; ``last_request``: the last stage's own values (before padding).
 
-Errors are the package's classes (gear_runtime.errors) with GE's codes; the C++ core and the
-pure-Python twin :mod:`gear_runtime.core.reference` raise the same class, code and message.
-
-With ``GEAR_RUNTIME_PURE_PYTHON=1`` in the environment this module exports the reference
-instead (slow; for debugging). Otherwise a missing extension is an ImportError: there is no
-silent fallback to the slow path.
+Errors are the package's classes (gear_runtime.errors) with GE's codes; a call whose
+arguments have the wrong types is a TypeError. The core itself is plain C++
+(csrc/executor_core.h); tests/oracle.py models it for the parity tests.
 """
 
 from __future__ import annotations
 
-import os
-
-#: "native" (the C++ extension) or "reference" (GEAR_RUNTIME_PURE_PYTHON=1).
-IMPLEMENTATION: str
-
-if os.environ.get("GEAR_RUNTIME_PURE_PYTHON") == "1":
-    from gear_runtime.core.reference import (
+try:
+    from gear_runtime._core import (
         DEFAULT_ALIGNMENT,
         DEFAULT_FUSION_SIZE,
         MAX_FUSION_SIZE,
@@ -62,31 +59,15 @@ if os.environ.get("GEAR_RUNTIME_PURE_PYTHON") == "1":
         Layout,
         plan_layout,
     )
-
-    IMPLEMENTATION = "reference"
-else:
-    try:
-        from gear_runtime._core import (
-            DEFAULT_ALIGNMENT,
-            DEFAULT_FUSION_SIZE,
-            MAX_FUSION_SIZE,
-            ExecutorCore,
-            Layout,
-            plan_layout,
-        )
-    except ImportError as exc:
-        raise ImportError(
-            "gear_runtime._core, the C++ hot path, is not built: install the package with "
-            "`pip install .` (or build it in a checkout with `python setup.py build_ext "
-            "--inplace`); GEAR_RUNTIME_PURE_PYTHON=1 selects the slow pure-Python reference "
-            f"for debugging ({exc})") from exc
-
-    IMPLEMENTATION = "native"
+except ImportError as exc:
+    raise ImportError(
+        "gear_runtime._core, the C++ hot path, is not built: install the package with "
+        "`pip install .` (or build it in a checkout with `python setup.py build_ext "
+        f"--inplace`) ({exc})") from exc
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "DEFAULT_FUSION_SIZE",
-    "IMPLEMENTATION",
     "MAX_FUSION_SIZE",
     "ExecutorCore",
     "Layout",
