@@ -120,7 +120,7 @@ def execute_overhead_us(gears: int, iterations: int, workdir: Path) -> tuple[flo
         ex = model.create_executor()
         feeds = prefill.example_inputs(model.spec, 0)
         ex.execute(feeds, copy=False)
-        gear, execute, bare = ex.last_gear, ex.execute, ex._session.run_bound
+        gear, execute, bare = ex.last_gear, ex.execute, ex.session.run_bound
         diffs, bares = np.empty(iterations), np.empty(iterations)
         for k in range(iterations):
             t0 = clock()
