@@ -1,6 +1,6 @@
 // Layout: where each input and the dims buffer sit in the host staging buffer, per gear, and
 // which bytes move in GE's ONE merged host-to-device copy (davinci_model.cc,
-// InitModelInputsMergeCopyHostMem / CopyInputDataWithMergeH2D; GE-NOTES.md section 3).
+// InitModelInputsMergeCopyHostMem / CopyInputDataWithMergeH2D; docs/ge-notes.md section 3).
 //
 // Rules (one per gear g):
 //  * The merging limit is min(fusion_size, 32 MiB); a negative fusion_size turns merging off.

@@ -13,7 +13,8 @@ using V = std::vector<int64_t>;
 
 namespace {
 
-// dims mode, DESIGN.md's example: x:1,-1;m:-1,-1 with gears like 20,1,1.
+// dims mode, the documented example (docs/ge-notes.md section 8): x:1,-1;m:-1,-1
+// with gears like 20,1,1.
 DimsExtractor dims_mode() {
   return DimsExtractor({"x", "m"}, {{1, -1}, {-1, -1}}, {{0, 1, 0}, {1, 0, 1}, {1, 1, 2}});
 }
