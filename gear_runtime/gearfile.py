@@ -13,6 +13,7 @@ data file): nothing reads the weights' bytes at load but the runtime that uses t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import stat
@@ -84,7 +85,9 @@ class GearFile:
     output_names: tuple[str, ...]
     output_dtypes: tuple[np.dtype, ...]
     output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
-    branches: tuple[onnx.ModelProto, ...]
+    #: builds ``branches`` on first use (each branch checked then: text, declared outputs)
+    branch_builder: Callable[[], tuple[onnx.ModelProto, ...]] = field(repr=False,
+                                                                      compare=False)
     weights: dict[str, onnx.TensorProto]
     external: dict[str, ExternalSpan]
     dynamic: onnx.ModelProto | None
@@ -95,6 +98,12 @@ class GearFile:
     #: per output ``{axis: value index}`` from :data:`fmt.META_OUTPUT_AXES`; None when the file
     #: has no such record (the loader then derives it from ``output_shapes``).
     output_dynamic_axes: tuple[dict[int, int], ...] | None = None
+
+    @functools.cached_property
+    def branches(self) -> tuple[onnx.ModelProto, ...]:
+        """Gear ``i`` as a STANDALONE static model (see the class docstring); built and
+        checked on first use, GearFileError for a branch that does not hold up."""
+        return self.branch_builder()
 
     @property
     def folder(self) -> str:
@@ -258,7 +267,9 @@ class _Reader:
             raise self.fail(f"format version {meta[fmt.META_FORMAT]!r}, this reader reads "
                             f"version {fmt.FORMAT_VERSION!r}")
         recorded = self._check_digest(meta)
-        bad = first_bad_text(self.model)
+        # The per-gear branches are checked when first used (GearFile.branches): a backend
+        # that runs the source graph never reads them, and they are most of the file's text.
+        bad = first_bad_text(self.model, skip_graph=_is_branch)
         if bad is not None:
             raise self.fail(f"a {bad} field is not valid UTF-8")
         try:
@@ -407,14 +418,24 @@ class _Reader:
 
     def _finish(self, kind: str, input_dtypes: tuple[np.dtype, ...], output_names: tuple[str, ...],
                 output_dtypes: tuple[np.dtype, ...], dims_items: Sequence[str],
-                branches: list[onnx.ModelProto], dynamic: onnx.ModelProto | None,
-                model_bytes: bytes | None) -> GearFile:
+                branches: list[tuple[onnx.GraphProto, list[onnx.ValueInfoProto]]],
+                dynamic: onnx.ModelProto | None, model_bytes: bytes | None) -> GearFile:
         try:
             shapes = fmt.parse_output_dims(dims_items, self.spec.gear_count, len(output_names))
         except ValueError as exc:
             raise self.fail(f"dynamic_output_dims: {exc}") from exc
-        for g, b in enumerate(branches):
-            self._check_branch_outputs(b, shapes[g], g)
+
+        def build() -> tuple[onnx.ModelProto, ...]:
+            out = []
+            for g, (graph, inputs) in enumerate(branches):
+                bad = first_bad_text(graph)
+                if bad is not None:
+                    raise self.fail(f"branch {g}: a {bad} field is not valid UTF-8")
+                model = self._standalone(graph, graph.name, inputs, output_names)
+                self._check_branch_outputs(model, shapes[g], g)
+                out.append(model)
+            return tuple(out)
+
         if self.spec.hybrid and dynamic is None:
             raise self.fail("the spec is hybrid but the file has no dynamic-shape graph")
         if kind == fmt.KIND_CASE and dynamic is None:
@@ -422,7 +443,7 @@ class _Reader:
                             "graph every case file keeps)")
         return GearFile(path=self.path, spec=self.spec, kind=kind, input_dtypes=input_dtypes,
                         output_names=output_names, output_dtypes=output_dtypes,
-                        output_shapes=shapes, branches=tuple(branches), weights=self.weights,
+                        output_shapes=shapes, branch_builder=build, weights=self.weights,
                         external=self.external, dynamic=dynamic, model_bytes=model_bytes,
                         data_digests=self.data_digests)
 
@@ -490,7 +511,7 @@ class _Reader:
             if declared != expected:
                 raise self.fail(f"branch {g.name} declares inputs {declared}, the spec's gear "
                                 f"{i} is {expected}")
-            branches.append(self._standalone(g, g.name, list(g.input), output_names))
+            branches.append((g, list(g.input)))
         dynamic = None
         if fmt.ATTR_DYNAMIC_GRAPH in attrs:
             dg = attrs[fmt.ATTR_DYNAMIC_GRAPH]
@@ -575,8 +596,7 @@ class _Reader:
         if len(tops) != 1:
             raise self.fail(f"expected one routing If node in the root graph, found {len(tops)}")
         self._check_routing_outputs(list(tops[0].output), output_names, root)
-        branches = [self._standalone(g, g.name, self._gear_inputs(i, root), output_names)
-                    for i, g in enumerate(self._by_label(gears))]
+        branches = [(g, self._gear_inputs(i, root)) for i, g in enumerate(self._by_label(gears))]
         dynamic = None
         if dynamic_graphs:
             if len(dynamic_graphs) != 1:
@@ -604,6 +624,12 @@ class _Reader:
                         return self._array(a.t, f"gear table {fmt.GEAR_TABLE_NAME!r}")
         raise self.fail(f"no Constant {fmt.GEAR_TABLE_NAME!r} in the root graph")
 
+
+
+def _is_branch(graph: onnx.GraphProto) -> bool:
+    """A per-gear branch graph (``Batch_<i>``), whose text is checked when it is used."""
+    name = graph.name
+    return type(name) is str and name.startswith(fmt.BATCH_LABEL_PREFIX)
 
 
 def _text(value: bytes) -> str:

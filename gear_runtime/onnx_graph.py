@@ -3,7 +3,7 @@ walk graphs with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import onnx
@@ -46,15 +46,21 @@ def _text_plan(desc: Any) -> _TextPlan:
     return plan
 
 
-def first_bad_text(message: Any) -> str | None:
+def first_bad_text(message: Any,
+                   skip_graph: Callable[[onnx.GraphProto], bool] | None = None) -> str | None:
     """``"Type.field"`` of the first string field in ``message`` or below it that is not
     valid UTF-8, else None. ONNX's protobuf is proto2: some protobuf builds hand such a field
     back as ``bytes`` instead of refusing the file, and every name would then fail later with a
-    TypeError. Bytes fields (weights' data) are never touched."""
+    TypeError. Bytes fields (weights' data) are never touched. Graphs for which
+    ``skip_graph(graph)`` is true are not walked (the caller checks them when it uses them)."""
     stack = [message]
+    graph_type = onnx.GraphProto.DESCRIPTOR
     while stack:
         m = stack.pop()
-        one, many, sub, subs = _text_plan(m.DESCRIPTOR)
+        desc = m.DESCRIPTOR
+        if skip_graph is not None and desc is graph_type and skip_graph(m):
+            continue
+        one, many, sub, subs = _text_plan(desc)
         for name in one:
             if type(getattr(m, name)) is not str:
                 return f"{m.DESCRIPTOR.name}.{name}"
