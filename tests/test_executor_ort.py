@@ -221,3 +221,24 @@ def test_the_cuda_provider_always_gets_the_device_id() -> None:
     with pytest.raises(gr.BackendError, match="device_id=0.*device_id=3"):
         provider_list([("CUDAExecutionProvider", {"device_id": "0"})], 3, False)
     assert provider_list(None, 0, False) == ["CPUExecutionProvider"]
+
+
+def test_weights_reach_ort_through_the_model_never_add_initializer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT's add_initializer refuses a buffer ORT owns ("must be owned by the user", which
+    is what every CUDA OrtValue made from numpy is): the backend hands the weights to ORT as
+    part of the model (external data), so the same code path holds on CUDA."""
+    import onnxruntime as ort
+
+    def refuse(self: object, name: str, value: object) -> None:
+        raise RuntimeError("Buffer containing the initializer must be owned by the user")
+
+    monkeypatch.setattr(ort.SessionOptions, "add_initializer", refuse)
+    original = heavy_model()  # 1 MiB weights, in a data file
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,512", dynamic_batch_size="1,4")
+    path = str(tmp_path / "h.gear.onnx")
+    gr.compile(original, spec, path, progress=False, external_data=True)
+    ex = gr.load(path).create_executor()
+    for g in range(spec.gear_count):
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        assert_same(ex.execute(feeds), run_model(original, feeds))
