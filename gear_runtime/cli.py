@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -49,29 +49,23 @@ class _Parser(argparse.ArgumentParser):
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type``: the text as an int >= ``minimum``, else a one-line usage error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
-        return value
-
-    return parse
+    return _number_at_least(int, minimum, "an integer", f">= {minimum}")
 
 
 def _float_at_least(minimum: float) -> Callable[[str], float]:
     """An argparse ``type``: the text as a finite float >= ``minimum``."""
+    return _number_at_least(float, minimum, "a number", f"a number >= {minimum:g}")
 
-    def parse(text: str) -> float:
+
+def _number_at_least(convert: Callable[[str], Any], minimum: float, kind: str,
+                     bound: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            value = float(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
         if not value >= minimum or value == float("inf"):  # also refuses nan
-            raise argparse.ArgumentTypeError(f"{text!r} must be a number >= {minimum:g}")
+            raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
         return value
 
     return parse

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -192,15 +193,22 @@ class GateModel(null.NullModel):
         return GateSession(self, layout)
 
 
-def test_every_entry_is_refused_at_once_while_a_call_is_in_flight() -> None:
+def _call_in_flight(rows: int) -> tuple[GearModel, Any, threading.Thread, list[object]]:
+    """A gated model's executor with an execute of ``rows`` rows held inside the backend run:
+    (model, executor, the thread running it, the list its result lands in)."""
     spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
     model = GearModel(GateModel(null.open_model(None, spec=spec).info))
     ex = model.create_executor()
     result: list[object] = []
     inflight = threading.Thread(
-        target=lambda: result.append(ex.execute([np.ones((2, 4), np.float32)])))
+        target=lambda: result.append(ex.execute([np.ones((rows, 4), np.float32)])))
     inflight.start()
     assert ex._session.entered.wait(10)
+    return model, ex, inflight, result
+
+
+def test_every_entry_is_refused_at_once_while_a_call_is_in_flight() -> None:
+    model, ex, inflight, result = _call_in_flight(rows=2)
     refused = {
         "execute": lambda: ex.execute([np.ones((1, 4), np.float32)]),
         "set_dynamic_batch_size": lambda: ex.set_dynamic_batch_size(1),
@@ -246,14 +254,7 @@ def test_closed_models_and_executors_refuse_every_use(reshape_gear_file: str,
 
 
 def test_executor_close_waits_for_the_call_in_flight() -> None:
-    spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
-    model = GearModel(GateModel(null.open_model(None, spec=spec).info))
-    ex = model.create_executor()
-    result: list[object] = []
-    inflight = threading.Thread(
-        target=lambda: result.append(ex.execute([np.ones((1, 4), np.float32)])))
-    inflight.start()
-    assert ex._session.entered.wait(10)
+    model, ex, inflight, result = _call_in_flight(rows=1)
     closer = threading.Thread(target=ex.close)
     closer.start()
     closer.join(0.2)
