@@ -199,7 +199,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         _expect_refusal(out, checks, f"set_dynamic_dims({list(off_dims)}) is refused",
                         lambda: ex.set_dynamic_dims(off_dims))
 
-    with _section(out, "6. Hybrid gear file: gears run their branch, a miss the dynamic graph"):
+    with _section(out, "6. Hybrid gear file: a gear runs as that gear, a miss on the source graph"):
         hmodel = gr.load(str(hybrid_path))
         hex_ = hmodel.create_executor()
         got = hex_.execute(off_feeds)
@@ -210,7 +210,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         g = hmodel.gear_count - 1
         feeds = prefill.example_inputs(hmodel.spec, g, seed=g)
         ok, detail = compare_outputs(hex_.execute(feeds), reference(feeds), hmodel.output_names)
-        checks.check(f"gear {g} {hmodel.gears[g]} on the hybrid file runs its branch",
+        checks.check(f"gear {g} {hmodel.gears[g]} on the hybrid file runs as gear {g}",
                      ok and hex_.last_gear == g, f"last_gear {hex_.last_gear}; {detail}")
 
     with _section(out, f"7. Per-gear benchmark ({iterations} iterations, {warmup} warm-up)"):
