@@ -414,6 +414,7 @@ class OrtSession(BackendSession):
         self._graph_ids = []
         self._bindings = []
         self._c_bindings = []
+        self._run_c = None  # drop the last reference to the model's session (its weights)
 
 
 class _DeviceStaging:
