@@ -297,7 +297,7 @@ class _Reader:
         try:
             return fmt.axes_from_json(json.loads(meta[fmt.META_OUTPUT_AXES]),
                                       len(read.output_names), self.spec.values_per_gear)
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        except (ValueError, TypeError, RecursionError) as exc:  # bad JSON, bad shapes of it
             raise self.fail(f"metadata {fmt.META_OUTPUT_AXES!r}: {exc}") from exc
 
     # ---- shared pieces ----------------------------------------------------------------------

@@ -274,3 +274,15 @@ def test_a_broken_source_graph_prints_nothing_at_load(
     with pytest.raises(gr.BackendError, match="NoSuchOp"):
         gr.load(str(folder / fuzz.GEAR))
     assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("text", ["[" * 100000, '[{"0": "x"}]', '{"a": 1}', "[[1, 2]]", "7"])
+def test_crafted_output_axes_are_a_gear_file_error(folder: Path, text: str) -> None:
+    from gear_runtime.gearformat import META_OUTPUT_AXES
+
+    model = _model(folder)
+    entry = next(p for p in model.metadata_props if p.key == META_OUTPUT_AXES)
+    entry.value = text
+    (folder / fuzz.GEAR).write_bytes(reseal(model))
+    with pytest.raises(gr.GearFileError, match="output_dynamic_axes"):
+        read_gear_file(folder / fuzz.GEAR)
