@@ -247,3 +247,23 @@ def test_a_gear_file_over_the_format_limit_is_refused_before_reading(tmp_path: P
         f.truncate(2**31 + 10)  # sparse: no disk used
     with pytest.raises(gr.GearFileError, match="a gear file is at most"):
         gr.load(str(huge))
+
+
+def test_a_source_weight_that_cannot_be_read_names_the_source_tensor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the source's weights in (external_data=False) fails as a source problem, not
+    as 'cannot write' the gear file."""
+    from gear_runtime.external_data import ExternalSpan
+
+    src = tmp_path / "heavy.onnx"
+    onnx.save(heavy_model(), str(src), save_as_external_data=True, location="w.bin",
+              size_threshold=1024)
+
+    def fail(self: ExternalSpan) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(ExternalSpan, "read", fail)
+    with pytest.raises(gr.CompileError, match=r"source model: tensor 'w\d'.*Input/output"):
+        compile_gears(str(src), gr.GearSpec.from_atc(**HEAVY), tmp_path / "h.gear.onnx",
+                      progress=False, external_data=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heavy.onnx", "w.bin"]

@@ -46,7 +46,6 @@ from gear_runtime.external_data import (
     data_file_name,
     is_external,
     movable,
-    read_inline,
     relocate,
     tensor_nbytes,
 )
@@ -246,7 +245,7 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
         else:
             for t in tensors:
                 if is_external(t):
-                    read_inline(t, source.span(t))
+                    source.inline(t)
         _check_size(model)
         gear_tmp = _new_file(folder, os.path.basename(path), temps)
         _write_checked(model, gear_tmp, digests)

@@ -86,6 +86,14 @@ class Source:
         except ExternalDataError as exc:
             raise CompileError(f"source model: {exc}") from None
 
+    def inline(self, tensor: onnx.TensorProto, span: ExternalSpan | None = None) -> None:
+        """Read an external weight of the source into the graph (at ``span``, else its own
+        checked span); CompileError naming the tensor when the bytes cannot be read."""
+        try:
+            read_inline(tensor, span or self.span(tensor))
+        except OSError as exc:
+            raise CompileError(f"source model: tensor {tensor.name!r}: {exc}") from exc
+
 
 #: External weights of the source up to this size are read into the graph at load: shape
 #: inference needs the values of small constants (shapes, axes), and they cost nothing.
@@ -123,7 +131,7 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> Source:
                                f"model path, or load the ModelProto with its external data")
         span = source.span(t)
         if span.length <= INLINE_SMALL_BYTES or not is_weight:
-            _read_inline(t, span)
+            source.inline(t, span)
     if len(out.graph.sparse_initializer):
         raise CompileError("sparse initializers are not supported: densify them first "
                            "(onnx.numpy_helper / onnxruntime's tools)")
@@ -144,13 +152,6 @@ def _attribute_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
             out.extend(sub.initializer)
             out.extend(_attribute_tensors(sub))
     return out
-
-
-def _read_inline(tensor: onnx.TensorProto, span: ExternalSpan) -> None:
-    try:
-        read_inline(tensor, span)
-    except OSError as exc:
-        raise CompileError(f"source model: tensor {tensor.name!r}: {exc}") from exc
 
 
 def _tensor_info(vi: onnx.ValueInfoProto, what: str) -> TensorInfo:
