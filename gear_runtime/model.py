@@ -128,25 +128,19 @@ class GearModel:
         return layout
 
     def _input_nbytes(self) -> list[list[int]]:
-        """[gear][input] bytes, in exact integers (numpy's int64 products could wrap around
-        before the limit is checked), each within the limit."""
-        out = []
-        for g in range(self.spec.gear_count):
-            row = []
-            for (name, shape), dt in zip(self.spec.shapes(g).items(), self.info.input_dtypes,
-                                         strict=True):
-                size = math.prod(shape) * np.dtype(dt).itemsize
+        """[gear][input] bytes (exact integers: ModelInfo.input_nbytes), each within the
+        limit."""
+        nbytes = self.info.input_nbytes()
+        for g, row in enumerate(nbytes):
+            for (name, shape), size in zip(self.spec.shapes(g).items(), row, strict=True):
                 self._check_buffer(g, f"input {name!r} of shape {shape}", size)
-                row.append(size)
-            out.append(row)
-        return out
+        return nbytes
 
     def _check_outputs(self) -> None:
         for g, shapes in enumerate(self.info.output_shapes):
-            for name, shape, dt in zip(self.info.output_names, shapes, self.info.output_dtypes,
-                                       strict=True):
-                size = math.prod(shape) * np.dtype(dt).itemsize
-                self._check_buffer(g, f"output {name!r} of shape {tuple(shape)}", size)
+            for k, (name, shape) in enumerate(zip(self.info.output_names, shapes, strict=True)):
+                self._check_buffer(g, f"output {name!r} of shape {tuple(shape)}",
+                                   self.info.output_size(g, k))
 
     def _check_buffer(self, gear: int | None, what: str, size: int) -> None:
         if size > self.max_buffer_bytes:

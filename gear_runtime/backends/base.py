@@ -17,6 +17,7 @@ Every backend call that fails raises :class:`gear_runtime.errors.BackendError` n
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -72,7 +73,7 @@ class ModelInfo:
         out = []
         for g in range(self.spec.gear_count):
             shapes = self.spec.shapes(g)
-            out.append([int(np.prod(shapes[n], dtype=np.int64)) * dt.itemsize
+            out.append([nbytes_of(shapes[n], dt)
                         for n, dt in zip(self.spec.input_names, self.input_dtypes, strict=True)])
         return out
 
@@ -199,8 +200,9 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
 
 
 def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:
-    """Bytes of an array of ``shape`` and ``dtype`` (int64 element count, as GE sizes it)."""
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    """Bytes of an array of ``shape`` and ``dtype``, in exact integers (numpy's int64
+    product could wrap around for a crafted shape before a size limit sees it)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 
 # ---- checks every device backend makes -------------------------------------------------------
