@@ -258,6 +258,9 @@ class OrtSession(BackendSession):
             for k in range(len(info.output_names))]
         self._outputs = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
             info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
+        # Per gear, the outputs execute(copy=True) gets ORT to write into fresh arrays.
+        self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
+                             for outs in self._outputs]
         self._thread = threading.get_ident()
         # the session's names: same order as the model's, passthrough outputs renamed
         self._output_names = [o.name for o in model.live_session().get_outputs()]
@@ -335,23 +338,20 @@ class OrtSession(BackendSession):
         return int(sum(b.nbytes for b in self._out_buffers))
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
-        outs = self._outputs[gear]
-        fresh = [np.empty(o.shape, o.dtype) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES else None
-                 for o in outs]
-        if self._device is not None or not any(f is not None for f in fresh):
+        big = self._big_outputs[gear]
+        if self._device is not None or not big:
             return super().run_gear_owned(gear)
-        binding, names = self._bindings[gear], self._output_names
+        outs, binding, names = self._outputs[gear], self._bindings[gear], self._output_names
+        fresh = {k: np.empty(outs[k].shape, outs[k].dtype) for k in big}
         try:
-            for k, f in enumerate(fresh):
-                if f is not None:
-                    binding.bind_output(names[k], "cpu", 0, f.dtype, list(f.shape), f.ctypes.data)
+            for k, f in fresh.items():
+                binding.bind_output(names[k], "cpu", 0, f.dtype, list(f.shape), f.ctypes.data)
             self.run_bound(gear)
         finally:  # outside this call the binding only ever points at the executor's buffers
-            for k, f in enumerate(fresh):
-                if f is not None:
-                    o = outs[k]
-                    binding.bind_output(names[k], "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
-        return [f if f is not None else o.copy() for f, o in zip(fresh, outs, strict=True)]
+            for k in fresh:
+                o = outs[k]
+                binding.bind_output(names[k], "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
+        return [fresh[k] if k in fresh else o.copy() for k, o in enumerate(outs)]
 
     def _run(self, gear: int) -> None:
         if self._device is not None:
