@@ -22,30 +22,19 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from bench_scale import interleaved  # noqa: E402  (the sibling script, one timing loop)
+
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 SEQS = (32, 128, 512, 1024)
-
-
-def _interleaved(runs: Sequence[Callable[[], Any]], seconds: float) -> list[float]:
-    """p50 seconds of each callable, run once per iteration in a shuffled order."""
-    rng = np.random.default_rng(0)
-    times: list[list[float]] = [[] for _ in runs]
-    for run in runs * 3:  # warm-up (captures happened at executor creation)
-        run()
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times[0]) < 10:
-        for k in rng.permutation(len(runs)):
-            t0 = time.perf_counter()
-            runs[k]()
-            times[k].append(time.perf_counter() - t0)
-    return [float(np.median(t)) for t in times]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,9 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for ex in (plain_ex, graph_ex):
                 for a, b in zip(ex.execute(feeds), want, strict=True):
                     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
-            p50 = _interleaved([lambda f=feeds: plain_ex.execute(f),
-                                lambda f=feeds: graph_ex.execute(f),
-                                lambda f=feeds: ref.run(None, f)], args.seconds)
+            times = interleaved([lambda f=feeds: plain_ex.execute(f),
+                                 lambda f=feeds: graph_ex.execute(f),
+                                 lambda f=feeds: ref.run(None, f)], args.seconds,
+                                min_iter=10, max_iter=10**9, warmup=3)
+            p50 = [float(np.median(t)) for t in times]
             rows.append((g, dims, *p50))
     print(f"prefill model, {weights / 2**20:.0f} MB of weights, ORT {ort.__version__}, "
           f"{ort.get_device()}")

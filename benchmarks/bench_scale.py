@@ -176,7 +176,7 @@ def _latency_pass(m: dict[str, Any], threads: int, budget_s: float, gear_first: 
             got, want = ex.execute(feeds), ref.run(None, feeds)
             for a, b in zip(got, want, strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-            times = _interleaved([lambda ex=ex, f=feeds: ex.execute(f),
+            times = interleaved([lambda ex=ex, f=feeds: ex.execute(f),
                                   lambda ref=ref, f=feeds: ref.run(None, f)], budget_s / 2)
             p50 = [float(np.median(t)) for t in times]
             out.append({"dims": model.gears[g], "execute_ms": p50[0] * 1e3,
@@ -185,13 +185,14 @@ def _latency_pass(m: dict[str, Any], threads: int, budget_s: float, gear_first: 
     return out
 
 
-def _interleaved(runs: Sequence[Callable[[], Any]], budget_s: float,
-                 min_iter: int = 5, max_iter: int = 300) -> list[list[float]]:
+def interleaved(runs: Sequence[Callable[[], Any]], budget_s: float, min_iter: int = 5,
+                max_iter: int = 300, warmup: int = 2) -> list[list[float]]:
     """Run every callable once per iteration in a shuffled order until ``budget_s`` is spent
-    (at least ``min_iter`` iterations, after 2 warm-up iterations); seconds per call."""
+    (at least ``min_iter``, at most ``max_iter`` iterations, after ``warmup`` untimed
+    iterations); seconds per call, per callable."""
     rng = np.random.default_rng(0)
     out: list[list[float]] = [[] for _ in runs]
-    for run in runs * 2:
+    for run in runs * warmup:
         run()
     start = time.perf_counter()
     i = 0
