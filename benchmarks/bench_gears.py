@@ -4,10 +4,10 @@ original dynamic-shape model vs the naive per-input ``session.run`` of the model
     python benchmarks/bench_gears.py [--iterations N] [--threads N]
 
 All columns are measured in the same run, interleaved per iteration in a shuffled order, on
-the same inputs and with the same number of ORT threads (gear_runtime.bench). The ratios are
-reported without a target: the project states none for them, and on ONNX Runtime's CPU
-provider a static-shape branch is not expected to beat the same graph run with dynamic shapes
-by much (ORT's CPU kernels are the same; only per-run shape work differs). The runtime's own
+the same inputs and with the same number of ORT threads (gear_runtime.tools.bench.engine).
+The ratios are reported without a target: the project states none for them, and on ONNX
+Runtime's CPU provider a static-shape branch is not expected to beat the same graph run with
+dynamic shapes by much (ORT's CPU kernels are the same; only per-run shape work differs). The runtime's own
 overhead per call (execute minus the backend's bare run of the same pre-bound branch) is
 reported too. Realistic sizes (tens to hundreds of MB of weights) are in bench_scale.py.
 """
@@ -31,9 +31,9 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
     from run_all import row
 
     import gear_runtime as gr
-    from gear_runtime.bench import bench_model
     from gear_runtime.compiler import compile_model
     from gear_runtime.examples import prefill
+    from gear_runtime.tools.bench.engine import bench_model
 
     with tempfile.TemporaryDirectory(prefix="bench-gears-") as tmp:
         d = Path(workdir or tmp)

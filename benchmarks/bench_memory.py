@@ -68,8 +68,8 @@ def _child(kind: str, path: str, threads: int) -> dict[str, Any]:
 
     import gear_runtime as gr
     import gear_runtime.backends.onnxruntime  # noqa: F401  (imports are not what we measure)
-    import gear_runtime.model  # noqa: F401
-    from gear_runtime.bench import rss_bytes
+    import gear_runtime.runtime.model  # noqa: F401
+    from gear_runtime.tools.bench.engine import rss_bytes
 
     gc.collect()
     before = rss_bytes()

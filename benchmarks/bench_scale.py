@@ -254,7 +254,9 @@ _CHILD = r"""
 import json, os, sys, time
 import numpy as np, psutil, onnxruntime as ort, gear_runtime as gr
 # everything imported before the measurement (imports are paid once per process, not per load)
-from gear_runtime import _core, executor, gearfile, model  # noqa: F401
+from gear_runtime import _core  # noqa: F401
+from gear_runtime.gearfile import reader  # noqa: F401
+from gear_runtime.runtime import executor, model  # noqa: F401
 from gear_runtime.backends import onnxruntime as _ort_backend  # noqa: F401
 what, path, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 

@@ -88,8 +88,9 @@ def mutate(rng: random.Random, blob: bytes, kind: str) -> bytes:
 
 def reseal_bytes(blob: bytes, original: bytes) -> bytes:
     """``blob`` with its digest record recomputed (when the record survived the mutation)."""
-    from gear_runtime.gearfile import META_DIGEST, digest_placeholder, seal_digest
-    from gear_runtime.gearfile import _parse_digest as parse
+    from gear_runtime.gearfile.digest import digest_placeholder, seal_digest
+    from gear_runtime.gearfile.format import META_DIGEST
+    from gear_runtime.gearfile.digest import parse_digest as parse
 
     text = next(p.value for p in onnx.load_from_string(original).metadata_props
                 if p.key == META_DIGEST)
@@ -115,7 +116,7 @@ def run_one(folder: Path, files: tuple[bytes, bytes], want: list[np.ndarray], se
             index: int, job: tuple[str, str, str]) -> dict:
     """Apply mutation ``index`` in ``folder`` and classify what the runtime does with it."""
     import gear_runtime as gr
-    from gear_runtime.compiler.inspect import describe
+    from gear_runtime.tools.inspect import describe
 
     mode, target, kind = job
     rng = random.Random(seed * 1_000_003 + index)

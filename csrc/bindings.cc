@@ -319,7 +319,7 @@ void bind_executor_core(py::module_& m) {
 
 PYBIND11_MODULE(_core, m) {
   using namespace gear_runtime;
-  m.doc() = "C++ hot path of gear_runtime (see gear_runtime.core for the documented API).";
+  m.doc() = "C++ hot path of gear_runtime (see gear_runtime.runtime.core for the documented API).";
   py::register_exception_translator(&translate);
   m.attr("DEFAULT_FUSION_SIZE") = kDefaultFusionSize;
   m.attr("MAX_FUSION_SIZE") = kMaxFusionSize;

@@ -30,12 +30,13 @@ from gear_runtime.errors import (
 from gear_runtime.spec import GearSpec
 
 if TYPE_CHECKING:
-    from gear_runtime.executor import Executor
-    from gear_runtime.model import GearModel
+    from gear_runtime.runtime.executor import Executor
+    from gear_runtime.runtime.model import GearModel
 
-__version__ = "0.1.0"
+from gear_runtime.version import __version__
 
 __all__ = [
+    "__version__",
     "BackendError",
     "BackendUnavailableError",
     "ClosedError",
@@ -66,27 +67,27 @@ def compile(model: Any, spec: GearSpec, output: str, hybrid: bool = False,  # no
 
 
 def load(path: str, backend: str = "onnxruntime", **options: Any) -> GearModel:
-    """Load a gear model on ``backend``; see :func:`gear_runtime.model.load`."""
-    from gear_runtime.model import load as _load
+    """Load a gear model on ``backend``; see :func:`gear_runtime.runtime.model.load`."""
+    from gear_runtime.runtime.model import load as _load
 
     return _load(path, backend=backend, **options)
 
 
 def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime` light
     if name == "GearModel":
-        from gear_runtime.model import GearModel
+        from gear_runtime.runtime.model import GearModel
 
         return GearModel
     if name == "Executor":
-        from gear_runtime.executor import Executor
+        from gear_runtime.runtime.executor import Executor
 
         return Executor
     if name == "check_padding":
-        from gear_runtime.padding import check_padding
+        from gear_runtime.tools.padding import check_padding
 
         return check_padding
     if name == "plan_gears":
-        from gear_runtime.planner import plan_gears
+        from gear_runtime.tools.plan.search import plan_gears
 
         return plan_gears
     raise AttributeError(f"module 'gear_runtime' has no attribute {name!r}")

@@ -14,7 +14,8 @@ import pytest
 from models import CONV_BATCH_SPEC, HEAVY_SPEC, conv_model, heavy_model
 
 import gear_runtime as gr
-from gear_runtime import bench, bench_compare
+from gear_runtime.tools.bench import compare as bench_compare
+from gear_runtime.tools.bench import engine as bench
 from gear_runtime.errors import BackendUnavailableError, InputError
 from gear_runtime.examples import prefill
 
@@ -73,7 +74,7 @@ def spy_runs(monkeypatch):
     import onnxruntime as ort
 
     from gear_runtime.backends.onnxruntime import OrtSession
-    from gear_runtime.executor import Executor
+    from gear_runtime.runtime.executor import Executor
 
     calls: dict[str, list] = {"execute": [], "bare": [], "session.run": []}
 
@@ -273,8 +274,8 @@ def test_other_backends_get_no_comparison_columns(example) -> None:
 def test_closes_what_it_opened(example, monkeypatch, given) -> None:
     """The executor it creates is closed; the model only when it loaded it (the caller's
     model stays open for the caller)."""
-    from gear_runtime.executor import Executor
-    from gear_runtime.model import GearModel
+    from gear_runtime.runtime.executor import Executor
+    from gear_runtime.runtime.model import GearModel
 
     closed: list[str] = []
 
@@ -309,7 +310,7 @@ def figures(monkeypatch):
         return real(plt, fig, path)
 
     monkeypatch.setattr(bench, "save_figure", capture)
-    import gear_runtime.bench_compare as bc
+    import gear_runtime.tools.bench.compare as bc
 
     monkeypatch.setattr(bc, "save_figure", capture)
     return saved

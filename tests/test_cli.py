@@ -21,7 +21,7 @@ import pytest
 from models import conv_model
 
 import gear_runtime as gr
-from gear_runtime import cli
+from gear_runtime.cli import app as cli
 from gear_runtime.examples import prefill
 
 
@@ -490,7 +490,7 @@ def test_demo_quick(capsys, tmp_path) -> None:
 def test_demo_without_workdir_says_how_to_keep_the_files(capsys, monkeypatch) -> None:
     """The temporary folder is named, said to be removed, and --workdir offered, at the start
     and at the end (where a reader looks for the files)."""
-    from gear_runtime import demo
+    from gear_runtime.tools import demo
 
     seen: list[Path] = []
     real = demo._run
@@ -542,7 +542,7 @@ def test_directory_that_cannot_be_created(capsys, example, tmp_path, command) ->
 
 
 def test_demo_exit_code_1_when_a_check_fails(capsys, tmp_path, monkeypatch) -> None:
-    from gear_runtime import demo
+    from gear_runtime.tools import demo
 
     real = demo.compare_outputs
     calls = []

@@ -31,8 +31,8 @@ import gear_runtime as gr
 from gear_runtime.compiler import build as compiler_mod
 from gear_runtime.compiler import compile_gears, compile_model
 from gear_runtime.errors import CompileError
-from gear_runtime.gearfile import GearFile, read_gear_file
-from gear_runtime.gearformat import ACL_DYNAMIC_TENSOR_NAME, BRANCH_SUFFIX, DOMAIN
+from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME, BRANCH_SUFFIX, DOMAIN
+from gear_runtime.gearfile.reader import GearFile, read_gear_file
 
 
 def spec_of(case: str) -> gr.GearSpec:

@@ -1,4 +1,4 @@
-"""gear_runtime.core: the C++ hot path against its contract, through the Python binding.
+"""gear_runtime.runtime.core: the C++ hot path against its contract, through the Python binding.
 
 Expected values here are written out by hand from the rules (csrc/layout.h, csrc/dims.h,
 csrc/staging.h), not computed by the code under test; tests/test_core_parity.py compares the
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import gear_runtime as gr
-import gear_runtime.core
+import gear_runtime.runtime.core
 from gear_runtime import _core as native
 from gear_runtime.spec.gearspec import GearSpec
 
@@ -67,8 +67,8 @@ TWO_BATCH = GearSpec.from_atc(input_shape="a:-1,3;b:-1,2", dynamic_batch_size="2
 
 # ---- import contract ------------------------------------------------------------------------
 def test_the_core_is_the_extension() -> None:
-    assert gear_runtime.core.ExecutorCore is native.ExecutorCore
-    assert gear_runtime.core.plan_layout is native.plan_layout
+    assert gear_runtime.runtime.core.ExecutorCore is native.ExecutorCore
+    assert gear_runtime.runtime.core.plan_layout is native.plan_layout
 
 
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +79,7 @@ def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_no_silent_fallback() -> None:
     # _core missing (blocked in sys.modules): ImportError that says how to build it.
     done = _run_python("import sys; sys.modules['gear_runtime._core'] = None\n"
-                       "import gear_runtime.core")
+                       "import gear_runtime.runtime.core")
     assert done.returncode != 0
     assert "ImportError" in done.stderr and "pip install ." in done.stderr
 

@@ -10,7 +10,7 @@ import pytest
 
 import gear_runtime as gr
 from gear_runtime.backends import null
-from gear_runtime.model import ACL_DYNAMIC_TENSOR_NAME, GearModel
+from gear_runtime.runtime.model import ACL_DYNAMIC_TENSOR_NAME, GearModel
 
 SEED000 = dict(input_shape="data:1,1,40,-1;label:1,-1;mask:-1,-1",
                dynamic_dims="20,20,1,1;40,40,2,2;80,60,4,4")

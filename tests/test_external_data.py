@@ -20,10 +20,10 @@ from models import assert_same, heavy_model, prefill_model, random_inputs, run_m
 
 import gear_runtime as gr
 from gear_runtime.compiler import compile_gears
-from gear_runtime.compiler.inspect import describe
-from gear_runtime.digest import reseal
-from gear_runtime.external_data import AUTO_EXTERNAL_BYTES, DATA_ALIGNMENT
-from gear_runtime.gearfile import read_gear_file
+from gear_runtime.gearfile.digest import reseal
+from gear_runtime.gearfile.external_data import AUTO_EXTERNAL_BYTES, DATA_ALIGNMENT
+from gear_runtime.gearfile.reader import read_gear_file
+from gear_runtime.tools.inspect import describe
 
 PREFILL = dict(input_shape="input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;"
                            "image_embeds:-1,64",
@@ -253,7 +253,7 @@ def test_a_source_weight_that_cannot_be_read_names_the_source_tensor(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading the source's weights in (external_data=False) fails as a source problem, not
     as 'cannot write' the gear file."""
-    from gear_runtime.external_data import ExternalSpan
+    from gear_runtime.gearfile.external_data import ExternalSpan
 
     src = tmp_path / "heavy.onnx"
     onnx.save(heavy_model(), str(src), save_as_external_data=True, location="w.bin",

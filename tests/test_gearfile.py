@@ -14,10 +14,9 @@ from onnx import helper, numpy_helper
 
 import gear_runtime as gr
 from gear_runtime.compiler import compile_model, describe
-from gear_runtime.digest import reseal
 from gear_runtime.errors import GearFileError, InputError
-from gear_runtime.gearfile import read_gear_file
-from gear_runtime.gearformat import (
+from gear_runtime.gearfile.digest import reseal
+from gear_runtime.gearfile.format import (
     FORMAT_VERSION,
     META_FORMAT,
     META_HYBRID,
@@ -28,6 +27,7 @@ from gear_runtime.gearformat import (
     spec_from_json,
     spec_to_json,
 )
+from gear_runtime.gearfile.reader import read_gear_file
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,16 @@ import pytest
 from onnx import helper, numpy_helper
 
 import gear_runtime as gr
-from gear_runtime.compiler.inspect import describe
-from gear_runtime.digest import reseal
-from gear_runtime.gearfile import read_gear_file
-from gear_runtime.gearformat import (
+from gear_runtime.gearfile.digest import reseal
+from gear_runtime.gearfile.format import (
     ATTR_DYNAMIC_GRAPH,
     ATTR_DYNAMIC_OUTPUT_DIMS,
     META_DIGEST,
     META_SPEC,
     parse_output_dims,
 )
+from gear_runtime.gearfile.reader import read_gear_file
+from gear_runtime.tools.inspect import describe
 
 _SPEC = importlib.util.spec_from_file_location(
     "fuzz_gearfile", Path(__file__).parents[1] / "benchmarks" / "fuzz_gearfile.py")
@@ -278,7 +278,7 @@ def test_a_broken_source_graph_prints_nothing_at_load(
 
 @pytest.mark.parametrize("text", ["[" * 100000, '[{"0": "x"}]', '{"a": 1}', "[[1, 2]]", "7"])
 def test_crafted_output_axes_are_a_gear_file_error(folder: Path, text: str) -> None:
-    from gear_runtime.gearformat import META_OUTPUT_AXES
+    from gear_runtime.gearfile.format import META_OUTPUT_AXES
 
     model = _model(folder)
     entry = next(p for p in model.metadata_props if p.key == META_OUTPUT_AXES)

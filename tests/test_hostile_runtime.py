@@ -22,7 +22,7 @@ from models import RESHAPE_SPEC, reshape_model
 import gear_runtime as gr
 from gear_runtime.backends import null
 from gear_runtime.errors import ClosedError, ExecutorBusyError
-from gear_runtime.model import MAX_BUFFER_BYTES_ENV, GearModel
+from gear_runtime.runtime.model import MAX_BUFFER_BYTES_ENV, GearModel
 
 #: Seconds each thread count hammers one executor in CI; set it higher for a long run.
 HAMMER_SECONDS = float(os.environ.get("GEAR_RUNTIME_HAMMER_SECONDS", "0.5"))
@@ -38,7 +38,7 @@ import numpy as np
 import gear_runtime as gr
 from gear_runtime.backends import null
 from gear_runtime.errors import ExecutorBusyError
-from gear_runtime.model import GearModel
+from gear_runtime.runtime.model import GearModel
 
 
 class EchoSession(null.NullSession):
@@ -119,8 +119,8 @@ sys.setswitchinterval(1e-5)  # switch threads often: more interleavings, more pr
 if sys.argv[3] != "native":  # the executor on the oracle: other timing, other interleavings
     sys.path.insert(0, sys.argv[3])
     import oracle
-    import gear_runtime.core
-    gear_runtime.core.ExecutorCore = oracle.ExecutorCore
+    import gear_runtime.runtime.core
+    gear_runtime.runtime.core.ExecutorCore = oracle.ExecutorCore
 model = load(sys.argv[1])
 for n in sys.argv[4:]:
     print(json.dumps(hammer(model, int(n), float(sys.argv[2]))), flush=True)

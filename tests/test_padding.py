@@ -15,7 +15,7 @@ from gear_runtime import _core
 from gear_runtime.backends.null import open_model as null_model
 from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.examples import prefill
-from gear_runtime.model import GearModel
+from gear_runtime.runtime.model import GearModel
 
 IMPLS = [pytest.param(_core, id="native"), pytest.param(reference, id="reference")]
 

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 import gear_runtime as gr
 from gear_runtime.cli import main
-from gear_runtime.padding import default_samples
+from gear_runtime.tools.padding import default_samples
 
 
 def seq_model(mean: bool) -> onnx.ModelProto:

@@ -584,7 +584,7 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
 
 
 def test_cli_without_the_extra_is_one_line(files, monkeypatch, capsys) -> None:
-    from gear_runtime import cli
+    from gear_runtime.cli import app as cli
 
     for mod in [m for m in sys.modules if m.startswith("gear_runtime.serving")]:
         monkeypatch.delitem(sys.modules, mod)
@@ -595,7 +595,7 @@ def test_cli_without_the_extra_is_one_line(files, monkeypatch, capsys) -> None:
 
 
 def test_cli_refuses_bad_flags_before_loading(files, capsys) -> None:
-    from gear_runtime import cli
+    from gear_runtime.cli import app as cli
 
     assert cli.main(["serve", str(files["conv"]), "--max-batch-delay-ms", "nan"]) == 2
     assert cli.main(["serve", str(files["conv"]), "--name", "a", "--name", "b"]) == 2

@@ -10,7 +10,7 @@ import pytest
 
 import gear_runtime as gr
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.parse import (
+from gear_runtime.spec import (
     check_gears,
     parse_input_shape,
     spec_from_atc,
@@ -434,10 +434,8 @@ def test_gear_index_refuses_values_that_are_not_integers(values) -> None:
 
 def test_the_spec_package_exports_the_parsers() -> None:
     import gear_runtime.spec as spec_pkg
-    from gear_runtime.spec import config, parse
-
     for name in spec_pkg.__all__:
         assert getattr(spec_pkg, name) is not None, name
-    assert spec_pkg.spec_from_atc is parse.spec_from_atc
-    assert spec_pkg.spec_from_config is config.spec_from_config
+    assert spec_pkg.spec_from_atc == spec_pkg.GearSpec.from_atc
+    assert spec_pkg.spec_from_config == spec_pkg.GearSpec.from_config
     assert spec_pkg.spec_from_atc("a:-1", dynamic_dims="1;2", hybrid=True).hybrid is True

@@ -9,7 +9,8 @@ import pytest
 
 import gear_runtime as gr
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.config import SECTIONS, spec_from_config, spec_to_config
+from gear_runtime.spec import spec_from_config, spec_to_config
+from gear_runtime.spec.config import SECTIONS
 
 # Seed 004, section 1.1: configs/config_prefill.ini, all 7 lines, LF endings.
 SEED004_INI = """[acl_init_options]

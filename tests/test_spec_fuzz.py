@@ -15,9 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec import GearSpec
-from gear_runtime.spec.config import spec_from_config, spec_to_config
-from gear_runtime.spec.parse import spec_from_atc, spec_from_ge_options, spec_to_atc
+from gear_runtime.spec import (
+    GearSpec,
+    spec_from_atc,
+    spec_from_config,
+    spec_from_ge_options,
+    spec_to_atc,
+    spec_to_config,
+)
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

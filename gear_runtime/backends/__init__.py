@@ -17,7 +17,6 @@ from typing import Any
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
-    ModelInfo,
     aligned_buffer,
     import_runtime,
 )
@@ -32,7 +31,7 @@ BACKENDS: dict[str, str] = {
     "null": "gear_runtime.backends.null",
 }
 
-__all__ = ["BACKENDS", "BackendModel", "BackendSession", "ModelInfo", "aligned_buffer",
+__all__ = ["BACKENDS", "BackendModel", "BackendSession", "aligned_buffer",
            "import_runtime", "open_model"]
 
 

@@ -17,65 +17,15 @@ Every backend call that fails raises :class:`gear_runtime.errors.BackendError` n
 from __future__ import annotations
 
 import importlib
-import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError, InputError
-from gear_runtime.spec import GearSpec
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded gear model is, whatever the backend (DavinciModel's gear maps).
-
-    ``output_shapes[g][k]`` is output ``k``'s static shape in gear ``g``; it keys the executor's
-    output buffers and is checked against what the backend really produced.
-    """
-
-    spec: GearSpec
-    input_dtypes: tuple[np.dtype, ...]
-    output_names: tuple[str, ...]
-    output_dtypes: tuple[np.dtype, ...]
-    output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
-    hybrid: bool = False
-    sink: bool = False
-    #: per output ``{axis: index of the dynamic value its size follows}`` as the compiler
-    #: recorded it; None: not recorded (GearModel derives it from ``output_shapes``).
-    output_dynamic_axes: tuple[dict[int, int], ...] | None = None
-
-    def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
-        """Static shape of output ``index`` in gear ``gear`` (GE's gear -> output shape map).
-        InputError when either index is out of range."""
-        return self.output_shapes[self.spec.gear_number(gear, "model")][self.output_index(index)]
-
-    def output_size(self, gear: int, index: int) -> int:
-        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo): the one
-        place output sizes are computed. InputError when either index is out of range."""
-        return nbytes_of(self.output_shape(gear, index), self.output_dtypes[int(index)])
-
-    def output_index(self, index: object) -> int:
-        """``index`` as an output index; InputError naming the outputs when it is not one."""
-        n = len(self.output_names)
-        if not isinstance(index, int | np.integer) or isinstance(index, bool) \
-                or not 0 <= index < n:
-            raise InputError(f"output index {index!r} is out of range: the model has {n} "
-                             f"outputs ({', '.join(self.output_names)})")
-        return int(index)
-
-    def input_nbytes(self) -> list[list[int]]:
-        """[gear][input] bytes of every input in every gear: what the staging layout needs."""
-        out = []
-        for g in range(self.spec.gear_count):
-            shapes = self.spec.shapes(g)
-            out.append([nbytes_of(shapes[n], dt)
-                        for n, dt in zip(self.spec.input_names, self.input_dtypes, strict=True)])
-        return out
+from gear_runtime.gearfile.info import ModelInfo
 
 
 class BackendSession(ABC):
@@ -136,7 +86,7 @@ class BackendModel(ABC):
 
     name: ClassVar[str]
     info: ModelInfo
-    #: Extra keyword arguments for :func:`gear_runtime.core.plan_layout` that the backend's
+    #: Extra keyword arguments for :func:`gear_runtime.runtime.core.plan_layout` that the backend's
     #: device memory rules need, e.g. ``{"alignment": 64, "tail_padding": 32}`` (acl: buffers
     #: carved out of one device block). GearModel plans the one layout every session gets
     #: with them; ``fusion_size`` always comes from the user's ``input_fusion_size``. Empty:
@@ -163,7 +113,8 @@ class BackendModel(ABC):
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:
-        """A new session whose staging buffer fits ``layout`` (a ``gear_runtime.core.Layout``).
+        """A new session whose staging buffer fits ``layout`` (a
+        ``gear_runtime.runtime.core.Layout``).
 
         The session binds gear ``g``'s input ``i`` to ``layout.offset(g, i)`` of its staging
         (or of the device buffer the merged span is copied to) and the dims buffer to
@@ -197,12 +148,6 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     # an explicit offset, not raw[start:start + nbytes]: numpy gives an EMPTY slice the base
     # array's (unaligned) address, so a 0-byte buffer would break the promise
     return np.ndarray((nbytes,), np.uint8, buffer=raw, offset=start)
-
-
-def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:
-    """Bytes of an array of ``shape`` and ``dtype``, in exact integers (numpy's int64
-    product could wrap around for a crafted shape before a size limit sees it)."""
-    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 
 # ---- checks every device backend makes -------------------------------------------------------

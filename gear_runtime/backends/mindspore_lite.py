@@ -40,7 +40,6 @@ import numpy as np
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
-    ModelInfo,
     aligned_buffer,
     check_device_id,
     check_layout_fits,
@@ -54,6 +53,7 @@ from gear_runtime.errors import (
     GearSpecError,
     InputError,
 )
+from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
 
 INSTALL_HINT = ("install the MindSpore Lite cloud-inference wheel for Ascend "

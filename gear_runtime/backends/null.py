@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.backends.base import BackendModel, BackendSession, ModelInfo
+from gear_runtime.backends.base import BackendModel, BackendSession
+from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
 
 
@@ -28,7 +29,7 @@ def open_model(path: str | None, *, spec: GearSpec | None = None,
     of shape ``(1,)`` in every gear); ``input_dtypes`` default to float32.
     """
     if spec is None:
-        from gear_runtime.gearfile import read_gear_file
+        from gear_runtime.gearfile.reader import read_gear_file
 
         return NullModel(read_gear_file(path).info)  # type: ignore[arg-type]
     outputs = outputs or {"out": [(1,)] * spec.gear_count}

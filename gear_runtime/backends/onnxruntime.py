@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gear_runtime import passthrough
 from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
 from gear_runtime.errors import BackendError
-from gear_runtime.gearfile import GearFile, read_gear_file
+from gear_runtime.gearfile import passthrough
+from gear_runtime.gearfile.reader import GearFile, read_gear_file
 
 #: ORT session config key: the folder external data is resolved against for a model given as
 #: bytes (the gear file's folder, never the working directory).

@@ -6,13 +6,13 @@
 
 Modules by concern: ``check`` (spec vs model), ``branch`` (static clone per gear), ``outputs``
 (per-gear output shapes), ``route`` (GE Case structure / sink routing), ``build`` (the flow
-and the file), ``inspect`` (human description). The format itself: :mod:`gear_runtime.gearfile`.
+and the file). The format itself: :mod:`gear_runtime.gearfile`.
 """
 
 from __future__ import annotations
 
 from gear_runtime.compiler.build import CompileReport, compile_gears, compile_model
-from gear_runtime.compiler.inspect import describe
+from gear_runtime.tools.inspect import describe
 
 __all__ = ["CompileReport", "compile_gears", "compile_model", "describe"]
 

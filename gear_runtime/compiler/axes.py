@@ -21,46 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gear_runtime.gearformat import OutputAxes
+from gear_runtime.gearfile.format import OutputAxes
+from gear_runtime.gearfile.info import axes_from_shapes
 
 _SYMBOL = "gear_value_{}"
-
-
-def axes_from_shapes(gears: Sequence[Sequence[int]],
-                     output_shapes: Sequence[Sequence[Sequence[int]]],
-                     symbolic: Sequence[dict[int, int]] | None = None) -> OutputAxes:
-    """Per output ``{axis: value index}`` from the per-gear output shapes
-    (``output_shapes[g][k]``) and, when given, what symbolic inference says (``symbolic[k]``);
-    see the module doc for the rule."""
-    if not output_shapes:
-        return ()
-    count = len(output_shapes[0])
-    out = []
-    for k in range(count):
-        shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
-        named = symbolic[k] if symbolic is not None and k < len(symbolic) else {}
-        out.append(_axes_of(gears, shapes, named))
-    return tuple(out)
-
-
-def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
-             named: dict[int, int]) -> dict[int, int]:
-    rank = len(shapes[0])
-    if any(len(s) != rank for s in shapes):
-        return {}  # rank changes between gears: nothing to trim by prefix
-    axes: dict[int, int] = {}
-    width = len(gears[0]) if gears else 0
-    for axis in range(rank):
-        sizes = [s[axis] for s in shapes]
-        fits = [v for v in range(width) if all(sizes[g] == gears[g][v] for g in range(len(gears)))]
-        if not fits:
-            continue
-        if len(gears) > 1 and len(set(sizes)) > 1:
-            axes[axis] = named[axis] if named.get(axis) in fits else fits[0]
-        elif len(gears) == 1 and named.get(axis) in fits:
-            # One gear cannot tell a coincidence from a dependency: inference must name it.
-            axes[axis] = named[axis]
-    return axes
 
 
 def symbolic_axes(model: Any, positions: Sequence[tuple[int, int, int]],

@@ -16,16 +16,16 @@ from collections.abc import Iterable, Mapping, Sequence
 import onnx
 from onnx import helper
 
-from gear_runtime import passthrough
 from gear_runtime.compiler.check import GraphInfo
 from gear_runtime.errors import CompileError
-from gear_runtime.gearformat import (
+from gear_runtime.gearfile import passthrough
+from gear_runtime.gearfile.format import (
     BRANCH_SUFFIX,
     DYNAMIC_GRAPH_NAME,
     DYNAMIC_SUFFIX,
     batch_label,
 )
-from gear_runtime.onnx_graph import subgraphs
+from gear_runtime.gearfile.onnx_graph import subgraphs
 
 #: Initializers with at most this many elements keep their data for shape inference (shape
 #: tensors, axes, Resize scales drive output shapes); bigger ones become typed graph inputs of

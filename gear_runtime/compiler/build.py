@@ -3,7 +3,7 @@
 Flow: check the spec against the model (check.py) -> per gear, fix the inputs, re-infer shapes
 and clone the graph as ``Batch_<i>`` (branch.py) -> per gear output shapes (outputs.py) ->
 wrap the branches in GE's Case structure or the sink routing (route.py) -> one .onnx file.
-The file format and its reader are in :mod:`gear_runtime.gearfile`.
+The file format and its reader are in :mod:`gear_runtime.gearfile.reader`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from gear_runtime.compiler.check import (
 )
 from gear_runtime.compiler.outputs import ShapeRunner, gear_output_shapes, set_output_shapes
 from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
-from gear_runtime.digest import DataDigest, digest_placeholder, graph_digest, seal_digest
 from gear_runtime.errors import CompileError
-from gear_runtime.external_data import (
+from gear_runtime.gearfile.digest import DataDigest, digest_placeholder, graph_digest, seal_digest
+from gear_runtime.gearfile.external_data import (
     AUTO_EXTERNAL_BYTES,
     DataWriter,
     data_file_name,
@@ -49,7 +49,7 @@ from gear_runtime.external_data import (
     relocate,
     tensor_nbytes,
 )
-from gear_runtime.gearformat import (
+from gear_runtime.gearfile.format import (
     FORMAT_VERSION,
     KIND_CASE,
     KIND_SINK,

@@ -17,15 +17,15 @@ import onnx
 from onnx import helper
 
 from gear_runtime.errors import CompileError
-from gear_runtime.external_data import (
+from gear_runtime.gearfile.external_data import (
     ExternalDataError,
     ExternalSpan,
     check_external,
     is_external,
     read_inline,
 )
-from gear_runtime.gearformat import RESERVED_PREFIX
-from gear_runtime.onnx_graph import subgraphs
+from gear_runtime.gearfile.format import RESERVED_PREFIX
+from gear_runtime.gearfile.onnx_graph import subgraphs
 from gear_runtime.spec import GearSpec
 
 #: GE: an input_shape name not found in the model.

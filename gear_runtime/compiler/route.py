@@ -24,11 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from gear_runtime import passthrough
 from gear_runtime.compiler.branch import dynamic_inputs, static_inputs
 from gear_runtime.compiler.check import GraphInfo, TensorInfo
 from gear_runtime.errors import CompileError
-from gear_runtime.gearformat import (
+from gear_runtime.gearfile import passthrough
+from gear_runtime.gearfile.format import (
     ACL_DYNAMIC_TENSOR_NAME,
     ATTR_BATCH_NUM,
     ATTR_BRANCHES,

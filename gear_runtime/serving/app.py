@@ -87,7 +87,7 @@ class GearServer:
         return _json({"ready": not self.closing}, 200 if not self.closing else 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        from gear_runtime import __version__
+        from gear_runtime.version import __version__
 
         return _json({"name": "gear_runtime", "version": __version__,
                       "extensions": ["binary_tensor_data"]})

@@ -61,7 +61,7 @@ class ServeOptions:
 
 def execute_accepts_pad() -> bool:
     """Whether this runtime's ``Executor.execute`` takes ``pad=`` (padding to a gear)."""
-    from gear_runtime.executor import Executor
+    from gear_runtime.runtime.executor import Executor
 
     return "pad" in inspect.signature(Executor.execute).parameters
 

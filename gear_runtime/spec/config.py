@@ -13,7 +13,7 @@ Three sections are recognised (any others, e.g. ``[acl_init_options]``, are igno
     ``dynamic_batch_size`` / ``ge.dynamicBatchSize``, ``dynamic_image_size`` /
     ``ge.dynamicImageSize``, ``input_format`` / ``ge.inputFormat``, and the hybrid keys
     ``ge.dynamicNodeType`` / ``ge.compileHybridMode``. They are read exactly as GE options
-    (:func:`gear_runtime.spec.parse.spec_from_ge_options`: an empty value is unset; hybrid
+    (:func:`gear_runtime.spec.parse.ge_option_fields`: an empty value is unset; hybrid
     needs all four of inputShape, dynamicDims, dynamicNodeType="1", compileHybridMode="1").
 
 ``[ascend_context]`` (MindSpore Lite converter)
@@ -33,7 +33,7 @@ Three sections are recognised (any others, e.g. ``[acl_init_options]``, are igno
 The file is read with configparser: interpolation off, keys case-preserving, ``=`` the only
 delimiter, duplicate sections/keys an error, ``[DEFAULT]`` an ordinary (ignored) section.
 Exactly one recognised section may carry gear options. Every GE rule of
-:func:`~gear_runtime.spec.parse.spec_from_atc` applies; every problem is a GearSpecError.
+:func:`~gear_runtime.spec.parse.atc_fields` applies; every problem is a GearSpecError.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ import configparser
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec
 from gear_runtime.spec.parse import (
     _HW_AXES,
     _OPTION_OF_MODE,
+    SpecFields,
     _check_max_gears,
     _fail,
     _gear_value,
@@ -55,13 +56,14 @@ from gear_runtime.spec.parse import (
     _hw_dynamic,
     _pieces,
     _q,
+    atc_fields,
+    atc_flags,
+    ge_option_fields,
     parse_input_shape,
-    spec_from_atc,
-    spec_from_ge_options,
-    spec_to_atc,
 )
+from gear_runtime.spec.rules import DEFAULT_MAX_GEARS
 
-__all__ = ["SECTIONS", "spec_from_config", "spec_to_config"]
+__all__ = ["SECTIONS", "config_fields", "config_text"]
 
 #: The sections looked for, in this order.
 SECTIONS: tuple[str, ...] = ("acl_build_options", "ascend_context", "ge_graph_options")
@@ -126,9 +128,10 @@ def _unquote(value: str | None) -> str:
     return v.strip()
 
 
-def spec_from_config(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEARS,
-                     ) -> GearSpec:
-    """Spec from an ATC / MindSpore Lite config file (see the module docstring for the forms).
+def config_fields(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEARS,
+                  ) -> SpecFields:
+    """A spec's fields from an ATC / MindSpore Lite config file (see the module docstring for
+    the forms).
 
     GearSpecError (with GE's code where GE has one, else E10001) when the file is missing or
     unreadable, is not ini, has none of :data:`SECTIONS` (the message lists them), has gear
@@ -152,7 +155,7 @@ def spec_from_config(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_
     try:
         if section == "ascend_context":
             return _from_ascend_context(items, max_gears)
-        return spec_from_ge_options(_ge_options(items), max_gears=max_gears)
+        return ge_option_fields(_ge_options(items), max_gears=max_gears)
     except GearSpecError as e:
         raise GearSpecError(f"config file {name!r} [{section}]: {e.message}",
                             code=e.code) from None
@@ -234,43 +237,43 @@ def _ascend_mode(shapes: tuple[tuple[int, ...], ...], width: int, input_format: 
     return "dims"
 
 
-def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> GearSpec:
+def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> SpecFields:
     args = {k: items[k] for k in _ASCEND_KEYS if items.get(k)}  # empty = unset, as in GE
     shape = _ascend_input_shape(args.pop("input_shape", ""))
     dims = args.get("dynamic_dims")
     if dims is not None and "[" in dims:
         others = [k for k in ("dynamic_batch_size", "dynamic_image_size") if k in args]
-        if others:  # same rule and code as spec_from_atc, before any further parsing
+        if others:  # same rule and code as atc_fields, before any further parsing
             _fail("E10009", f"dynamic_dims and {others[0]} are both set; they are mutually "
                             "exclusive")
         gears = _ascend_gears(dims, max_gears)
-        if shape and "~" not in shape:  # else spec_from_atc reports E10004 / E10040 below
+        if shape and "~" not in shape:  # else atc_fields reports E10004 / E10040 below
             _, shapes = parse_input_shape(shape)
             width = len(gears[0]) if gears else 0
             mode = _ascend_mode(shapes, width, args.get("input_format", ""))
             del args["dynamic_dims"]
             key = _OPTION_OF_MODE[mode]
             try:
-                return spec_from_atc(shape, max_gears=max_gears, **args,
+                return atc_fields(shape, max_gears=max_gears, **args,
                                      **{key: _gears_text(mode, gears)})
             except GearSpecError as e:  # quote what the user wrote, not only our translation
                 raise GearSpecError(f"dynamic_dims {_q(dims)}, read as {key}: {e.message}",
                                     code=e.code) from None
-    return spec_from_atc(shape, max_gears=max_gears, **args)
+    return atc_fields(shape, max_gears=max_gears, **args)
 
 
 # ---- writing ----------------------------------------------------------------------------------
-def spec_to_config(spec: GearSpec) -> str:
-    """Ini text that :func:`spec_from_config` reads back as ``spec`` (hybrid included; pass
+def config_text(spec: Any) -> str:
+    """Ini text that :func:`config_fields` reads back as ``spec`` (hybrid included; pass
     ``max_gears`` when reading a spec of more than DEFAULT_MAX_GEARS gears).
 
     A non-hybrid spec is written as ``[acl_build_options]`` in that prefill config's style (quoted
     values, ``ge.dynamicDims`` for dims mode); a hybrid spec as ``[ge_graph_options]`` with
     the two hybrid keys. GearSpecError when the spec cannot be written (see
-    :func:`~gear_runtime.spec.parse.spec_to_atc`; also names with non-printable characters,
+    :func:`~gear_runtime.spec.parse.atc_flags`; also names with non-printable characters,
     which an ini line cannot hold, and hybrid outside dims mode, which GE cannot express).
     """
-    atc = spec_to_atc(spec)  # validates names and the round trip of the values themselves
+    atc = atc_flags(spec)  # validates names and the round trip of the values themselves
     bad = next((n for n in spec.input_names if not n.isprintable()), None)
     if bad is not None:
         _fail("E10001", f"input name {_q(bad)} has a non-printable character; a config line "

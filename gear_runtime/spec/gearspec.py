@@ -16,28 +16,20 @@ import operator
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from gear_runtime.errors import GearSpecError, InputError
-
-Mode = Literal["batch", "image_size", "dims"]
-MODES: tuple[str, ...] = ("batch", "image_size", "dims")
-
-#: GE's old ``kMaxShapesCount``: more gears than this is E10036. A named setting on purpose:
-#: the docs say (1, 100] but 256 on 950-series chips.
-DEFAULT_MAX_GEARS = 100
-
-#: Largest gear value a gear file can hold: the gear table (GE's MapIndex Const) and the dims
-#: input ``ascend_mbatch_shape_data`` are int32, as in current GE.
-MAX_GEAR_VALUE = 2**31 - 1
-
-#: Largest static dim: dims are int64 in GE and in ONNX.
-MAX_DIM = 2**63 - 1
-
-#: GE's code for a value out of range ("Value [...] for parameter [...] is out of range"): the
-#: one ATC reports when std::stol overflows on an input_shape value. A gear value beyond int32
-#: is the same failure one step later (it cannot be stored), so it gets the same code.
-OUT_OF_RANGE_CODE = "E10013"
+from gear_runtime.spec import config, parse
+from gear_runtime.spec.rules import (
+    DEFAULT_MAX_GEARS,
+    MAX_DIM,
+    MODES,
+    OUT_OF_RANGE_CODE,
+    Mode,
+    check_gear_rows,
+    gear_number,
+    int_rows,
+    iter_or_fail,
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +66,7 @@ class GearSpec:
         if self.mode not in MODES:
             raise GearSpecError(f"mode {self.mode!r} is not one of {MODES}", code="E10001")
         if isinstance(self.input_names, str) or not all(
-                isinstance(n, str) for n in _iter_or_fail(self.input_names, "input_names")):
+                isinstance(n, str) for n in iter_or_fail(self.input_names, "input_names")):
             raise GearSpecError(f"input_names must be a sequence of str, got {self.input_names!r}",
                                 code="E10001")
         object.__setattr__(self, "input_names", tuple(self.input_names))
@@ -82,8 +74,8 @@ class GearSpec:
             dup = next(n for i, n in enumerate(self.input_names) if n in self.input_names[:i])
             raise GearSpecError(f"input_names names input {dup!r} twice; each input may appear "
                                 "once", code="E10001")
-        object.__setattr__(self, "input_shapes", _int_rows(self.input_shapes, "input_shapes"))
-        object.__setattr__(self, "gears", _int_rows(self.gears, "gears"))
+        object.__setattr__(self, "input_shapes", int_rows(self.input_shapes, "input_shapes"))
+        object.__setattr__(self, "gears", int_rows(self.gears, "gears"))
         if not isinstance(self.hybrid, bool):  # bool("0") is True: no silent hybrid mode
             raise GearSpecError(f"hybrid must be a bool, got {self.hybrid!r}", code="E10001")
         if self.input_format is not None and not isinstance(self.input_format, str):
@@ -103,7 +95,7 @@ class GearSpec:
                                     f"int64 range (at most {MAX_DIM})", code=OUT_OF_RANGE_CODE)
         object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
         width = self.values_per_gear
-        _check_gear_rows(self.gears, width,
+        check_gear_rows(self.gears, width,
                          f"{self.mode} mode over this input_shape needs {width}", "gears")
 
     # ---- derived facts -------------------------------------------------------------------
@@ -121,8 +113,8 @@ class GearSpec:
     def shapes(self, i: int) -> dict[str, tuple[int, ...]]:
         """Every input's full static shape in gear ``i`` (input order).
 
-        InputError (as :meth:`GearModel.gear_of <gear_runtime.model.GearModel.gear_of>`) when
-        ``i`` is not a gear index: out of range, negative, a bool or not an integer.
+        InputError (as ``GearModel.gear_of``) when ``i`` is not a gear index: out of range,
+        negative, a bool or not an integer.
         """
         gear = self.gears[self.gear_number(i)]
         shapes = [list(s) for s in self.input_shapes]
@@ -168,46 +160,68 @@ class GearSpec:
         :func:`gear_number`; ``owner`` names what has the gears in the message)."""
         return gear_number(i, len(self.gears), owner)
 
-    # ---- constructors (parsers live in gear_runtime.spec.parse / .config) ----------------
+    # ---- constructors (the parsers live in gear_runtime.spec.parse / .config) -------------
     @classmethod
     def from_atc(cls, input_shape: str, dynamic_batch_size: str | None = None,
                  dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
                  input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
-                 ) -> GearSpec:
-        """Spec from ATC flag values, validated with GE's rules and codes."""
-        from gear_runtime.spec.parse import spec_from_atc
-
-        return spec_from_atc(input_shape, dynamic_batch_size=dynamic_batch_size,
-                             dynamic_image_size=dynamic_image_size, dynamic_dims=dynamic_dims,
-                             input_format=input_format, max_gears=max_gears)
+                 hybrid: bool = False) -> GearSpec:
+        """Spec from ATC flag values, validated with GE's rules, codes and order
+        (:func:`gear_runtime.spec.parse.atc_fields`)."""
+        return cls(*parse.atc_fields(input_shape, dynamic_batch_size=dynamic_batch_size,
+                                     dynamic_image_size=dynamic_image_size,
+                                     dynamic_dims=dynamic_dims, input_format=input_format,
+                                     max_gears=max_gears, hybrid=hybrid))
 
     @classmethod
     def from_ge_options(cls, options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
                         ) -> GearSpec:
-        """Spec from GE session/graph options (ge.inputShape, ge.dynamicDims, ...)."""
-        from gear_runtime.spec.parse import spec_from_ge_options
-
-        return spec_from_ge_options(options, max_gears=max_gears)
+        """Spec from GE session/graph options (ge.inputShape, ge.dynamicDims, ...):
+        :func:`gear_runtime.spec.parse.ge_option_fields`."""
+        return cls(*parse.ge_option_fields(options, max_gears=max_gears))
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEARS,
                     ) -> GearSpec:
-        """Spec from an ATC / MindSpore Lite config file (see gear_runtime.spec.config)."""
-        from gear_runtime.spec.config import spec_from_config
-
-        return spec_from_config(path, max_gears=max_gears)
+        """Spec from an ATC / MindSpore Lite config file (:mod:`gear_runtime.spec.config`)."""
+        return cls(*config.config_fields(path, max_gears=max_gears))
 
     def to_atc(self) -> dict[str, str]:
-        """The ATC flags that give back this spec: ``GearSpec.from_atc(**spec.to_atc())``."""
-        from gear_runtime.spec.parse import spec_to_atc
-
-        return spec_to_atc(self)
+        """The ATC flags that give back this spec: ``GearSpec.from_atc(**spec.to_atc())``
+        (hybrid is not an ATC flag: it is dropped; :meth:`to_config` keeps it). GearSpecError
+        when the spec cannot be written so that it reads back the same."""
+        return parse.atc_flags(self)
 
     def to_config(self) -> str:
-        """An ``[acl_build_options]`` config text that gives back this spec."""
-        from gear_runtime.spec.config import spec_to_config
+        """Ini text that :meth:`from_config` reads back as this spec (hybrid included)."""
+        return config.config_text(self)
 
-        return spec_to_config(self)
+    def fields(self) -> parse.SpecFields:
+        """What a parser returns for this spec (the constructor's arguments)."""
+        return parse.SpecFields(self.mode, self.input_names, self.input_shapes, self.gears,
+                                self.hybrid, self.input_format)
+
+
+# The parsers as functions, for callers that want them so (``gear_runtime.spec`` exports them).
+spec_from_atc = GearSpec.from_atc
+spec_from_ge_options = GearSpec.from_ge_options
+spec_from_config = GearSpec.from_config
+
+
+def spec_to_atc(spec: GearSpec) -> dict[str, str]:
+    """:meth:`GearSpec.to_atc` as a function; GearSpecError (E10001) for anything else."""
+    if not isinstance(spec, GearSpec):
+        raise GearSpecError(f"spec_to_atc needs a GearSpec, got {type(spec).__name__}",
+                            code="E10001")
+    return spec.to_atc()
+
+
+def spec_to_config(spec: GearSpec) -> str:
+    """:meth:`GearSpec.to_config` as a function; GearSpecError (E10001) for anything else."""
+    if not isinstance(spec, GearSpec):
+        raise GearSpecError(f"spec_to_config needs a GearSpec, got {type(spec).__name__}",
+                            code="E10001")
+    return spec.to_config()
 
 
 def _dynamic_positions(spec: GearSpec) -> tuple[tuple[int, int, int], ...]:
@@ -235,64 +249,3 @@ def _dynamic_positions(spec: GearSpec) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def _iter_or_fail(value: object, what: str) -> tuple[object, ...]:
-    try:
-        return tuple(value)  # type: ignore[call-overload]
-    except TypeError:
-        raise GearSpecError(f"{what} must be a sequence, got {value!r}", code="E10001") from None
-
-
-def _int_rows(rows: object, what: str) -> tuple[tuple[int, ...], ...]:
-    """``rows`` as a tuple of tuples of int; operator.index so that 2.5 or "3" are refused
-    instead of silently truncated or parsed (numpy integers are fine)."""
-    try:
-        return tuple(tuple(operator.index(v) for v in row)
-                     for row in _iter_or_fail(rows, what))  # type: ignore[attr-defined]
-    except TypeError:
-        raise GearSpecError(f"{what} must be a sequence of sequences of integers, got {rows!r}",
-                            code="E10001") from None
-
-
-def _check_gear_rows(gears: tuple[tuple[int, ...], ...], width: int, why: str,
-                     what: str) -> None:
-    """GE's CheckDynamicParams on the gears themselves, in GE's order: gear by gear its length
-    (E10037: ``width`` values; ``why`` says where that number comes from) and its values
-    (E10038: none negative; 0 is accepted, as current GE does; E10013: none above
-    :data:`MAX_GEAR_VALUE`, which the file cannot hold), then duplicates (E10039).
-    ``what`` names the gears in messages. Shared by GearSpec and parse.check_gears."""
-    for g in gears:
-        if len(g) != width:
-            raise GearSpecError(f"{what}: gear {list(g)} has {len(g)} values but {why}; all "
-                                "gears must have the same size", code="E10037")
-        neg = next((v for v in g if v < 0), None)
-        if neg is not None:
-            raise GearSpecError(f"{what}: gear {list(g)} has the negative value {neg}; gear "
-                                "values must be >= 0", code="E10038")
-        big = next((v for v in g if v > MAX_GEAR_VALUE), None)
-        if big is not None:
-            raise GearSpecError(f"{what}: gear {list(g)} has the value {big}, out of range: "
-                                f"gear values are int32 in the model (at most {MAX_GEAR_VALUE})",
-                                code=OUT_OF_RANGE_CODE)
-    seen: set[tuple[int, ...]] = set()
-    for g in gears:
-        if g in seen:
-            raise GearSpecError(f"{what}: gear {list(g)} appears more than once; gears must be "
-                                "unique", code="E10039")
-        seen.add(g)
-
-
-def gear_number(i: object, count: int, owner: str = "spec") -> int:
-    """``i`` as a gear index in ``0..count-1``: the one check of a gear index, wherever one is
-    given (spec, model, gear file, backend session, bench). InputError when ``i`` is not an
-    integer (a bool or 1.5 never becomes gear 1) or out of range; the message names the
-    ``owner`` ("the model has 4 gears (0..3)")."""
-    legal = f"the {owner} has {count} gears" + (f" (0..{count - 1})" if count else "")
-    try:
-        index = None if isinstance(i, bool) else operator.index(i)
-    except TypeError:
-        index = None
-    if index is None:
-        raise InputError(f"gear index {i!r} is not an integer; {legal}")
-    if not 0 <= index < count:
-        raise InputError(f"gear index {index} is out of range: {legal}")
-    return index

@@ -9,7 +9,7 @@ order, so that the code a user sees here is the code ATC would have printed:
 code   rule
 ====== ==================================================================================
 E10009 more than one of dynamic_batch_size / dynamic_image_size / dynamic_dims
-E10001 none of them given (see :func:`spec_from_atc`); dynamic_dims: no -1 in input_shape,
+E10001 none of them given (see :func:`atc_fields`); dynamic_dims: no -1 in input_shape,
        a value that is not all digits; an unknown input_format; a duplicate input name
 E10004 input_shape empty
 E10040 input_shape contains ``~`` (a shape range) together with a gear option
@@ -52,23 +52,35 @@ Whatever the input, the only exception that leaves this module is :class:`GearSp
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.gearspec import DEFAULT_MAX_GEARS, GearSpec, _check_gear_rows, _int_rows
+from gear_runtime.spec.rules import DEFAULT_MAX_GEARS, check_gear_rows, int_rows
 
 __all__ = [
     "DEFAULT_MAX_GEARS",
     "INPUT_FORMATS",
+    "SpecFields",
+    "atc_fields",
+    "atc_flags",
     "check_gears",
+    "ge_option_fields",
     "parse_input_shape",
-    "spec_from_atc",
-    "spec_from_ge_options",
-    "spec_to_atc",
 ]
+
+
+class SpecFields(NamedTuple):
+    """What a parser finds: :class:`~gear_runtime.spec.GearSpec`'s constructor arguments, in
+    order (the parsers never build the spec itself, so that GearSpec can call them)."""
+
+    mode: str
+    input_names: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    gears: tuple[tuple[int, ...], ...]
+    hybrid: bool
+    input_format: str | None
 
 #: ATC ``--input_format`` values accepted (GE's CheckInputFormat rejects unknown formats).
 INPUT_FORMATS: tuple[str, ...] = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC", "NC1HWC0")
@@ -338,7 +350,7 @@ def check_gears(gears: Iterable[Sequence[int]], max_gears: int = DEFAULT_MAX_GEA
     in messages.
     """
     limit = _check_max_gears(max_gears)
-    out = _int_rows(gears, option)
+    out = int_rows(gears, option)
     if len(out) < 2:
         _fail("E10035", f"{option} has {len(out)} gear(s) {_q(list(out))}; at least 2 are "
                         "needed")
@@ -346,16 +358,16 @@ def check_gears(gears: Iterable[Sequence[int]], max_gears: int = DEFAULT_MAX_GEA
         _fail("E10036", f"{option} has {len(out)} gears; at most {limit} are supported "
                         "(max_gears)")
     width = len(out[0])
-    _check_gear_rows(out, width, f"the first gear {list(out[0])} has {width}", option)
+    check_gear_rows(out, width, f"the first gear {list(out[0])} has {width}", option)
     return out
 
 
 # ---- public entry points ----------------------------------------------------------------------
-def spec_from_atc(input_shape: str, dynamic_batch_size: str | None = None,
-                  dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
-                  input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
-                  hybrid: bool = False) -> GearSpec:
-    """Spec from ATC flag values, validated with GE's rules, codes and order.
+def atc_fields(input_shape: str, dynamic_batch_size: str | None = None,
+               dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
+               input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
+               hybrid: bool = False) -> SpecFields:
+    """A spec's fields from ATC flag values, validated with GE's rules, codes and order.
 
     Exactly one of ``dynamic_batch_size`` / ``dynamic_image_size`` / ``dynamic_dims`` must be
     given (not None); an empty string counts as given (``dynamic_dims=""`` is E10058).
@@ -401,10 +413,10 @@ def spec_from_atc(input_shape: str, dynamic_batch_size: str | None = None,
     if hybrid and mode != "dims":
         _fail("E10001", f"hybrid mode needs dynamic_dims (GE recognises it only with "
                         f"ge.inputShape + ge.dynamicDims), got {option}")
-    return GearSpec(mode, names, shapes, gears, hybrid=hybrid, input_format=fmt)
+    return SpecFields(mode, names, shapes, gears, hybrid, fmt)
 
 
-#: GE option keys read by :func:`spec_from_ge_options` -> spec_from_atc argument.
+#: GE option keys read by :func:`ge_option_fields` -> :func:`atc_fields` argument.
 GE_OPTION_KEYS: dict[str, str] = {
     "ge.inputShape": "input_shape",
     "ge.dynamicBatchSize": "dynamic_batch_size",
@@ -415,9 +427,9 @@ GE_OPTION_KEYS: dict[str, str] = {
 }
 
 
-def spec_from_ge_options(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
-                         ) -> GearSpec:
-    """Spec from GE session/graph options.
+def ge_option_fields(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
+                     ) -> SpecFields:
+    """A spec's fields from GE session/graph options.
 
     Reads ``ge.inputShape``, ``ge.dynamicDims`` / ``ge.dynamicBatchSize`` /
     ``ge.dynamicImageSize``, ``ge.inputFormat`` (or ``input_format``), ``ge.dynamicNodeType``
@@ -439,7 +451,7 @@ def spec_from_ge_options(options: Mapping[str, str], max_gears: int = DEFAULT_MA
                         f"{_q(got['input_format'])} disagree")
     hybrid = (got["ge.inputShape"] is not None and got["ge.dynamicDims"] is not None
               and got["ge.dynamicNodeType"] == "1" and got["ge.compileHybridMode"] == "1")
-    return spec_from_atc(
+    return atc_fields(
         got["ge.inputShape"] or "",
         dynamic_batch_size=got["ge.dynamicBatchSize"],
         dynamic_image_size=got["ge.dynamicImageSize"],
@@ -448,17 +460,16 @@ def spec_from_ge_options(options: Mapping[str, str], max_gears: int = DEFAULT_MA
         max_gears=max_gears, hybrid=hybrid)
 
 
-def spec_to_atc(spec: GearSpec) -> dict[str, str]:
-    """ATC flag values for ``spec``: ``input_shape``, the mode's option, ``input_format`` when set.
+def atc_flags(spec: Any) -> dict[str, str]:
+    """ATC flag values for ``spec`` (a GearSpec): ``input_shape``, the mode's option,
+    ``input_format`` when set.
 
-    Round trip: ``spec_from_atc(**spec_to_atc(spec), max_gears=...) == spec`` for every spec
-    with ``hybrid=False`` (hybrid is not an ATC flag: it is dropped here; use
-    :func:`gear_runtime.spec.config.spec_to_config` to keep it). Raises GearSpecError when the
-    spec cannot be written so that it reads back the same (an input name that is empty, has
-    surrounding whitespace or contains ';' or '~', or a spec GE would reject).
+    Round trip: ``atc_fields(**atc_flags(spec), max_gears=...)`` gives back the spec's fields
+    for every spec with ``hybrid=False`` (hybrid is not an ATC flag: it is dropped here; the
+    config writer keeps it). Raises GearSpecError when the spec cannot be written so that it
+    reads back the same (an input name that is empty, has surrounding whitespace or contains
+    ';' or '~', or a spec GE would reject).
     """
-    if not isinstance(spec, GearSpec):
-        _fail("E10001", f"spec_to_atc needs a GearSpec, got {type(spec).__name__}")
     for name in spec.input_names:
         if not name or name != name.strip() or ";" in name or "~" in name:
             _fail("E10001", f"input name {_q(name)} cannot be written in input_shape: it must be "
@@ -470,10 +481,10 @@ def spec_to_atc(spec: GearSpec) -> dict[str, str]:
     # Prove the round trip instead of hoping for it: a directly built spec can hold things GE
     # would reject (one gear, a -1 on a non-batch axis in batch mode, ...).
     try:
-        back = spec_from_atc(**out, max_gears=max(len(spec.gears), 2))
+        back = atc_fields(**out, max_gears=max(len(spec.gears), 2))
     except GearSpecError as e:
         raise GearSpecError(f"spec cannot be written as ATC flags: {e.message}",
                             code=e.code) from None
-    if back != dataclasses.replace(spec, hybrid=False):
+    if back != spec.fields()._replace(hybrid=False):
         _fail("E10001", f"spec cannot be written as ATC flags: {out} reads back as {back!r}")
     return out

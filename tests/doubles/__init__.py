@@ -7,7 +7,7 @@
   and failure injection.
 * :mod:`doubles.fake_mslite`: MindSpore Lite's Python API (``import mindspore_lite``):
   Context / Model / Tensor, a fake MindIR whose resize accepts only the compiled gears.
-* :mod:`doubles.layout`: the core's own staging layout (``gear_runtime.core.plan_layout``)
+* :mod:`doubles.layout`: the core's own staging layout (``gear_runtime.runtime.core.plan_layout``)
   and a test-only ``stage``.
 
 The tests import them as ``from doubles import fake_acl`` (``tests/`` is on ``sys.path``

@@ -1,6 +1,6 @@
-"""The staging layout for backend tests: the C++ core's own (``gear_runtime.core``).
+"""The staging layout for backend tests: the C++ core's own (``gear_runtime.runtime.core``).
 
-:func:`plan_layout` is ``gear_runtime.core.plan_layout`` with the backend tests' argument
+:func:`plan_layout` is ``gear_runtime.runtime.core.plan_layout`` with the backend tests' argument
 order, plus the backend's ``layout_options`` as keywords, so a test plans the same layout
 GearModel does. :func:`stage` writes a known gear's inputs into a staging buffer without the
 core's checks (tests only).
@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime import core
+from gear_runtime.runtime import core
 
 
 def plan_layout(input_nbytes: Sequence[Sequence[int]], dims_count: int,
                 fusion_size: int = core.DEFAULT_FUSION_SIZE, **options: int) -> Any:
-    """``gear_runtime.core.plan_layout``; ``options`` are a backend's ``layout_options``
+    """``gear_runtime.runtime.core.plan_layout``; ``options`` are a backend's ``layout_options``
     (e.g. ``alignment``, ``tail_padding``)."""
     return core.plan_layout(input_nbytes, dims_count, fusion_size=fusion_size, **options)
 

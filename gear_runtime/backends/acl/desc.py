@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.backends.base import nbytes_of
 from gear_runtime.errors import BackendError, GearFileError, GearSpecError
+from gear_runtime.gearfile.info import nbytes_of
 from gear_runtime.spec import GearSpec
 
 Shape = tuple[int, ...]

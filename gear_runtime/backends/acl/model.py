@@ -25,12 +25,12 @@ from gear_runtime.backends.acl.calls import (
 from gear_runtime.backends.acl.session import AclSession
 from gear_runtime.backends.base import (
     BackendModel,
-    ModelInfo,
     check_device_id,
     check_model_file,
 )
 from gear_runtime.errors import BackendError, GearFileError
-from gear_runtime.gearformat import ACL_DYNAMIC_TENSOR_NAME
+from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
+from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
 from gear_runtime.spec.parse import parse_input_shape
 

@@ -100,7 +100,8 @@ class AclSession(BackendSession):
                         f"staging layout breaks ACL's rule for buffers carved from one "
                         f"aclrtMalloc block: {what} of gear {g} at offset {start} ({n} bytes) "
                         f"needs a 64-aligned start and {room} bytes (ALIGN_UP(len,32)+32) "
-                        f"before offset {limit}; plan it with gear_runtime.core.plan_layout(..., "
+                        f"before offset {limit}; plan it with "
+                        "gear_runtime.runtime.core.plan_layout(..., "
                         f"**AclModel.layout_options) = {self._model.layout_options}")
 
     def _build_outputs(self) -> None:

@@ -151,7 +151,7 @@ def elements_cost(spec: GearSpec | None = None, structure: Structure | None = No
     product of the values (each group of tied values counted once when ``structure`` is
     given; a 0 counts as 1 so that no gear is free)."""
     if spec is not None:
-        from gear_runtime.padding import shapes_for
+        from gear_runtime.tools.padding import shapes_for
 
         return lambda gear: float(sum(math.prod(s) for s in shapes_for(spec, gear).values()))
     keep = None if structure is None else [g[0] for g in structure.groups]
@@ -190,8 +190,8 @@ def measure_latency(model: str | os.PathLike[str], spec: GearSpec,
     import dataclasses
     import tempfile
 
-    from gear_runtime.bench import bench_model
     from gear_runtime.compiler import compile_model
+    from gear_runtime.tools.bench.engine import bench_model
 
     gears = tuple(sorted({tuple(int(v) for v in g) for g in ladder}))
     ladder_spec = dataclasses.replace(spec, gears=gears, hybrid=False)

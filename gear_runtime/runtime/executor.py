@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gear_runtime import core
 from gear_runtime.backends.base import BackendSession
 from gear_runtime.errors import (
     BackendError,
@@ -39,9 +38,10 @@ from gear_runtime.errors import (
     GearMismatchError,
     InputError,
 )
+from gear_runtime.runtime import core
 
 if TYPE_CHECKING:
-    from gear_runtime.model import GearModel
+    from gear_runtime.runtime.model import GearModel
 
 logger = logging.getLogger("gear_runtime")
 

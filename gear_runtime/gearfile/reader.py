@@ -1,8 +1,9 @@
 """The gear file reader: :func:`read_gear_file` turns a gear file of either kind into a
 :class:`GearFile`.
 
-The format (names, codecs, the two kinds) is :mod:`gear_runtime.gearformat`; the integrity
-record :mod:`gear_runtime.digest`; external data :mod:`gear_runtime.external_data`.
+The format (names, codecs, the two kinds) is :mod:`gear_runtime.gearfile.format`; the
+integrity record :mod:`gear_runtime.gearfile.digest`; external data
+:mod:`gear_runtime.gearfile.external_data`.
 
 Per gear the reader gives a STANDALONE static ONNX model without the shared weights, the source
 graph likewise, and the weights once as TensorProtos (inline, or checked references to the
@@ -26,26 +27,26 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gear_runtime import gearformat as fmt
-from gear_runtime import passthrough
-from gear_runtime.backends.base import ModelInfo
-from gear_runtime.digest import (
+from gear_runtime.errors import GearFileError, GearSpecError
+from gear_runtime.gearfile import passthrough
+from gear_runtime.gearfile.digest import (
     DataDigest,
     check_file,
     digest_placeholder,
     seal_digest,
     verify_data_file,
 )
-from gear_runtime.digest import parse_digest as _parse_digest
-from gear_runtime.errors import GearFileError, GearSpecError
-from gear_runtime.external_data import (
+from gear_runtime.gearfile.digest import parse_digest as _parse_digest
+from gear_runtime.gearfile.external_data import (
     ExternalDataError,
     ExternalSpan,
     check_external,
     is_external,
 )
-from gear_runtime.gearformat import META_DIGEST
-from gear_runtime.onnx_graph import first_bad_text, referenced_names, subgraphs
+from gear_runtime.gearfile.format import META_DIGEST
+from gear_runtime.gearfile.info import ModelInfo
+from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
+from gear_runtime.gearfile import format as fmt
 from gear_runtime.spec import GearSpec
 
 #: META_DIGEST (home: gearformat), digest_placeholder, seal_digest and _parse_digest (home:
@@ -311,7 +312,7 @@ class _Reader:
 
     def _check_digest(self, meta: dict[str, str]) -> dict[str, DataDigest]:
         """The whole file checked against its integrity record; the data files' recorded
-        digests (:func:`gear_runtime.digest.check_file`)."""
+        digests (:func:`gear_runtime.gearfile.digest.check_file`)."""
         return check_file(self.path, self.data, self.model, meta.get(fmt.META_DIGEST))
 
     def _data_digests(self, recorded: dict[str, DataDigest]) -> dict[str, DataDigest]:

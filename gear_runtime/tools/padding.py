@@ -142,7 +142,7 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
     """
     import onnxruntime as ort
 
-    from gear_runtime.model import load
+    from gear_runtime.runtime.model import load
 
     with load(os.fspath(gear_file)) as model:
         ex = model.create_executor(pad_values=pad_values)

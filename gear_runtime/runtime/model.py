@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime import core
-from gear_runtime.backends import BackendModel, ModelInfo, open_model
+from gear_runtime.backends import BackendModel, open_model
 from gear_runtime.errors import ClosedError, GearFileError, GearMismatchError, InputError
-from gear_runtime.executor import Executor
-from gear_runtime.gearformat import ACL_DYNAMIC_TENSOR_NAME
+from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
+from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
+from gear_runtime.runtime import core
+from gear_runtime.runtime.executor import Executor
 from gear_runtime.spec import GearSpec
 
 #: GE's default ``ge.exec.input_fusion_size``: inputs up to this many bytes share the one
@@ -107,8 +108,6 @@ class GearModel:
         shapes alone show (backends reading .om / MindIR files have no record)."""
         axes = self.info.output_dynamic_axes
         if axes is None:
-            from gear_runtime.compiler.axes import axes_from_shapes
-
             axes = axes_from_shapes(self.spec.gears, self.info.output_shapes)
         return tuple(dict(a) for a in axes)
 

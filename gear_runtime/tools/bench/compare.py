@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.bench import SCHEMA, draw_boxes, log_ms_axis, pyplot, save_figure
 from gear_runtime.errors import InputError
-from gear_runtime.textfmt import format_table
+from gear_runtime.tools.bench.engine import SCHEMA, draw_boxes, log_ms_axis, pyplot, save_figure
+from gear_runtime.tools.textfmt import format_table
 
 #: Default half-width of the band a ratio must leave to count as a change (5%).
 DEFAULT_NOISE = 0.05

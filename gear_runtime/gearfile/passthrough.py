@@ -2,7 +2,8 @@
 an input or a weight as it stands).
 
 Two consumers need such an output computed inside the graph, by an Identity node named
-``ascend_mbatch_passthrough_<graph>_<k>`` (:data:`~gear_runtime.gearformat.PASSTHROUGH_PREFIX`):
+``ascend_mbatch_passthrough_<graph>_<k>``
+(:data:`~gear_runtime.gearfile.format.PASSTHROUGH_PREFIX`):
 
 * the compiler (:mod:`gear_runtime.compiler`): an If / Case subgraph must produce its outputs
   inside it, so branch graphs get these nodes (:func:`wrap`, inputs count as produced);
@@ -10,7 +11,7 @@ Two consumers need such an output computed inside the graph, by an Identity node
   initializer's own value and never writes a pre-bound output buffer, so the session's graph
   gets them too (:func:`wrap` with ``inputs_count=False``).
 
-The reader (:mod:`gear_runtime.gearfile`) removes them (:func:`unwrap`) when it rebuilds a
+The reader (:mod:`gear_runtime.gearfile.reader`) removes them (:func:`unwrap`) when it rebuilds a
 standalone model, so a branch's outputs carry the model's own names again.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from gear_runtime.gearformat import PASSTHROUGH_PREFIX
+from gear_runtime.gearfile.format import PASSTHROUGH_PREFIX
 
 
 def wrap(graph: onnx.GraphProto, *, inputs_count: bool = True) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from gear_runtime.digest import DIGEST_ALGORITHM
-from gear_runtime.gearfile import read_gear_file
-from gear_runtime.gearformat import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
-from gear_runtime.textfmt import format_bytes, format_table
+from gear_runtime.gearfile.digest import DIGEST_ALGORITHM
+from gear_runtime.gearfile.format import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
+from gear_runtime.gearfile.reader import read_gear_file
+from gear_runtime.tools.textfmt import format_bytes, format_table
 
 
 def _shape(dims: Sequence[int]) -> str:

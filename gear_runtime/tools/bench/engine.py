@@ -22,7 +22,7 @@ A run's JSON (:meth:`BenchReport.to_dict`) carries its context: the machine (CPU
 cores, load average at the start), the settings (threads, warm-up, iterations, copy mode,
 backend and providers), the versions and the model (files, size, digest, gears), and per gear
 every runner's raw per-iteration times besides their statistics, so that two runs can be
-compared later (:mod:`gear_runtime.bench_compare`, ``gear-runtime bench --compare``).
+compared later (:mod:`gear_runtime.tools.bench.compare`, ``gear-runtime bench --compare``).
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gear_runtime.errors import BackendUnavailableError, InputError
-from gear_runtime.textfmt import format_bytes
-from gear_runtime.textfmt import format_table as text_table
+from gear_runtime.tools.textfmt import format_bytes
+from gear_runtime.tools.textfmt import format_table as text_table
 
 if TYPE_CHECKING:
     import onnx
 
-    from gear_runtime.executor import Executor
-    from gear_runtime.model import GearModel
+    from gear_runtime.runtime.executor import Executor
+    from gear_runtime.runtime.model import GearModel
 
 InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
 
@@ -275,7 +275,7 @@ def _cpu_model() -> str:
 
 def versions() -> dict[str, str | None]:
     """Versions of what the timings depend on (None: not installed)."""
-    from gear_runtime import __version__
+    from gear_runtime.version import __version__
 
     ort_version = None
     with contextlib.suppress(ImportError):
@@ -288,7 +288,7 @@ def versions() -> dict[str, str | None]:
 
 def model_files(path: str) -> list[str]:
     """The gear file and the data files it names (absolute paths, in a fixed order)."""
-    from gear_runtime.gearfile import read_gear_file
+    from gear_runtime.gearfile.reader import read_gear_file
 
     return [os.path.abspath(f) for f in read_gear_file(path).files]
 
@@ -418,7 +418,7 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     # What this call opens it closes: on Ascend a loaded model holds device memory until then.
     with contextlib.ExitStack() as owned:
         if isinstance(model, str | os.PathLike):
-            from gear_runtime.model import load
+            from gear_runtime.runtime.model import load
 
             path = os.fspath(model)
             options: dict[str, Any] = {}

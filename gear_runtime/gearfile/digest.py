@@ -1,4 +1,4 @@
-"""The gear file's integrity record (:data:`gear_runtime.gearformat.META_DIGEST`): sealed by
+"""The gear file's integrity record (:data:`gear_runtime.gearfile.format.META_DIGEST`): sealed by
 the writer, checked by the reader, and the data files' digests.
 
 xxh3_128: a fast NON-cryptographic hash (tens of GB/s in memory, so checking a 400 MB data
@@ -19,7 +19,7 @@ import onnx
 import xxhash
 
 from gear_runtime.errors import GearFileError
-from gear_runtime.gearformat import META_DIGEST
+from gear_runtime.gearfile.format import META_DIGEST
 
 DIGEST_ALGORITHM = "xxh3_128"
 _ZERO_DIGEST = "0" * 32

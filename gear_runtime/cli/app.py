@@ -83,8 +83,8 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gear_runtime import __version__
     from gear_runtime.backends import BACKENDS
+    from gear_runtime.version import __version__
 
     backends = f"one of {', '.join(sorted(BACKENDS))} (default onnxruntime)"
 
@@ -266,7 +266,7 @@ def _existing_file(path: str, what: str,
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import gear_runtime as gr
-    from gear_runtime.spec.parse import spec_from_atc
+    from gear_runtime.spec import spec_from_atc
 
     _existing_file(args.model, "model")
     gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
@@ -306,7 +306,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from gear_runtime.compiler.inspect import describe
+    from gear_runtime.tools.inspect import describe
 
     print(describe(_existing_file(args.file, "gear file")))
     return EXIT_OK
@@ -438,7 +438,7 @@ def _check_output_file(flag: str, path: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from gear_runtime import bench
+    from gear_runtime.tools.bench import engine as bench
 
     if args.compare is not None:
         return _bench_compare(args)
@@ -474,7 +474,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_compare(args: argparse.Namespace) -> int:
     """``bench --compare``: the table on stdout, warnings on stderr; exit 1 when
     ``--fail-on-regression`` finds a gear slower beyond noise and the threshold."""
-    from gear_runtime import bench, bench_compare
+    from gear_runtime.tools.bench import compare as bench_compare
+    from gear_runtime.tools.bench import engine as bench
 
     if args.file is not None:
         raise _UsageError(f"--compare compares two results; drop the gear file {args.file!r}")
@@ -502,7 +503,7 @@ def _bench_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from gear_runtime.demo import run_demo
+    from gear_runtime.tools.demo import run_demo
 
     if args.workdir is not None:
         _make_dir("--workdir", args.workdir)  # before the demo starts printing
@@ -518,7 +519,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for path in args.files:
         _existing_file(path, "gear file")
     try:  # the extra is optional: a missing one is one line, not a traceback
-        from gear_runtime.serving.cli import serve_from_args
+        from gear_runtime.cli.serve import serve_from_args
     except ImportError as exc:
         _error(str(exc))
         return EXIT_FAILED
@@ -526,7 +527,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_padding(args: argparse.Namespace) -> int:
-    from gear_runtime.padding import check_padding
+    from gear_runtime.tools.padding import check_padding
 
     _existing_file(args.file, "gear file")
     _existing_file(args.source, "source model")
@@ -552,7 +553,7 @@ def cmd_check_padding(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from gear_runtime.planner import run_plan
+    from gear_runtime.tools.plan.search import run_plan
 
     _existing_file(args.model, "model", InputError)
     _existing_file(args.trace, "trace", InputError)

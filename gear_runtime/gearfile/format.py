@@ -1,5 +1,5 @@
 """The gear file format: every name the writer (:mod:`gear_runtime.compiler`) and the reader
-(:mod:`gear_runtime.gearfile`) share, and the codecs of the values they store.
+(:mod:`gear_runtime.gearfile.reader`) share, and the codecs of the values they store.
 
 
 Two kinds, both written by :func:`gear_runtime.compiler.compile_model`:
@@ -28,7 +28,8 @@ LAST output, named ``ascend_mbatch_shape_data``. Per-gear output dims are stored
 metadata key :data:`META_OUTPUT_DIMS` (JSON list of the same strings).
 
 Weights: every weight is a ROOT initializer, once. Big ones may be ONNX external data in ONE
-file beside the gear file (``<gear file name>.data``, see :mod:`gear_runtime.external_data`),
+file beside the gear file (``<gear file name>.data``, see
+:mod:`gear_runtime.gearfile.external_data`),
 resolved against the gear file's folder only and checked before anything reads them.
 
 A case file always stores the source graph as ``dynamic_graph`` (ONNX Runtime runs every gear
@@ -86,7 +87,7 @@ META_HYBRID = "gear_runtime.hybrid"
 #: sink kind only: JSON list of the dynamic_output_dims strings (no Case node to carry them).
 META_OUTPUT_DIMS = "gear_runtime.dynamic_output_dims"
 #: The file's integrity record (JSON, see :func:`digest_placeholder`); required.
-META_DIGEST = "gear_runtime.digest"
+META_DIGEST = "gear_runtime.gearfile.digest"
 #: Optional: JSON list, per output, of {"axis": value index} (compiler/axes.py): which dynamic
 #: value each output axis follows, so a padded run's outputs can be trimmed.
 META_OUTPUT_AXES = "gear_runtime.output_dynamic_axes"

@@ -133,8 +133,8 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
     import onnxruntime as ort
 
     import gear_runtime as gr
-    from gear_runtime.bench import bench_model
     from gear_runtime.examples import prefill
+    from gear_runtime.tools.bench.engine import bench_model
 
     with _section(out, "1. Build the example model"):
         model_path, config_path = prefill.write_example(workdir)
@@ -163,7 +163,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         gr.compile(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
         for p in (gear_path, hybrid_path):
             out.write(f"  wrote {p} ({p.stat().st_size / 1024:.0f} KiB)\n")
-        from gear_runtime.compiler.inspect import describe
+        from gear_runtime.tools.inspect import describe
 
         for line in describe(str(gear_path)).splitlines():
             out.write(f"    | {line}\n")

@@ -1,0 +1,110 @@
+"""ModelInfo: what a loaded gear model is, whatever the backend (DavinciModel's gear maps).
+
+The gear file reader builds it from a gear file; the device backends build it from their
+runtime's model description (an ``.om``, a MindIR). Everything above (the runtime, the tools,
+the server) reads a model through it. The one place output sizes and the output axes that
+follow a dynamic value are computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gear_runtime.errors import InputError
+from gear_runtime.gearfile.format import OutputAxes
+from gear_runtime.spec import GearSpec
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded gear model is, whatever the backend (DavinciModel's gear maps).
+
+    ``output_shapes[g][k]`` is output ``k``'s static shape in gear ``g``; it keys the executor's
+    output buffers and is checked against what the backend really produced.
+    """
+
+    spec: GearSpec
+    input_dtypes: tuple[np.dtype, ...]
+    output_names: tuple[str, ...]
+    output_dtypes: tuple[np.dtype, ...]
+    output_shapes: tuple[tuple[tuple[int, ...], ...], ...]
+    hybrid: bool = False
+    sink: bool = False
+    #: per output ``{axis: index of the dynamic value its size follows}`` as the compiler
+    #: recorded it; None: not recorded (GearModel derives it from ``output_shapes``).
+    output_dynamic_axes: tuple[dict[int, int], ...] | None = None
+
+    def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
+        """Static shape of output ``index`` in gear ``gear`` (GE's gear -> output shape map).
+        InputError when either index is out of range."""
+        return self.output_shapes[self.spec.gear_number(gear, "model")][self.output_index(index)]
+
+    def output_size(self, gear: int, index: int) -> int:
+        """Bytes of output ``index`` in gear ``gear`` (GE's GetGearAndRealOutSizeInfo): the one
+        place output sizes are computed. InputError when either index is out of range."""
+        return nbytes_of(self.output_shape(gear, index), self.output_dtypes[int(index)])
+
+    def output_index(self, index: object) -> int:
+        """``index`` as an output index; InputError naming the outputs when it is not one."""
+        n = len(self.output_names)
+        if not isinstance(index, int | np.integer) or isinstance(index, bool) \
+                or not 0 <= index < n:
+            raise InputError(f"output index {index!r} is out of range: the model has {n} "
+                             f"outputs ({', '.join(self.output_names)})")
+        return int(index)
+
+    def input_nbytes(self) -> list[list[int]]:
+        """[gear][input] bytes of every input in every gear: what the staging layout needs."""
+        out = []
+        for g in range(self.spec.gear_count):
+            shapes = self.spec.shapes(g)
+            out.append([nbytes_of(shapes[n], dt)
+                        for n, dt in zip(self.spec.input_names, self.input_dtypes, strict=True)])
+        return out
+
+
+def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``, in exact integers (numpy's int64
+    product could wrap around for a crafted shape before a size limit sees it)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def axes_from_shapes(gears: Sequence[Sequence[int]],
+                     output_shapes: Sequence[Sequence[Sequence[int]]],
+                     symbolic: Sequence[dict[int, int]] | None = None) -> OutputAxes:
+    """Per output ``{axis: value index}`` from the per-gear output shapes
+    (``output_shapes[g][k]``) and, when given, what symbolic inference says (``symbolic[k]``);
+    see the module doc for the rule."""
+    if not output_shapes:
+        return ()
+    count = len(output_shapes[0])
+    out = []
+    for k in range(count):
+        shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
+        named = symbolic[k] if symbolic is not None and k < len(symbolic) else {}
+        out.append(_axes_of(gears, shapes, named))
+    return tuple(out)
+
+
+def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
+             named: dict[int, int]) -> dict[int, int]:
+    rank = len(shapes[0])
+    if any(len(s) != rank for s in shapes):
+        return {}  # rank changes between gears: nothing to trim by prefix
+    axes: dict[int, int] = {}
+    width = len(gears[0]) if gears else 0
+    for axis in range(rank):
+        sizes = [s[axis] for s in shapes]
+        fits = [v for v in range(width) if all(sizes[g] == gears[g][v] for g in range(len(gears)))]
+        if not fits:
+            continue
+        if len(gears) > 1 and len(set(sizes)) > 1:
+            axes[axis] = named[axis] if named.get(axis) in fits else fits[0]
+        elif len(gears) == 1 and named.get(axis) in fits:
+            # One gear cannot tell a coincidence from a dependency: inference must name it.
+            axes[axis] = named[axis]
+    return axes

@@ -1,0 +1,1 @@
+"""Per-gear benchmarks (``gear-runtime bench``) and the comparison of two runs."""

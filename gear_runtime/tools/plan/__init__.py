@@ -1,0 +1,1 @@
+"""The gear planner (``gr.plan_gears``, ``gear-runtime plan``)."""
