@@ -18,7 +18,8 @@ Shape of the backend (docs/architecture.md has the measurements behind each choi
 * CUDA: the merged span of the staging buffer goes to the device in ONE copy; inputs too large
   to merge are copied one by one (GE's CopyInputDataWithMergeH2D). With ``cuda_graph=True``
   every (executor, gear) pair gets its own graph id in the one session (run option
-  ``gpu_graph_id``), captured when the executor is created, largest gear first.
+  ``gpu_graph_id``), captured when the executor is created, largest gear first. The CUDA-only
+  pieces (provider options, capture gate, device staging) live in ``onnxruntime_cuda.py``.
 """
 
 from __future__ import annotations
@@ -26,14 +27,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
+from gear_runtime.backends.onnxruntime_cuda import (
+    CUDA,
+    GRAPH_ID_KEY,
+    DeviceStaging,
+    cuda_available,
+    cuda_exclusive,
+    cuda_shared,
+    gpu_present,
+    provider_list,
+)
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
@@ -41,9 +51,6 @@ from gear_runtime.gearfile.reader import GearFile, read_gear_file
 #: ORT session config key: the folder external data is resolved against for a model given as
 #: bytes (the gear file's folder, never the working directory).
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
-#: ORT run config key selecting the CUDA graph of a run (CUDA EP with enable_cuda_graph).
-GRAPH_ID_KEY = "gpu_graph_id"
-CUDA = "CUDAExecutionProvider"
 #: ``execute(copy=True)`` on CPU: outputs of at least this many bytes are written by ORT
 #: straight into fresh arrays bound for that one run (an extra bind costs ~2 us; copying
 #: 32 MB of logits costs ~6 ms, 2.5% of a 1024-token prefill); smaller ones are copied.
@@ -78,26 +85,6 @@ def check_providers(providers: Sequence[Any] | None) -> list[str]:
             "; for CUDA install onnxruntime-gpu (pip install 'gear_runtime[cuda]') and run on "
             "a machine with an NVIDIA GPU")
     return names
-
-
-def provider_list(providers: Sequence[Any] | None, device_id: int,
-                  cuda_graph: bool) -> list[Any]:
-    """The providers with the CUDA provider's options made explicit: ``device_id`` always
-    (the CUDA EP defaults to device 0, and an input bound on another device would be copied
-    once at bind time and then read stale), ``enable_cuda_graph`` when asked."""
-    out: list[Any] = []
-    for p in providers or ["CPUExecutionProvider"]:
-        name, options = (p[0], dict(p[1])) if isinstance(p, tuple) else (str(p), {})
-        if name == CUDA:
-            given = options.get("device_id")
-            if given is not None and int(given) != device_id:
-                raise BackendError(f"CUDAExecutionProvider options say device_id={given}, "
-                                   f"the model is opened with device_id={device_id}")
-            options["device_id"] = str(device_id)
-            if cuda_graph:
-                options["enable_cuda_graph"] = "1"
-        out.append((name, options) if options else name)
-    return out
 
 
 class OrtModel(BackendModel):
@@ -192,56 +179,6 @@ class OrtModel(BackendModel):
         self.session = None
 
 
-class _CaptureGate:
-    """CUDA graph capture vs everything else on the GPU: ORT's CUDA EP captures with
-    ``cudaStreamCaptureModeGlobal`` (cuda_graph.cc), where a CUDA call from ANY other thread
-    (a cudaMalloc, a blocking copy, another session's run) breaks the capture. So device
-    allocation and capture are exclusive, runs and copies are shared: a readers-writer lock,
-    one for the whole process (:data:`_CUDA_GATE`), taken only by CUDA models."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._runs = 0
-        self._capturing = False
-
-    @contextlib.contextmanager
-    def run(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._capturing)
-            self._runs += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._runs -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._capturing and self._runs == 0)
-            self._capturing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._capturing = False
-                self._cond.notify_all()
-
-
-_CUDA_GATE = _CaptureGate()
-
-
-def cuda_exclusive(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
-    """Hold the GPU exclusively (allocation, capture) when ``on_cuda``; else nothing."""
-    return _CUDA_GATE.capture() if on_cuda else contextlib.nullcontext()
-
-
-def cuda_shared(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
-    """Share the GPU with other runs, never with a capture, when ``on_cuda``; else nothing."""
-    return _CUDA_GATE.run() if on_cuda else contextlib.nullcontext()
-
-
 class OrtSession(BackendSession):
     """Per-executor bindings: every gear pre-bound to staging offsets and output buffers."""
 
@@ -277,7 +214,8 @@ class OrtSession(BackendSession):
         # allocates or captures on the GPU, so none of it may overlap another thread's capture.
         with cuda_exclusive(model.on_cuda):
             on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
-            self._device = _DeviceStaging(model, layout, self.staging) if on_device else None
+            self._device = (DeviceStaging(info, model.device[1], layout, self.staging)
+                            if on_device else None)
             # A sink file runs whole through run_sink: nothing to bind per gear.
             self._bindings = [] if info.sink else [self._bind(g) for g in gears]
             # What a run calls, looked up once: ORT's C binding and its binding objects (the
@@ -417,74 +355,5 @@ class OrtSession(BackendSession):
         self._run_c = None  # drop the last reference to the model's session (its weights)
 
 
-class _DeviceStaging:
-    """CUDA side of the staging buffer: where gear g's merged span and big inputs live.
-
-    Per gear, one device buffer holds the merged span (ONE host-to-device copy per run) and
-    each input too big to merge has its own (one copy each), as GE's merged H2D copy does.
-    Outputs are bound to device buffers and copied back after the run.
-    Written to ORT's documented Python API; not run on a GPU in this repository's CI.
-    """
-
-    def __init__(self, model: OrtModel, layout: Any, staging: np.ndarray) -> None:
-        self.layout, self.staging, self.device_id = layout, staging, model.device[1]
-        info = model.info
-        self.merged: list[ort.OrtValue | None] = []
-        self.separate: list[dict[int, ort.OrtValue]] = []
-        self.outputs: list[list[ort.OrtValue]] = []
-        for g in range(info.spec.gear_count):
-            start, end = layout.merged_span(g)
-            self.merged.append(self._alloc(end - start) if end > start else None)
-            # Empty inputs need no copy (update_inplace wants equal sizes): bound to a 1-byte
-            # buffer that is never written.
-            self.separate.append({i: self._alloc(layout.nbytes(g, i))
-                                  for i in range(layout.input_count) if not layout.fused(i)})
-            # An empty output gets a 1-byte buffer: ORT gives a 0-element value no address.
-            self.outputs.append([
-                ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dt, "cuda", self.device_id)
-                if int(np.prod(shape)) else self._alloc(1)
-                for shape, dt in zip(info.output_shapes[g], info.output_dtypes, strict=True)])
-
-    def _alloc(self, nbytes: int) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_shape_and_type([max(nbytes, 1)], np.uint8, "cuda",
-                                                         self.device_id)
-
-    def input_ptr(self, g: int, i: int) -> tuple[str, int]:
-        if self.layout.fused(i):
-            start, _ = self.layout.merged_span(g)
-            value = self.merged[g]
-            assert value is not None
-            return "cuda", value.data_ptr() + self.layout.offset(g, i) - start
-        return "cuda", self.separate[g][i].data_ptr()
-
-    def output_ptr(self, g: int, k: int) -> int:
-        return self.outputs[g][k].data_ptr()
-
-    def to_device(self, g: int) -> None:
-        start, end = self.layout.merged_span(g)
-        value = self.merged[g]
-        if value is not None:
-            value.update_inplace(self.staging[start:end])  # the ONE merged copy
-        for i, dev in self.separate[g].items():
-            off, n = self.layout.offset(g, i), self.layout.nbytes(g, i)
-            if n:
-                dev.update_inplace(self.staging[off:off + n])
-
-    def to_host(self, g: int, host: list[np.ndarray]) -> None:
-        for dev, out in zip(self.outputs[g], host, strict=True):
-            if out.size:  # .numpy() is a blocking device-to-host cudaMemcpy
-                np.copyto(out, dev.numpy())
-
-
-def cuda_available() -> bool:
-    """True when this ORT build has the CUDA EP (a GPU may still be missing)."""
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
-def gpu_present() -> bool:
-    """True when an NVIDIA GPU device node exists (the CUDA EP needs one to run)."""
-    return any(Path("/dev").glob("nvidia[0-9]*"))
-
-
 __all__ = ["OrtModel", "OrtSession", "check_providers", "cuda_available", "gpu_present",
-           "open_model"]
+           "open_model", "provider_list"]
