@@ -69,7 +69,7 @@ def _child(kind: str, path: str, threads: int) -> dict[str, Any]:
     import gear_runtime as gr
     import gear_runtime.backends.onnxruntime  # noqa: F401  (imports are not what we measure)
     import gear_runtime.runtime.model  # noqa: F401
-    from gear_runtime.tools.bench.engine import rss_bytes
+    from gear_runtime.tools.bench.context import rss_bytes
 
     gc.collect()
     before = rss_bytes()

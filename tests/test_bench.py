@@ -14,10 +14,13 @@ import pytest
 from models import CONV_BATCH_SPEC, HEAVY_SPEC, conv_model, heavy_model
 
 import gear_runtime as gr
-from gear_runtime.tools.bench import compare as bench_compare
-from gear_runtime.tools.bench import engine as bench
 from gear_runtime.errors import BackendUnavailableError, InputError
 from gear_runtime.examples import prefill
+from gear_runtime.tools.bench import compare as bench_compare
+from gear_runtime.tools.bench import context as bench_context
+from gear_runtime.tools.bench import engine as bench
+from gear_runtime.tools.bench import plot as bench_plot
+from gear_runtime.tools.bench import report as bench_report
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def example_inputs(model, gear: int) -> dict[str, np.ndarray]:
 
 
 def test_stats_percentiles_of_known_samples() -> None:
-    s = bench.Stats.of_ns([i * 1_000_000 for i in range(1, 101)])  # 1 .. 100 ms
+    s = bench_report.Stats.of_ns([i * 1_000_000 for i in range(1, 101)])  # 1 .. 100 ms
     assert s.p50 == pytest.approx(50.5)
     assert s.p90 == pytest.approx(90.1)
     assert s.p99 == pytest.approx(99.01)
@@ -121,7 +124,7 @@ def test_every_gear_with_all_comparison_columns(example, spy_runs) -> None:
         assert set(r.samples_ns) == {"execute", "bare", "naive", "dynamic"}
         for name in r.samples_ns:
             assert len(r.samples_ns[name]) == iterations
-            assert getattr(r, name) == bench.Stats.of_ns(r.samples_ns[name])
+            assert getattr(r, name) == bench_report.Stats.of_ns(r.samples_ns[name])
         diffs = np.subtract(r.samples_ns["execute"], r.samples_ns["bare"])
         assert r.overhead_us == pytest.approx(float(np.median(diffs)) / 1e3)
         assert r.speedup_vs_dynamic == pytest.approx(r.dynamic.p50 / r.execute.p50)
@@ -146,7 +149,7 @@ def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> Non
                                threads=1, inputs=example_inputs, progress=False, copy=False)
     assert spy_runs["execute"] and not any(spy_runs["execute"])  # timed as it says: copy=False
     data = json.loads(json.dumps(report.to_dict()))
-    assert data["schema"] == bench.SCHEMA
+    assert data["schema"] == bench_report.SCHEMA
     assert set(data) == {"schema", "context", "memory", "gears"}  # the setup only in context
     ctx = data["context"]
     machine = ctx["machine"]
@@ -164,7 +167,7 @@ def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> Non
     assert model["path"] == str(example.gear.resolve())
     assert model["files"] == [str(example.gear.resolve())]
     assert model["bytes"] == example.gear.stat().st_size
-    assert model["digest"] == bench.files_digest([str(example.gear)])
+    assert model["digest"] == bench_context.files_digest([str(example.gear)])
     assert model["mode"] == "dims" and model["gears"] == [list(g) for g in example.spec.gears]
     for g, r in zip(data["gears"], report.gears, strict=True):
         # every figure once: no copy of execute's statistics at the top level
@@ -182,14 +185,14 @@ def test_model_context_counts_the_data_file(tmp_path) -> None:
     gr.compile(heavy_model(), gr.GearSpec.from_atc(**HEAVY_SPEC), str(path),
                progress=False, external_data=True)
     with gr.load(str(path), backend="null") as model:
-        ctx = bench.model_context(str(path), model)
+        ctx = bench_context.model_context(str(path), model)
     data = Path(f"{path}.data")
     assert ctx["files"] == [str(path), str(data)]
     assert ctx["bytes"] == path.stat().st_size + data.stat().st_size
     blob = bytearray(data.read_bytes())
     blob[-1] ^= 1
     data.write_bytes(bytes(blob))
-    assert bench.files_digest(ctx["files"]) != ctx["digest"]
+    assert bench_context.files_digest(ctx["files"]) != ctx["digest"]
 
 
 def test_progress_bar_only_on_a_terminal(example, capsys, monkeypatch) -> None:
@@ -303,13 +306,13 @@ def figures(monkeypatch):
     """The figures the plot functions save (captured before they are closed)."""
     pytest.importorskip("matplotlib")
     saved = []
-    real = bench.save_figure
+    real = bench_plot.save_figure
 
     def capture(plt, fig, path):
         saved.append(fig)
         return real(plt, fig, path)
 
-    monkeypatch.setattr(bench, "save_figure", capture)
+    monkeypatch.setattr(bench_plot, "save_figure", capture)
     import gear_runtime.tools.bench.compare as bc
 
     monkeypatch.setattr(bc, "save_figure", capture)
@@ -321,36 +324,36 @@ def test_plot_shows_percentiles_and_distributions_on_log_scales(example, tmp_pat
     report = bench.bench_model(str(example.gear), gears="0,1", iterations=6, warmup=0,
                                reference=str(example.model), inputs=example_inputs,
                                progress=False)
-    out = bench.plot_report(report, tmp_path / "latency.png")
+    out = bench_plot.plot_report(report, tmp_path / "latency.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (fig,) = figures
     left, right = fig.axes
     assert left.get_yscale() == right.get_yscale() == "log"
     # left: per runner its p50, p90 and p99 markers at the statistics' values
-    for name in bench.RUNNERS:
+    for name in bench_report.RUNNERS:
         lines = [ln for ln in left.get_lines()
-                 if ln.get_color() == bench.RUNNER_COLORS[name] or ln.get_label() == name]
+                 if ln.get_color() == bench_plot.RUNNER_COLORS[name] or ln.get_label() == name]
         ys = sorted(float(y) for ln in lines for y in ln.get_ydata())
         stats = [getattr(r, name) for r in report.gears]
         want = sorted(getattr(s, q) for s in stats for q in ("p50", "p90", "p99"))
         assert ys == pytest.approx(want), name
     # right: one box per gear and runner, its median the median of the raw times
-    assert len(right.patches) == 2 * len(bench.RUNNERS)
+    assert len(right.patches) == 2 * len(bench_report.RUNNERS)
     medians = sorted(float(ln.get_ydata()[0]) for ln in right.get_lines()
                      if ln.get_gid() == "median")
     want = sorted(float(np.median(r.samples_ns[n])) / 1e6 for r in report.gears
-                  for n in bench.RUNNERS)
+                  for n in bench_report.RUNNERS)
     assert medians == pytest.approx(want)
 
 
 def test_plot_without_matplotlib_names_the_package(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     with pytest.raises(BackendUnavailableError, match="pip install matplotlib"):
-        bench.check_plotting()
+        bench_plot.check_plotting()
 
 
 def test_rss_is_measured() -> None:
-    assert (bench.rss_bytes() or 0) > 10 * 1024 * 1024  # a Python with numpy is above 10 MB
+    assert (bench_context.rss_bytes() or 0) > 10 * 1024 * 1024  # a Python with numpy is above 10 MB
 
 
 # ---- the benchmark scripts (benchmarks/, outside pytest collection) ---------------------------
@@ -466,7 +469,7 @@ def test_bootstrap_interval_covers_the_true_ratio() -> None:
 
 def test_compare_refuses_different_models_and_gear_sets(result) -> None:
     other = copy.deepcopy(result)
-    other["context"]["model"]["digest"] = "xxh3_128:" + "0" * 32
+    other["context"]["model"]["digest"] = f"{bench_context.FILES_DIGEST}:" + "0" * 32
     with pytest.raises(InputError, match="measured different models.*same gear file"):
         bench_compare.compare_results(result, other)
     fewer = copy.deepcopy(result)

@@ -23,6 +23,7 @@ from models import conv_model
 import gear_runtime as gr
 from gear_runtime.cli import app as cli
 from gear_runtime.examples import prefill
+from gear_runtime.tools.bench.context import FILES_DIGEST
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -418,7 +419,7 @@ def test_bench_compare_plot(capsys, results) -> None:
 
 def test_bench_compare_refuses_different_models(capsys, results, tmp_path) -> None:
     data = json.loads(results.before.read_text())
-    data["context"]["model"]["digest"] = "xxh3_128:" + "f" * 32
+    data["context"]["model"]["digest"] = f"{FILES_DIGEST}:" + "f" * 32
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
     code, out, err = run_cli(capsys, "bench", "--compare", results.before, other)

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.errors import InputError
-from gear_runtime.tools.bench.engine import SCHEMA, draw_boxes, log_ms_axis, pyplot, save_figure
+from gear_runtime.tools.bench.plot import draw_boxes, log_ms_axis, pyplot, save_figure
+from gear_runtime.tools.bench.report import SCHEMA
 from gear_runtime.tools.textfmt import format_table
 
 #: Default half-width of the band a ratio must leave to count as a change (5%).

@@ -25,26 +25,30 @@ every runner's raw per-iteration times besides their statistics, so that two run
 compared later (:mod:`gear_runtime.tools.bench.compare`, ``gear-runtime bench --compare``).
 """
 
+
 from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import operator
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gear_runtime.errors import BackendUnavailableError, InputError
-from gear_runtime.tools.textfmt import format_bytes
-from gear_runtime.tools.textfmt import format_table as text_table
+from gear_runtime.errors import InputError
+from gear_runtime.tools.bench.context import (
+    machine_context,
+    model_context,
+    rss_bytes,
+    versions,
+)
+from gear_runtime.tools.bench.report import RUNNERS, BenchReport, GearBench, Stats
 
 if TYPE_CHECKING:
     import onnx
@@ -53,136 +57,6 @@ if TYPE_CHECKING:
     from gear_runtime.runtime.model import GearModel
 
 InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
-
-#: The JSON layout written by :meth:`BenchReport.to_dict` (read back by bench_compare).
-SCHEMA = "gear-runtime-bench/2"
-#: The runners in the order tables, JSON and plots show them.
-RUNNERS = ("execute", "bare", "naive", "dynamic")
-
-
-# ---- statistics -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Stats:
-    """Latency statistics of one runner on one gear, in milliseconds."""
-
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-    min: float
-
-    @classmethod
-    def of_ns(cls, samples_ns: Sequence[int]) -> Stats:
-        """Stats of per-call durations in nanoseconds (at least one sample)."""
-        ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
-        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-        return cls(float(p50), float(p90), float(p99), float(ms.mean()), float(ms.min()))
-
-    def to_dict(self) -> dict[str, float]:
-        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "mean": self.mean,
-                "min": self.min}
-
-
-@dataclass(frozen=True)
-class GearBench:
-    """One gear's results. Times in ms; ``overhead_us`` in microseconds; bytes for memory."""
-
-    gear: int
-    dims: tuple[int, ...]
-    shapes: dict[str, tuple[int, ...]]
-    #: items per run (the batch) in dynamic batch mode; None where no batch dim exists.
-    items: int | None
-    execute: Stats
-    bare: Stats | None
-    overhead_us: float | None
-    naive: Stats | None
-    dynamic: Stats | None
-    #: bytes this gear stages (its inputs + the dims buffer) and returns (its outputs).
-    input_bytes: int
-    output_bytes: int
-    #: per runner, every timed iteration's duration in ns, in the order they ran.
-    samples_ns: dict[str, list[int]] = field(default_factory=dict)
-
-    @property
-    def throughput(self) -> float:
-        """Items/s in batch mode, else runs/s (from the mean latency of ``execute``)."""
-        return (self.items or 1) * 1e3 / self.execute.mean
-
-    @property
-    def throughput_unit(self) -> str:
-        return "items/s" if self.items is not None else "runs/s"
-
-    @property
-    def speedup_vs_dynamic(self) -> float | None:
-        """p50 of the original dynamic model / p50 of execute (> 1: the gear is faster)."""
-        return self.dynamic.p50 / self.execute.p50 if self.dynamic is not None else None
-
-    @property
-    def speedup_vs_naive(self) -> float | None:
-        """p50 of the naive per-input session.run / p50 of execute."""
-        return self.naive.p50 / self.execute.p50 if self.naive is not None else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Each figure once: ``<runner>_ms`` statistics (None where the runner did not run)
-        and ``samples_ns``, the raw per-iteration times of every runner that ran."""
-        def opt(s: Stats | None) -> dict[str, float] | None:
-            return s.to_dict() if s is not None else None
-
-        return {
-            "gear": self.gear,
-            "dims": list(self.dims),
-            "shapes": {n: list(s) for n, s in self.shapes.items()},
-            "items": self.items,
-            "execute_ms": self.execute.to_dict(),
-            "throughput": {"value": self.throughput, "unit": self.throughput_unit},
-            "bare_ms": opt(self.bare),
-            "overhead_us": self.overhead_us,
-            "naive_ms": opt(self.naive),
-            "dynamic_ms": opt(self.dynamic),
-            "speedup_vs_dynamic": self.speedup_vs_dynamic,
-            "speedup_vs_naive": self.speedup_vs_naive,
-            "input_bytes": self.input_bytes,
-            "output_bytes": self.output_bytes,
-            "samples_ns": {k: list(map(int, v)) for k, v in self.samples_ns.items()},
-        }
-
-
-@dataclass
-class BenchReport:
-    """A whole benchmark run: the setup, memory, and one :class:`GearBench` per gear."""
-
-    model: str
-    backend: str
-    mode: str
-    iterations: int
-    warmup: int
-    threads: int | None
-    #: where the dynamic column came from: a file path, "proto", or None.
-    reference: str | None
-    rss_after_load_bytes: int | None
-    staging_bytes: int
-    output_buffer_bytes: int
-    gears: list[GearBench] = field(default_factory=list)
-    #: execute(copy=...): True returns outputs the caller keeps, False views (no copy).
-    copy: bool = True
-    #: machine, settings, versions and model of the run (see :func:`run_context`).
-    context: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: ``schema``, ``context`` (the setup lives there only), ``memory``
-        and ``gears``."""
-        return {
-            "schema": SCHEMA,
-            "context": self.context,
-            "memory": {"rss_after_load_bytes": self.rss_after_load_bytes,
-                       "executor_staging_bytes": self.staging_bytes,
-                       "executor_output_bytes": self.output_buffer_bytes},
-            "gears": [g.to_dict() for g in self.gears],
-        }
-
-    def table(self) -> str:
-        """The human table: one row per gear, then the memory and setup lines."""
-        return format_table(self)
 
 
 # ---- what the comparison columns run -----------------------------------------------------------
@@ -217,7 +91,7 @@ def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
                     providers=backend.execution_providers, path=backend.gear_file_path)
 
 
-# ---- inputs and memory ------------------------------------------------------------------------
+# ---- inputs -----------------------------------------------------------------------------------
 def default_inputs(model: GearModel, gear: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Generic valid-looking inputs for any gear model: floats standard normal (seeded),
     integers 1 (a valid index into any table of two or more rows, and a mask of ones),
@@ -233,93 +107,6 @@ def default_inputs(model: GearModel, gear: int, seed: int = 0) -> dict[str, np.n
         else:  # ints and bools
             out[name] = np.ones(shapes[name], dtype=dt)
     return out
-
-
-def rss_bytes() -> int | None:
-    """Resident set size of this process (psutil when installed, else /proc), or None."""
-    try:
-        import psutil
-    except ImportError:
-        psutil = None
-    if psutil is not None:
-        return int(psutil.Process().memory_info().rss)
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-# ---- the context of a run ---------------------------------------------------------------------
-def machine_context() -> dict[str, Any]:
-    """The machine now: CPU model, logical cores (all, and those this process may use), the
-    1/5/15-minute load average (None where the OS has none) and the platform."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = None
-    with contextlib.suppress(OSError, AttributeError):
-        load = [round(x, 2) for x in os.getloadavg()]
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
-            "load_average": load, "platform": platform.platform()}
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what platform knows."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8",
-                                             errors="replace") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def versions() -> dict[str, str | None]:
-    """Versions of what the timings depend on (None: not installed)."""
-    from gear_runtime.version import __version__
-
-    ort_version = None
-    with contextlib.suppress(ImportError):
-        import onnxruntime
-
-        ort_version = onnxruntime.__version__
-    return {"gear_runtime": __version__, "onnxruntime": ort_version, "numpy": np.__version__,
-            "python": platform.python_version()}
-
-
-def model_files(path: str) -> list[str]:
-    """The gear file and the data files it names (absolute paths, in a fixed order)."""
-    from gear_runtime.gearfile.reader import read_gear_file
-
-    return [os.path.abspath(f) for f in read_gear_file(path).files]
-
-
-def files_digest(files: Sequence[str]) -> str:
-    """A fast digest of the files' bytes, prefixed with its algorithm: ``xxh3_128:<hex>``
-    when xxhash is installed, else ``blake2b:<hex>``. Each file's length goes in first, so
-    moving bytes from one file to the next changes the digest."""
-    try:
-        import xxhash
-
-        h: Any = xxhash.xxh3_128()
-        name = "xxh3_128"
-    except ImportError:
-        h, name = hashlib.blake2b(digest_size=16), "blake2b"
-    for f in files:
-        h.update(os.path.getsize(f).to_bytes(8, "little"))
-        with open(f, "rb") as src:
-            while chunk := src.read(1 << 22):
-                h.update(chunk)
-    return f"{name}:{h.hexdigest()}"
-
-
-def model_context(path: str | None, model: GearModel) -> dict[str, Any]:
-    """What identifies the model: path, files, total bytes, digest, mode and gears (path,
-    files, bytes and digest None when the gear file is not known)."""
-    files = model_files(path) if path is not None and os.path.isfile(path) else None
-    return {"path": os.path.abspath(path) if path is not None else None, "files": files,
-            "bytes": sum(os.path.getsize(f) for f in files) if files else None,
-            "digest": files_digest(files) if files else None, "mode": model.mode,
-            "gears": [list(g) for g in model.gears]}
 
 
 def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
@@ -532,208 +319,5 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                      samples_ns={n: samples[n] for n in RUNNERS if n in samples})
 
 
-# ---- output -------------------------------------------------------------------------------------
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_table(report: BenchReport) -> str:
-    """Fixed-width table: latency percentiles, throughput, overhead, comparison columns."""
-    header = ["gear", "dims", "p50 ms", "p90 ms", "p99 ms", "throughput", "bare p50",
-              "overhead us", "naive p50", "x naive", "dynamic p50", "x dynamic"]
-    rows = [header]
-    for r in report.gears:
-        rows.append([
-            str(r.gear), ",".join(map(str, r.dims)),
-            _fmt(r.execute.p50, ".3f"), _fmt(r.execute.p90, ".3f"), _fmt(r.execute.p99, ".3f"),
-            f"{r.throughput:,.0f} {r.throughput_unit}",
-            _fmt(r.bare.p50 if r.bare else None, ".3f"), _fmt(r.overhead_us, ".1f"),
-            _fmt(r.naive.p50 if r.naive else None, ".3f"), _fmt(r.speedup_vs_naive, ".2f"),
-            _fmt(r.dynamic.p50 if r.dynamic else None, ".3f"),
-            _fmt(r.speedup_vs_dynamic, ".2f"),
-        ])
-    lines = text_table(rows, right=lambda c: c >= 2, rule=True)
-    threads = report.threads if report.threads is not None else "ORT default"
-    lines += [
-        "",
-        f"model: {report.model} ({report.backend}, {report.mode} mode), "
-        f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
-        *column_notes(report.copy, report.reference),
-        f"memory: process RSS after load {format_bytes(report.rss_after_load_bytes)}; executor "
-        f"staging {format_bytes(report.staging_bytes)} + outputs "
-        f"{format_bytes(report.output_buffer_bytes)}",
-    ]
-    return "\n".join(lines)
-
-
-def column_notes(copy: bool, reference: str | None) -> list[str]:
-    """What each column of the table includes: the lines printed under it."""
-    if copy:
-        execute = ("execute(copy=True) = gear match + input staging + backend run + outputs "
-                   "returned in arrays the caller keeps")
-        overhead = "includes the output copy (without it: --no-copy)"
-    else:
-        execute = ("execute(copy=False) = gear match + input staging + backend run; outputs "
-                   "are views of the executor's buffers")
-        overhead = "no output copy"
-    return [
-        f"{execute}; p50/p90/p99 and throughput are of execute",
-        "bare = the backend's run of the same gear on the executor's pre-bound buffers "
-        "(no staging, no copy)",
-        f"overhead us = median over iterations of (execute - bare): {overhead}",
-        "naive = session.run(None, feeds) on the model's session; dynamic = ONNX Runtime on the "
-        f"original dynamic model ({reference or 'not known: pass --reference'}); "
-        "x = their p50 / execute p50",
-    ]
-
-
-#: One colour per runner, the same in every plot.
-RUNNER_COLORS = {"execute": "tab:blue", "bare": "tab:green", "naive": "tab:orange",
-                 "dynamic": "tab:red"}
-
-
-def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
-    """Write a PNG of two panels, both on a log latency scale so that slow outliers do not
-    flatten fast gears: left, per gear and runner the median (dot) with its p90 (bar) and p99
-    (cross) markers; right, the distribution of every iteration per gear and runner (box:
-    quartiles; whiskers: p5-p95; beyond them each iteration as a dot).
-
-    Raises BackendUnavailableError naming the package when matplotlib is not installed, and
-    InputError when the file cannot be written.
-    """
-    plt = pyplot()
-    runners = [n for n in RUNNERS if all(getattr(r, n) is not None for r in report.gears)]
-    labels = [f"{r.gear}: {','.join(map(str, r.dims))}" for r in report.gears]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(11.0, 2.4 * len(labels) + 4), 4.8))
-    x = np.arange(len(labels))
-    width = 0.8 / len(runners)
-    for k, name in enumerate(runners):
-        pos = x + (k - (len(runners) - 1) / 2) * width
-        _percentile_markers(left, pos, [getattr(r, name) for r in report.gears], name)
-        samples = [np.asarray(r.samples_ns.get(name, []), dtype=np.float64) / 1e6
-                   for r in report.gears]
-        if all(len(v) for v in samples):
-            draw_boxes(right, pos, samples, width * 0.85, RUNNER_COLORS[name])
-    for ax in (left, right):
-        log_ms_axis(ax)
-        ax.set_xticks(x, labels, rotation=20 if len(labels) > 4 else 0)
-        ax.set_xlabel("gear: dynamic dims")
-        ax.grid(axis="y", which="both", alpha=0.3)
-    left.set_ylabel("latency ms (log)")
-    left.set_title("median (dot), p90 (bar), p99 (cross)")
-    right.set_title("every iteration: box p25-p75, whiskers p5-p95")
-    _runner_legend(left, runners)
-    fig.suptitle(_report_title(report), fontsize=10)
-    fig.tight_layout()
-    return save_figure(plt, fig, path)
-
-
-def _percentile_markers(ax: Any, pos: np.ndarray, stats: Sequence[Stats], name: str) -> None:
-    """Median, p90 and p99 of one runner per gear, joined by a thin line (median to p99)."""
-    color = RUNNER_COLORS[name]
-    p50, p90, p99 = (np.array([getattr(s, q) for s in stats]) for q in ("p50", "p90", "p99"))
-    ax.vlines(pos, p50, p99, colors=color, linewidth=1, alpha=0.6)
-    ax.plot(pos, p50, "o", color=color, markersize=7, label=name)
-    ax.plot(pos, p90, "_", color=color, markersize=14, markeredgewidth=2)
-    ax.plot(pos, p99, "x", color=color, markersize=7)
-
-
-def draw_boxes(ax: Any, pos: np.ndarray, samples: Sequence[np.ndarray], width: float,
-           color: str) -> None:
-    """One box per gear of every iteration's latency (whiskers p5-p95, outliers as dots)."""
-    parts = ax.boxplot(samples, positions=pos, widths=width, whis=(5, 95), patch_artist=True,
-                       manage_ticks=False, flierprops={"marker": ".", "markersize": 3,
-                                                       "markerfacecolor": color,
-                                                       "markeredgecolor": color, "alpha": 0.5},
-                       medianprops={"color": "black", "linewidth": 1.5})
-    for box in parts["boxes"]:
-        box.set_facecolor(color)
-        box.set_alpha(0.55)
-    for line in parts["medians"]:
-        line.set_gid("median")
-
-
-def log_ms_axis(ax: Any) -> None:
-    """A log latency axis labelled in plain numbers at 1-2-5 steps (0.1, 0.2, 0.5, 1 ...):
-    matplotlib's default labels only the powers of ten, often one or none in range."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
-
-def _runner_legend(ax: Any, runners: Sequence[str]) -> None:
-    from matplotlib.lines import Line2D
-
-    handles = [Line2D([], [], color=RUNNER_COLORS[n], marker="o", linestyle="", label=n)
-               for n in runners]
-    handles += [Line2D([], [], color="gray", marker=m, linestyle="", markersize=s, label=q,
-                       markeredgewidth=2 if m == "_" else 1)
-                for m, s, q in (("o", 7, "p50"), ("_", 14, "p90"), ("x", 7, "p99"))]
-    ax.legend(handles=handles, fontsize=8, ncol=2)
-
-
-def _report_title(report: BenchReport) -> str:
-    machine = report.context.get("machine", {})
-    threads = report.threads if report.threads is not None else "ORT default"
-    return (f"gear-runtime bench: {Path(report.model).name} ({report.backend}), "
-            f"{report.iterations} iterations, threads {threads}, copy={report.copy}"
-            + (f"\n{machine.get('cpu')}, {machine.get('usable_cores')} cores"
-               if machine else ""))
-
-
-def save_figure(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``fig`` as a PNG at ``path`` and close it; InputError when it cannot be written."""
-    out = Path(path)
-    try:
-        fig.savefig(out, format="png", dpi=100)
-    except OSError as exc:
-        raise InputError(f"cannot write the plot to {os.fspath(out)!r}: {exc}") from None
-    finally:
-        plt.close(fig)
-    return out
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or a clear error naming what to install."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise BackendUnavailableError(
-            "--plot needs matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install 'gear_runtime[plot]')") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def check_plotting() -> None:
-    """Raise the missing-matplotlib error now (before a long benchmark), else nothing."""
-    pyplot()
-
-
-__all__ = [
-    "BenchReport",
-    "GearBench",
-    "Stats",
-    "bench_model",
-    "check_plotting",
-    "default_inputs",
-    "column_notes",
-    "draw_boxes",
-    "log_ms_axis",
-    "files_digest",
-    "format_table",
-    "machine_context",
-    "model_context",
-    "parse_gears",
-    "plot_report",
-    "progress_bar",
-    "pyplot",
-    "rss_bytes",
-    "save_figure",
-    "versions",
-]
+__all__ = ["InputsFn", "bench_model", "default_inputs", "parse_gears", "progress_bar",
+           "stderr_is_terminal"]

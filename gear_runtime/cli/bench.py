@@ -1,0 +1,126 @@
+"""``gear-runtime bench``: benchmark a gear file gear by gear, or compare two results
+(``--compare``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gear_runtime.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    PROG,
+    UsageError,
+    backends_help,
+    check_output_file,
+    existing_file,
+    float_at_least,
+    int_at_least,
+)
+from gear_runtime.errors import InputError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``bench`` command's flags."""
+    p = sub.add_parser("bench", help="per-gear latency, throughput, overhead and memory",
+                       description="Benchmark every gear: execute vs the backend's bare run, "
+                       "the naive per-input session.run and the original dynamic model. With "
+                       "--compare: compare two --json results of the same model instead "
+                       "(exit 1 with --fail-on-regression PCT when a gear got slower).")
+    p.add_argument("file", metavar="FILE", nargs="?",
+                   help="a gear file written by compile (not with --compare)")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
+                   help="compare two bench --json results, gear by gear (ratio of execute "
+                   "medians with a bootstrap 95%% CI); --plot draws the comparison")
+    p.add_argument("--fail-on-regression", type=float_at_least(0), metavar="PCT",
+                   help="with --compare: exit 1 when a gear is slower beyond noise and its "
+                   "median grew by more than PCT percent")
+    p.add_argument("--noise", type=float_at_least(0), default=5.0, metavar="PCT",
+                   help="with --compare: the run-to-run noise band in percent; a gear is "
+                   "faster / slower only when its whole CI is beyond it (default 5)")
+    p.add_argument("--no-copy", action="store_true",
+                   help="time execute(copy=False): outputs as views, no output copy "
+                   "(default: copy=True, what execute returns by default)")
+    p.add_argument("--gears", default="all", metavar="0,2|all",
+                   help="gear indices to benchmark (default all)")
+    p.add_argument("--iterations", type=int_at_least(1), default=100, metavar="N",
+                   help="timed runs per gear (default 100)")
+    p.add_argument("--warmup", type=int_at_least(0), default=10, metavar="N",
+                   help="untimed runs per gear first (default 10)")
+    p.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
+                   help="ORT intra-op threads of every session (default: ORT's)")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a latency plot (needs matplotlib)")
+    p.add_argument("--reference", metavar="ORIGINAL.onnx",
+                   help="the original dynamic model, for the dynamic-model comparison")
+    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from gear_runtime.tools.bench.engine import bench_model
+    from gear_runtime.tools.bench.plot import check_plotting, plot_report
+
+    if args.compare is not None:
+        return _bench_compare(args)
+    if args.file is None:
+        raise UsageError("give a gear FILE to benchmark, or --compare BEFORE.json AFTER.json")
+    if args.fail_on_regression is not None:
+        raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
+    existing_file(args.file, "gear file")
+    if args.reference is not None:
+        existing_file(args.reference, "reference model")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            check_output_file(flag, path)  # fail now, not after the benchmark
+    if args.plot is not None:
+        check_plotting()
+    report = bench_model(args.file, gears=args.gears, iterations=args.iterations,
+                         warmup=args.warmup, threads=args.threads, reference=args.reference,
+                         backend=args.backend, progress=not args.no_progress,
+                         copy=not args.no_copy)
+    print(report.table())
+    if args.json is not None:
+        try:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n",
+                                       encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--json {args.json!r} cannot be written: {exc}") from None
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        print(f"wrote {plot_report(report, args.plot)}")
+    return EXIT_OK
+
+
+def _bench_compare(args: argparse.Namespace) -> int:
+    """``bench --compare``: the table on stdout, warnings on stderr; exit 1 when
+    ``--fail-on-regression`` finds a gear slower beyond noise and the threshold."""
+    from gear_runtime.tools.bench import compare as bench_compare
+    from gear_runtime.tools.bench.plot import check_plotting
+
+    if args.file is not None:
+        raise UsageError(f"--compare compares two results; drop the gear file {args.file!r}")
+    if args.plot is not None:
+        check_output_file("--plot", args.plot)
+        check_plotting()
+    before_path, after_path = args.compare
+    before = bench_compare.load_result(before_path)
+    after = bench_compare.load_result(after_path)
+    cmp = bench_compare.compare_results(before, after, noise=args.noise / 100,
+                                        names=(before_path, after_path))
+    for line in cmp.warnings:
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    print(cmp.table())
+    if args.plot is not None:
+        print(f"wrote {bench_compare.plot_comparison(cmp, before, after, args.plot)}")
+    if args.fail_on_regression is not None:
+        slow = cmp.regressions(args.fail_on_regression)
+        if slow:
+            print(f"regression: {len(slow)} gear(s) slower by more than "
+                  f"{args.fail_on_regression:g}%: " + "; ".join(
+                      f"gear {d.gear} {d.change_pct:+.1f}%" for d in slow))
+            return EXIT_FAILED
+    return EXIT_OK
