@@ -273,6 +273,23 @@ def test_other_backends_get_no_comparison_columns(example) -> None:
     assert report.backend == "null"
 
 
+def test_bench_hooks_are_an_optional_protocol_only_ort_offers(example) -> None:
+    """The backend interface carries no benchmark hooks; the ORT backend offers them as the
+    protocols of backends/bench_hooks.py, which the bench checks with isinstance."""
+    from gear_runtime.backends.base import BackendModel, BackendSession
+    from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
+
+    hooks = {"run_bound", "has_bare_run", "output_nbytes", "naive_run", "has_naive_run",
+             "execution_providers", "gear_file_path"}
+    assert not hooks & (set(dir(BackendModel)) | set(dir(BackendSession)))
+    with gr.load(str(example.gear)) as model, model.create_executor() as ex:
+        assert isinstance(model.backend_model, BenchModel)
+        assert isinstance(ex.session, BenchSession)
+    with gr.load(str(example.gear), backend="null") as model, model.create_executor() as ex:
+        assert not isinstance(model.backend_model, BenchModel)
+        assert not isinstance(ex.session, BenchSession)
+
+
 @pytest.mark.parametrize("given", ["path", "model"])
 def test_closes_what_it_opened(example, monkeypatch, given) -> None:
     """The executor it creates is closed; the model only when it loaded it (the caller's

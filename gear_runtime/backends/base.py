@@ -7,11 +7,12 @@ a session only owns device-side state and runs what was staged:
 
     session.staging           # host buffer the core stages every input (and the dims) into
     session.run_gear(g)       # move the merged region to the device in ONE copy, run gear g
-    session.run_bound(g)      # the bare backend run of gear g (benchmarks' floor)
     session.run_dynamic(xs)   # hybrid mode: a miss runs the dynamic-shape graph
     session.run_sink(xs)      # GetNext-sink mode: the device computes the dims, read back
 
 Every backend call that fails raises :class:`gear_runtime.errors.BackendError` naming the call.
+What benchmarks compare with (a bare run, a naive run) is no part of this interface: a backend
+that offers it implements the optional protocols of :mod:`gear_runtime.backends.bench_hooks`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -51,23 +52,6 @@ class BackendSession(ABC):
         Backends that can run straight into fresh arrays override this to save the copy."""
         return [o.copy() for o in self.run_gear(gear)]
 
-    def run_bound(self, gear: int) -> None:
-        """The backend's bare run of gear ``gear`` on what is staged and bound, without the
-        host/device copies around it: what benchmarks time as the floor under ``run_gear``.
-        Backends without such a split run the whole gear."""
-        self.run_gear(gear)
-
-    @property
-    def has_bare_run(self) -> bool:
-        """Whether :meth:`run_bound` is a run of its own, lighter than :meth:`run_gear`
-        (benchmarks time it as the floor only then)."""
-        return False
-
-    def output_nbytes(self) -> int | None:
-        """Bytes of the output buffers this session holds, where the backend knows them;
-        None otherwise (benchmarks then count each output at its largest gear)."""
-        return None
-
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss)."""
         raise BackendError(f"backend {type(self).__name__} has no dynamic-shape graph")
@@ -92,24 +76,6 @@ class BackendModel(ABC):
     #: with them; ``fusion_size`` always comes from the user's ``input_fusion_size``. Empty:
     #: plan_layout's defaults (GE's packed staging). Read-only: never mutate it.
     layout_options: ClassVar[dict[str, int]] = {}
-    #: The gear file the model was loaded from; None where the backend loads another format.
-    gear_file_path: str | None = None
-
-    @property
-    def execution_providers(self) -> list[str] | None:
-        """The execution providers in use (ONNX Runtime's names); None on other backends."""
-        return None
-
-    @property
-    def has_naive_run(self) -> bool:
-        """Whether :meth:`naive_run` exists on this backend and model."""
-        return False
-
-    def naive_run(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        """The naive way to serve a gear, for benchmarks to compare with: the model's own
-        runtime fed from Python (``feeds``: input name -> array), outputs allocated by it.
-        BackendError where there is none (:attr:`has_naive_run`)."""
-        raise BackendError(f"backend {self.name!r} has no naive run")
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:

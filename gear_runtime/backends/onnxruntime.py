@@ -34,6 +34,7 @@ import numpy as np
 import onnxruntime as ort
 
 from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
+from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.backends.onnxruntime_cuda import (
     CUDA,
     GRAPH_ID_KEY,
@@ -87,8 +88,9 @@ def check_providers(providers: Sequence[Any] | None) -> list[str]:
     return names
 
 
-class OrtModel(BackendModel):
-    """ONE ORT session over the gear file's source graph (or its sink graph)."""
+class OrtModel(BackendModel, BenchModel):
+    """ONE ORT session over the gear file's source graph (or its sink graph). Offers the
+    benchmark hooks (:class:`~gear_runtime.backends.bench_hooks.BenchModel`)."""
 
     name = "onnxruntime"
 
@@ -179,8 +181,9 @@ class OrtModel(BackendModel):
         self.session = None
 
 
-class OrtSession(BackendSession):
-    """Per-executor bindings: every gear pre-bound to staging offsets and output buffers."""
+class OrtSession(BackendSession, BenchSession):
+    """Per-executor bindings: every gear pre-bound to staging offsets and output buffers.
+    Offers the bare run (:class:`~gear_runtime.backends.bench_hooks.BenchSession`)."""
 
     def __init__(self, model: OrtModel, layout: Any) -> None:
         self.model = model
@@ -271,7 +274,7 @@ class OrtSession(BackendSession):
     def has_bare_run(self) -> bool:
         return bool(self._bindings)  # a sink file has no pre-bound gears
 
-    def output_nbytes(self) -> int | None:
+    def output_nbytes(self) -> int:
         """Bytes of the preallocated output buffers (each output at its largest gear)."""
         return int(sum(b.nbytes for b in self._out_buffers))
 

@@ -436,8 +436,9 @@ class Executor:
 
     @property
     def session(self) -> BackendSession:
-        """This executor's backend session (read-only): what benchmarks time as the bare run
-        (:meth:`BackendSession.run_bound`); running it directly bypasses the executor."""
+        """This executor's backend session (read-only). Where it offers the optional bare run
+        (:class:`gear_runtime.backends.bench_hooks.BenchSession`), benchmarks time it as the
+        floor under ``execute``; running it directly bypasses the executor."""
         return self._session
 
 

@@ -156,8 +156,9 @@ class GearModel:
 
     @property
     def backend_model(self) -> BackendModel:
-        """The backend's model (read-only): its public extras (``execution_providers``,
-        ``naive_run``, ``gear_file_path``) are what benchmarks compare with."""
+        """The backend's model (read-only). Where it offers the optional benchmark hooks
+        (:class:`gear_runtime.backends.bench_hooks.BenchModel`), benchmarks compare with
+        them."""
         return self._backend
 
     @property

@@ -5,7 +5,7 @@ For every gear it measures, in the same run and on the same inputs:
 * ``execute``: what a service calls: ``Executor.execute(inputs)`` (dims derived from the
   inputs' shapes, exact match, merged staging, run, outputs copied out);
 * ``bare``: the backend's own run of the same gear on the executor's pre-bound buffers
-  (``BackendSession.run_bound``: no staging, no matching, no output copy). ``execute - bare``
+  (``BenchSession.run_bound``: no staging, no matching, no output copy). ``execute - bare``
   is the runtime's own overhead per call;
 * ``naive``: the naive way to serve a gear: ``session.run(None, feeds)`` on the model's own
   ORT session, each input fed separately from Python, outputs allocated by ORT;
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.errors import InputError
 from gear_runtime.tools.bench.context import (
     machine_context,
@@ -76,19 +77,24 @@ class _Handles:
 
 def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
     """The comparison columns, from public interfaces only: ``bare_run(g)`` is the executor's
-    session's :meth:`BackendSession.run_bound` (the pre-bound backend run ``execute`` wraps)
-    where the backend has such a split; ``naive_run(feeds)`` is
-    :meth:`BackendModel.naive_run` (the model's own runtime, fed from Python). Backends
-    without them, and sink files, get no bare / naive columns."""
+    session's :meth:`BenchSession.run_bound` (the pre-bound backend run ``execute`` wraps)
+    and ``naive_run(feeds)`` :meth:`BenchModel.naive_run` (the model's own runtime, fed from
+    Python), where the backend offers these optional hooks
+    (:mod:`gear_runtime.backends.bench_hooks`). Backends without them, and sink files, get
+    no bare / naive columns."""
     session, backend = executor.session, model.backend_model
-    output_bytes = session.output_nbytes()
-    if output_bytes is None:  # what any backend must hold at least: each output at its largest
+    hooks = session if isinstance(session, BenchSession) else None
+    extras = backend if isinstance(backend, BenchModel) else None
+    if hooks is not None:
+        output_bytes = hooks.output_nbytes()
+    else:  # what any backend must hold at least: each output at its largest gear
         output_bytes = sum(max(model.output_size(g, k) for g in range(model.gear_count))
                            for k in range(len(model.output_names)))
-    return _Handles(bare_run=session.run_bound if session.has_bare_run else None,
-                    naive_run=backend.naive_run if backend.has_naive_run else None,
+    return _Handles(bare_run=hooks.run_bound if hooks and hooks.has_bare_run else None,
+                    naive_run=extras.naive_run if extras and extras.has_naive_run else None,
                     staging_bytes=int(session.staging.nbytes), output_buffer_bytes=output_bytes,
-                    providers=backend.execution_providers, path=backend.gear_file_path)
+                    providers=extras.execution_providers if extras else None,
+                    path=extras.gear_file_path if extras else None)
 
 
 # ---- inputs -----------------------------------------------------------------------------------
