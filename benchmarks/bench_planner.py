@@ -25,7 +25,7 @@ import onnx
 
 import gear_runtime as gr
 from gear_runtime.examples import prefill
-from gear_runtime.tools.plan.search import (
+from gear_runtime.tools.plan import (
     elements_cost,
     evaluate,
     ladder_sizes,

@@ -87,7 +87,7 @@ def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime`
 
         return check_padding
     if name == "plan_gears":
-        from gear_runtime.tools.plan.search import plan_gears
+        from gear_runtime.tools.plan import plan_gears
 
         return plan_gears
     raise AttributeError(f"module 'gear_runtime' has no attribute {name!r}")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import gear_runtime as gr
-from gear_runtime.tools.plan import search as planner
 from gear_runtime.cli import main
 from gear_runtime.errors import InputError
-from gear_runtime.tools.plan.search import LatencyCurve, evaluate, plan_gears, structure_of
+from gear_runtime.tools.plan import LatencyCurve, evaluate, plan_gears, structure_of
+from gear_runtime.tools.plan import search as planner
 
 
 def brute_force(requests: np.ndarray, max_gears: int, cost) -> float:

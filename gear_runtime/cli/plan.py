@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from gear_runtime.tools.plan.search import run_plan
+    from gear_runtime.tools.plan.command import run_plan
 
     existing_file(args.model, "model", InputError)
     existing_file(args.trace, "trace", InputError)
