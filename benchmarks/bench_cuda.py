@@ -13,7 +13,9 @@ weights, in a data file beside the gear file), gears seq 32 / 128 / 512 / 1024 (
 the tiny built-in example). Three columns per gear, interleaved per iteration in a shuffled
 order in ONE process: ``execute`` without graphs, ``execute`` with one CUDA graph per gear,
 and a plain ORT CUDA session of the source model (``session.run`` on host arrays: it copies
-inputs in and outputs out, as ``execute`` does). Not yet run: no GPU was lent to the sessions
+inputs in and outputs out, as ``execute`` does). Before the table: per executor, its device
+arenas (one per executor, sized to its largest gear), whether the input arena is views of one
+allocation, whether the host staging is pinned. Not yet run: no GPU was lent to the sessions
 that wrote it.
 """
 
@@ -35,6 +37,16 @@ from bench_scale import interleaved  # noqa: E402  (the sibling script, one timi
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 SEQS = (32, 128, 512, 1024)
+
+
+def device_facts(ex) -> str:
+    """What an executor holds on the device: arena bytes (one per executor, sized to its
+    largest gear), whether the arena is shared views, whether the host staging is pinned."""
+    session = ex.session
+    staging = session._device
+    return (f"device arenas {staging.nbytes / 2**20:.2f} MiB (inputs shared: "
+            f"{staging.inputs.shared}), host staging pinned: {session.staging_pinned}, "
+            f"graphs: {session.model.cuda_graph}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_ex = gr.load(path, providers=CUDA).create_executor()
         graph_ex = gr.load(path, providers=CUDA, cuda_graph=True).create_executor()
         ref = ort.InferenceSession(str(source), providers=CUDA)
+        devices = [(name, device_facts(ex)) for name, ex in (("no graph", plain_ex),
+                                                             ("graph", graph_ex))]
         rows = []
         for g, dims in enumerate(spec.gears):
             feeds = prefill.example_inputs(spec, g, seed=g, vocab=vocab)
@@ -84,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append((g, dims, *p50))
     print(f"prefill model, {weights / 2**20:.0f} MB of weights, ORT {ort.__version__}, "
           f"{ort.get_device()}")
+    for name, facts in devices:
+        print(f"{name}: {facts}")
     print(f"{'gear':<5}{'dims':<19}{'no graph ms':>12}{'graph ms':>10}{'ORT CUDA ms':>12}"
           f"{'graph/no':>10}{'graph/ORT':>10}")
     for g, dims, plain, graph, ref_t in rows:

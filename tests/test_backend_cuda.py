@@ -95,3 +95,59 @@ def test_a_graph_executor_refuses_another_thread(tmp_path: Path) -> None:
     t.join()
     assert len(errors) == 1 and isinstance(errors[0], gr.BackendError)
     assert "thread that created it" in str(errors[0])
+
+
+def test_an_executor_holds_one_arena_of_its_largest_gear_on_the_gpu(tmp_path: Path) -> None:
+    """The inputs' device arena is views of ONE allocation on this ORT (else each gear would
+    get buffers of its own: correct, but memory would be the sum over gears)."""
+    original, spec, path = _heavy(tmp_path)
+    model = gr.load(path, providers=CUDA, cuda_graph=True)
+    ex = model.create_executor()
+    staging = ex.session._device
+    assert staging.inputs.shared, "OrtValue.from_dlpack views do not work on this ORT"
+    assert staging.inputs.value.tensor_size_in_bytes() == model.layout.total_bytes
+    for g in range(spec.gear_count):  # every gear's graph reads the same addresses
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        for a, b in zip(ex.execute(feeds), run_model(original, feeds), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_pinned_staging_where_the_provider_offers_it(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    original, spec, path = _heavy(tmp_path)
+    ex = gr.load(path, providers=CUDA).create_executor()
+    offers = hasattr(ort, "OrtDeviceMemoryType") and any(
+        d.ep_name == "CUDAExecutionProvider" for d in ort.get_ep_devices())
+    assert ex.session.staging_pinned == offers
+    assert ex.session.staging.ctypes.data % 64 == 0
+    feeds = random_inputs(original, spec.shapes(1), seed=1)
+    for a, b in zip(ex.execute(feeds), run_model(original, feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_control_flow_under_cuda_graph_runs_without_graphs_and_right(tmp_path: Path) -> None:
+    from models import control_flow_model
+
+    original = control_flow_model()
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
+    path = gr.compile(original, spec, str(tmp_path / "cf.gear.onnx"), progress=False)
+    with pytest.warns(RuntimeWarning, match="runs without CUDA graphs"):
+        model = gr.load(path, providers=CUDA, cuda_graph=True)
+    ex = model.create_executor()
+    for seed in range(3):
+        feeds = random_inputs(original, spec.shapes(1), seed=seed)
+        for a, b in zip(ex.execute(feeds), run_model(original, feeds), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_graphs_closed_on_their_thread_are_released(tmp_path: Path) -> None:
+    original, spec, path = _heavy(tmp_path)
+    model = gr.load(path, providers=CUDA, cuda_graph=True)
+    ex = model.create_executor()
+    ex.close()
+    assert ex.session.graphs_left == 0
+    again = model.create_executor()  # new ids, captured anew after the release
+    feeds = random_inputs(original, spec.shapes(0))
+    for a, b in zip(again.execute(feeds), run_model(original, feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)

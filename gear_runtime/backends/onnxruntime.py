@@ -27,14 +27,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
+from gear_runtime.backends.capture_check import capture_hazards
 from gear_runtime.backends.onnxruntime_cuda import (
     CUDA,
     GRAPH_ID_KEY,
@@ -43,9 +46,11 @@ from gear_runtime.backends.onnxruntime_cuda import (
     cuda_exclusive,
     cuda_shared,
     gpu_present,
+    is_capture_refusal,
+    pinned_staging,
     provider_list,
 )
-from gear_runtime.errors import BackendError
+from gear_runtime.errors import BackendError, BackendUnavailableError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
 
@@ -56,22 +61,58 @@ EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 #: straight into fresh arrays bound for that one run (an extra bind costs ~2 us; copying
 #: 32 MB of logits costs ~6 ms, 2.5% of a 1024-token prefill); smaller ones are copied.
 FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
+#: The oldest ONNX Runtime with everything this backend uses: EXTERNAL_FOLDER_KEY (a gear file
+#: with a data file does not load without it) came in 1.21.0 (ORT PR 23557), ``gpu_graph_id``
+#: (one CUDA graph per gear, else every gear replays the first one's) in 1.18.0 (PR 19636).
+#: Checked in the wheels' own binaries (docs/cuda.md); pyproject.toml states the same floor.
+ORT_FLOOR = (1, 21, 0)
 
 
 def open_model(path: str, providers: Sequence[Any] | None = None, *,
-               cuda_graph: bool = False, device_id: int = 0,
-               intra_op_num_threads: int | None = None,
+               cuda_graph: bool = False, cuda_graph_fallback: bool = True,
+               device_id: int = 0, intra_op_num_threads: int | None = None,
                session_config: dict[str, str] | None = None) -> OrtModel:
     """Load a gear file made by ``gear_runtime.compile``.
 
     ``providers``: ORT execution providers (default CPU). Asking for CUDA needs
     onnxruntime-gpu and a GPU; ``device_id`` is passed to the CUDA provider's options (a
     conflicting ``device_id`` there is refused); ``cuda_graph=True`` captures one CUDA graph
-    per (executor, gear). ``session_config``: extra ORT session config entries.
+    per (executor, gear). A model CUDA graphs cannot run right (control flow, an input's value
+    feeding a shape computation, nodes ORT puts on the CPU: :mod:`.capture_check`) runs
+    without graphs and a RuntimeWarning says why (``cuda_graph_fallback=True``, the default),
+    or is refused with a BackendError (``cuda_graph_fallback=False``); either way no output is
+    ever computed by a graph that froze a value. ``session_config``: extra ORT session config
+    entries. BackendUnavailableError when the installed onnxruntime is older than ORT_FLOOR.
     """
     return OrtModel(read_gear_file(path), providers=providers, cuda_graph=cuda_graph,
                     device_id=device_id, intra_op_num_threads=intra_op_num_threads,
-                    session_config=session_config)
+                    session_config=session_config, cuda_graph_fallback=cuda_graph_fallback)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "1.22.0.dev20250101" -> (1, 22, 0)."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(numbers)
+
+
+def check_ort_version(version: str | None = None) -> None:
+    """BackendUnavailableError naming the installed and the needed version unless
+    ``version`` (default: the installed onnxruntime's) is at least :data:`ORT_FLOOR`."""
+    installed = ort.__version__ if version is None else version
+    if version_tuple(installed) < ORT_FLOOR:
+        need = ".".join(map(str, ORT_FLOOR))
+        raise BackendUnavailableError(
+            f"onnxruntime {installed} is installed; the onnxruntime backend needs "
+            f"onnxruntime >= {need} (a gear file's data file is found through a session option "
+            f"that came in 1.21.0, one CUDA graph per gear needs 1.18.0): pip install -U "
+            f"'onnxruntime>={need}' (or onnxruntime-gpu)")
 
 
 def check_providers(providers: Sequence[Any] | None) -> list[str]:
@@ -96,44 +137,79 @@ class OrtModel(BackendModel, BenchModel):
 
     def __init__(self, gear_file: GearFile, providers: Sequence[Any] | None, cuda_graph: bool,
                  device_id: int, intra_op_num_threads: int | None,
-                 session_config: dict[str, str] | None) -> None:
+                 session_config: dict[str, str] | None,
+                 cuda_graph_fallback: bool = True) -> None:
+        check_ort_version()
         self.file = gear_file
         self.gear_file_path = gear_file.path
         names = check_providers(providers)
         self.on_cuda = names[0] == CUDA
         if cuda_graph and not self.on_cuda:
             raise BackendError("cuda_graph=True needs providers=['CUDAExecutionProvider', ...]")
-        self.cuda_graph = cuda_graph
         self.device = ("cuda", device_id) if self.on_cuda else ("cpu", 0)
-        self.providers = provider_list(providers, device_id, cuda_graph)
+        self._providers, self._device_id = providers, device_id
+        self._fallback = cuda_graph_fallback
         self._threads = intra_op_num_threads
         self._config = dict(session_config or {})
         self.info = gear_file.info
-        if cuda_graph and self.info.sink:
-            raise BackendError("cuda_graph=True needs a gear file compiled without sink=True: "
-                               "a sink file routes with If nodes, which CUDA graphs cannot "
-                               "capture")
+        #: why this model runs without the CUDA graphs it was asked for (None: it was not
+        #: asked, or it runs with them)
+        self.cuda_graph_refused: str | None = None
+        self._use_graphs(cuda_graph)
         # The data file's digest is checked while ORT builds the session (both release the
         # GIL); a mismatch fails the load and drops the session.
         data_checked = gear_file.verify_data_in_background()
         if self.info.sink:
             assert gear_file.model_bytes is not None
             graph = gear_file.model_bytes  # runnable as it is; the dims come out last
+            proto = onnx.load_from_string(graph) if self.cuda_graph else None
         else:
             assert gear_file.dynamic is not None  # the reader checks every case file has it
-            model = gear_file.runnable(gear_file.dynamic)
+            proto = gear_file.runnable(gear_file.dynamic)
             # ORT never writes a pre-bound buffer for an output no node computes
-            passthrough.wrap(model.graph, inputs_count=False)
-            graph = model.SerializeToString()
+            passthrough.wrap(proto.graph, inputs_count=False)
+            graph = proto.SerializeToString()
+        if self.cuda_graph and proto is not None:
+            hazards = capture_hazards(proto.graph)
+            if hazards:
+                self._without_graphs("; ".join(hazards))
         try:
-            with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
-                session = self._new_session(graph)
+            session = self._create(graph)
         except BackendError:
             data_checked()  # a corrupt data file is the cause to report, not ORT's symptom
             raise
         data_checked()
         self.session: ort.InferenceSession | None = session
         self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
+
+    def _use_graphs(self, cuda_graph: bool) -> None:
+        """Set whether the session captures CUDA graphs, and the providers to match."""
+        self.cuda_graph = cuda_graph
+        self.providers = provider_list(self._providers, self._device_id, cuda_graph)
+
+    def _without_graphs(self, why: str) -> None:
+        """Run this model without CUDA graphs, with a warning saying ``why``; or, when the
+        user chose ``cuda_graph_fallback=False``, refuse it (BackendError)."""
+        what = f"{self.file.path}: CUDA graphs cannot run this model right: {why}"
+        if not self._fallback:
+            raise BackendError(f"{what} (cuda_graph_fallback=False refuses it; with True it "
+                               "runs without graphs)")
+        warnings.warn(f"{what}; it runs without CUDA graphs", RuntimeWarning, stacklevel=4)
+        self.cuda_graph_refused = why
+        self._use_graphs(False)
+
+    def _create(self, graph: bytes) -> ort.InferenceSession:
+        """The session; when ORT itself refuses graph capture for this model (nodes it put on
+        the CPU behind Memcpy nodes), the same choice as a hazard found beforehand."""
+        try:
+            with cuda_exclusive(self.on_cuda):  # loading the weights allocates device memory
+                return self._new_session(graph)
+        except BackendError as exc:
+            if not (self.cuda_graph and is_capture_refusal(str(exc))):
+                raise
+            self._without_graphs(f"onnxruntime refused graph capture ({exc.__cause__})")
+        with cuda_exclusive(self.on_cuda):
+            return self._new_session(graph)
 
     def _new_session(self, graph: bytes) -> ort.InferenceSession:
         so = ort.SessionOptions()
@@ -163,8 +239,14 @@ class OrtModel(BackendModel, BenchModel):
 
     def naive_run(self, feeds: Mapping[str, np.ndarray]) -> list[Any]:
         """``session.run(None, feeds)`` on the model's own session: no IO binding, each
-        input fed separately from Python, outputs allocated by ORT."""
-        return self.live_session().run(None, feeds)  # type: ignore[arg-type]
+        input fed separately from Python, outputs allocated by ORT. Under CUDA graphs it says
+        ``gpu_graph_id=-1`` (a run without an id is graph 0, which ORT would capture with this
+        call's addresses and replay for later calls without filling their outputs) and shares
+        the GPU through the capture gate like every run."""
+        options = ort.RunOptions()
+        options.add_run_config_entry(GRAPH_ID_KEY, "-1")
+        with cuda_shared(self.on_cuda):
+            return self.live_session().run(None, feeds, options)  # type: ignore[arg-type]
 
     def live_session(self) -> ort.InferenceSession:
         if self.session is None:
@@ -188,10 +270,63 @@ class OrtSession(BackendSession, BenchSession):
     def __init__(self, model: OrtModel, layout: Any) -> None:
         self.model = model
         self.layout = layout
-        self.staging = aligned_buffer(max(int(layout.total_bytes), 1))
         info = model.info
         gears = range(info.spec.gear_count)
-        # Output buffers sized for each output's largest gear, viewed per gear.
+        on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
+        self._thread = threading.get_ident()
+        # the session's names: same order as the model's, passthrough outputs renamed
+        self._output_names = [o.name for o in model.live_session().get_outputs()]
+        self._run_options = [ort.RunOptions() for _ in gears]
+        # ORT runs without an id under graph id 0, which it captures: other runs say -1. On
+        # CUDA every run names its id: the public run_with_iobinding looks it up, and a lookup
+        # of a missing key costs ~100-200 us (a raised RuntimeError; measured on ORT 1.32).
+        self._plain_options = ort.RunOptions()
+        self._graph_ids: list[int] = []
+        self.graphs_left = 0  # graphs close() could not free (see close)
+        if model.on_cuda:
+            self._plain_options.add_run_config_entry(GRAPH_ID_KEY, "-1")
+            for opts in self._run_options:  # a graph holds this executor's addresses: its own id
+                if model.cuda_graph:
+                    self._graph_ids.append(model.new_graph_id())
+                opts.add_run_config_entry(
+                    GRAPH_ID_KEY, str(self._graph_ids[-1]) if model.cuda_graph else "-1")
+        # Device buffers, bindings (which may copy across devices) and captures: all of it
+        # allocates or captures on the GPU, so none of it may overlap another thread's capture.
+        with cuda_exclusive(model.on_cuda):
+            self._host_staging(on_device)
+            self._out_buffers: list[np.ndarray] = []
+            self._outputs: list[list[np.ndarray]] = []
+            if on_device:
+                self._device: DeviceStaging | None = DeviceStaging(
+                    info, model.device, layout, self.staging)
+            else:
+                self._device = None
+                self._host_outputs()
+            # A sink file runs whole through run_sink: nothing to bind per gear.
+            self._bindings = [] if info.sink else [self._bind(g) for g in gears]
+            self._run_c, self._c_bindings = self._run_call(model.live_session(), on_device)
+            if model.cuda_graph:
+                # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
+                order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
+                                                         for i in range(layout.input_count)))
+                for g in order:  # ORT captures a new id's graph within its first run
+                    self._run(g)
+
+    def _host_staging(self, on_device: bool) -> None:
+        """The host staging buffer: in the CUDA provider's pinned memory where this ORT offers
+        it (the merged copy then goes straight to the device, no driver bounce buffer), else
+        pageable and 64-byte aligned. ``staging_pinned`` says which."""
+        nbytes = max(int(self.layout.total_bytes), 1)
+        pinned = (pinned_staging(nbytes, self.model.device[1])
+                  if on_device and self.model.device[0] == "cuda" else None)
+        self.staging_pinned = pinned is not None
+        self._pinned_owner = None if pinned is None else pinned[1]  # keeps the memory alive
+        self.staging = aligned_buffer(nbytes) if pinned is None else pinned[0]
+
+    def _host_outputs(self) -> None:
+        """CPU: output buffers sized for each output's largest gear, viewed per gear."""
+        info = self.model.info
+        gears = range(info.spec.gear_count)
         self._out_buffers = [
             np.empty(max(info.output_size(g, k) for g in gears) // info.output_dtypes[k].itemsize
                      or 1, dtype=info.output_dtypes[k])
@@ -201,48 +336,35 @@ class OrtSession(BackendSession, BenchSession):
         # Per gear, the outputs execute(copy=True) gets ORT to write into fresh arrays.
         self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
                              for outs in self._outputs]
-        self._thread = threading.get_ident()
-        # the session's names: same order as the model's, passthrough outputs renamed
-        self._output_names = [o.name for o in model.live_session().get_outputs()]
-        self._run_options = [ort.RunOptions() for _ in gears]
-        # ORT runs without an id under graph id 0, which it captures: other runs say -1.
-        self._plain_options = ort.RunOptions()
-        self._graph_ids: list[int] = []
-        if model.cuda_graph:
-            self._plain_options.add_run_config_entry(GRAPH_ID_KEY, "-1")
-            for opts in self._run_options:  # a graph holds this executor's addresses: its own id
-                self._graph_ids.append(model.new_graph_id())
-                opts.add_run_config_entry(GRAPH_ID_KEY, str(self._graph_ids[-1]))
-        # Device buffers, bindings (which may copy across devices) and captures: all of it
-        # allocates or captures on the GPU, so none of it may overlap another thread's capture.
-        with cuda_exclusive(model.on_cuda):
-            on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
-            self._device = (DeviceStaging(info, model.device[1], layout, self.staging)
-                            if on_device else None)
-            # A sink file runs whole through run_sink: nothing to bind per gear.
-            self._bindings = [] if info.sink else [self._bind(g) for g in gears]
-            # What a run calls, looked up once: ORT's C binding and its binding objects (the
-            # public Python wrapper adds tens of us of checks per call).
-            self._run_c = model.live_session()._sess.run_with_iobinding
-            self._c_bindings = [b._iobinding for b in self._bindings]
-            if model.cuda_graph:
-                # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
-                order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
-                                                         for i in range(layout.input_count)))
-                for g in order:  # ORT captures a new id's graph within its first run
-                    self._run(g)
+
+    def _run_call(self, session: ort.InferenceSession,
+                  on_device: bool) -> tuple[Any, list[Any]]:
+        """What a run calls, looked up once, and the binding objects it takes.
+
+        On a device: ORT's public ``InferenceSession.run_with_iobinding`` (its checks cost
+        ~1-4 us with the graph id set, nothing next to a GPU run). On CPU, where the whole
+        executor overhead is ~2.5 us, ORT's C binding ``_sess.run_with_iobinding`` with each
+        binding's ``_iobinding``, while this ORT has them (the public wrapper is the fallback).
+        """
+        c_run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+        c_bindings = [getattr(b, "_iobinding", None) for b in self._bindings]
+        if on_device or c_run is None or any(b is None for b in c_bindings):
+            return session.run_with_iobinding, list(self._bindings)
+        return c_run, c_bindings
 
     def _bind(self, g: int) -> Any:
         """An IOBinding of gear g: inputs at staging (or device) offsets, outputs preallocated."""
         binding = self.model.live_session().io_binding()
         self._bind_inputs(binding, g)
+        info = self.model.info
         for k, name in enumerate(self._output_names):
-            out = self._outputs[g][k]
+            shape, dtype = list(info.output_shapes[g][k]), info.output_dtypes[k]
             if self._device is not None:
-                binding.bind_output(name, "cuda", self.model.device[1], out.dtype,
-                                    list(out.shape), self._device.output_ptr(g, k))
+                binding.bind_output(name, self.model.device[0], self.model.device[1], dtype,
+                                    shape, self._device.output_ptr(k))
             else:
-                binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+                binding.bind_output(name, "cpu", 0, dtype, shape,
+                                    self._outputs[g][k].ctypes.data)
         return binding
 
     def _bind_inputs(self, binding: Any, g: int) -> None:
@@ -258,11 +380,26 @@ class OrtSession(BackendSession, BenchSession):
 
     def run_bound(self, gear: int) -> None:
         """Run gear ``gear``'s pre-bound binding as it stands: the bare ORT run that
-        :meth:`run_gear` wraps (no host/device copies). What benchmarks time as "bare"."""
+        :meth:`run_gear` wraps (no host/device copies). What benchmarks time as "bare".
+        On a device it keeps every rule of a run: the graphs' thread, the capture gate."""
+        if self._device is None:
+            self._bare(gear)
+            return
+        self._check_thread()
+        with cuda_shared(True):
+            self._bare(gear)
+
+    def _bare(self, gear: int) -> None:
         try:
             self._run_c(self._c_bindings[gear], self._run_options[gear])
         except Exception as exc:
             raise self._failed(gear, exc) from exc
+
+    def _check_thread(self) -> None:
+        if self.model.cuda_graph and threading.get_ident() != self._thread:
+            # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.
+            raise BackendError("an executor with CUDA graphs runs on the thread that "
+                               "created it (its graphs were captured there)")
 
     def _failed(self, gear: int, exc: Exception) -> BackendError:
         if not self._c_bindings:
@@ -275,12 +412,17 @@ class OrtSession(BackendSession, BenchSession):
         return bool(self._bindings)  # a sink file has no pre-bound gears
 
     def output_nbytes(self) -> int:
-        """Bytes of the preallocated output buffers (each output at its largest gear)."""
+        """Bytes of the preallocated output buffers (each output at its largest gear): host
+        buffers on CPU, the device output arena on a device (host arrays are fresh per run)."""
+        if self._device is not None:
+            return int(self._device.outputs.tensor_size_in_bytes())
         return int(sum(b.nbytes for b in self._out_buffers))
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        if self._device is not None:  # a device run returns fresh arrays already
+            return self.run_gear(gear)
         big = self._big_outputs[gear]
-        if self._device is not None or not big:
+        if not big:
             return super().run_gear_owned(gear)
         outs, binding, names = self._outputs[gear], self._bindings[gear], self._output_names
         fresh = {k: np.empty(outs[k].shape, outs[k].dtype) for k in big}
@@ -294,17 +436,17 @@ class OrtSession(BackendSession, BenchSession):
                 binding.bind_output(names[k], "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
         return [fresh[k] if k in fresh else o.copy() for k, o in enumerate(outs)]
 
-    def _run(self, gear: int) -> None:
-        if self._device is not None:
-            self._device.to_device(gear)
-            if not self.model.cuda_graph:
-                # ORT copies a bound input at BIND time when the node consuming it runs on
-                # another device (IOBinding CopyOneInputAcrossDevices): bind again so such an
-                # input is this run's data. Under CUDA graphs every node is on the GPU.
-                self._bind_inputs(self._bindings[gear], gear)
-        self.run_bound(gear)
-        if self._device is not None:
-            self._device.to_host(gear, self._outputs[gear])
+    def _run(self, gear: int) -> list[np.ndarray]:
+        """A device run of gear ``gear``: copies in, run, one copy out per output."""
+        assert self._device is not None
+        self._device.to_device(gear)
+        if not self.model.cuda_graph:
+            # ORT copies a bound input at BIND time when the node consuming it runs on
+            # another device (IOBinding CopyOneInputAcrossDevices): bind again so such an
+            # input is this run's data. Under CUDA graphs every node is on the GPU.
+            self._bind_inputs(self._bindings[gear], gear)
+        self._bare(gear)
+        return self._device.to_host(gear, self._bindings[gear])
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
         if self._device is None:  # CPU, the hot path: ORT reads the staging buffer itself
@@ -313,13 +455,9 @@ class OrtSession(BackendSession, BenchSession):
             except Exception as exc:
                 raise self._failed(gear, exc) from exc
             return self._outputs[gear]
-        if self.model.cuda_graph and threading.get_ident() != self._thread:
-            # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.
-            raise BackendError("an executor with CUDA graphs runs on the thread that "
-                               "created it (its graphs were captured there)")
+        self._check_thread()
         with cuda_shared(True):
-            self._run(gear)
-        return self._outputs[gear]
+            return self._run(gear)
 
     def _run_session(self, what: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = dict(zip(self.model.info.spec.input_names, arrays, strict=True))
@@ -343,15 +481,22 @@ class OrtSession(BackendSession, BenchSession):
         return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
 
     def close(self) -> None:
-        """Drop the bindings; free this executor's CUDA graphs where ORT can (they live as
-        long as the session otherwise: cuda_graph.cc ties them to it)."""
+        """Drop the bindings; free this executor's CUDA graphs where ORT can.
+
+        ORT's public ``InferenceSession.release_captured_graph`` (1.30+) frees a graph id;
+        the CUDA EP keeps graphs per thread, so only a close on the thread that captured them
+        frees them. Closed from another thread (or on an older ORT) they are left to the
+        session, which frees them when the model closes (cuda_graph.cc ties them to it);
+        ``graphs_left`` counts them."""
         session = self.model.session
-        release = getattr(getattr(session, "_sess", None), "release_captured_graph", None)
-        if self._graph_ids and release is not None:
+        release = getattr(session, "release_captured_graph", None)
+        if self._graph_ids and release is not None and threading.get_ident() == self._thread:
             with cuda_exclusive(True):
                 for graph_id in self._graph_ids:
                     with contextlib.suppress(Exception):  # a no-op where unsupported
                         release(graph_id)
+        else:
+            self.graphs_left = len(self._graph_ids)
         self._graph_ids = []
         self._bindings = []
         self._c_bindings = []

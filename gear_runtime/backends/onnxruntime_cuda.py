@@ -10,6 +10,7 @@ in this repository's CI.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -46,22 +47,36 @@ def provider_list(providers: Sequence[Any] | None, device_id: int,
     return out
 
 
+#: What ORT says when it refuses a session with graph capture (inference_session.cc; the 1.32
+#: binary says "graph capture feature", older releases "CUDA Graph feature").
+CAPTURE_REFUSALS = ("cannot use the graph capture feature", "cannot use the CUDA Graph feature")
+
+
+def is_capture_refusal(message: str) -> bool:
+    """Whether a session-creation error is ORT refusing graph capture for the model."""
+    return any(r in message for r in CAPTURE_REFUSALS)
+
+
 class _CaptureGate:
     """CUDA graph capture vs everything else on the GPU: ORT's CUDA EP captures with
     ``cudaStreamCaptureModeGlobal`` (cuda_graph.cc), where a CUDA call from ANY other thread
     (a cudaMalloc, a blocking copy, another session's run) breaks the capture. So device
     allocation and capture are exclusive, runs and copies are shared: a readers-writer lock,
-    one for the whole process (:data:`CUDA_GATE`), taken only by CUDA models."""
+    one for the whole process (:data:`CUDA_GATE`), taken only by CUDA models.
+
+    Writer-preferring: once a capture waits, new runs wait behind it, so executors that keep
+    the GPU busy cannot starve a capture (or an executor's creation) forever."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._runs = 0
         self._capturing = False
+        self._waiting = 0  # captures waiting for the runs in flight to drain
 
     @contextlib.contextmanager
     def run(self) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: not self._capturing)
+            self._cond.wait_for(lambda: not self._capturing and not self._waiting)
             self._runs += 1
         try:
             yield
@@ -73,7 +88,11 @@ class _CaptureGate:
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: not self._capturing and self._runs == 0)
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._capturing and self._runs == 0)
+            finally:
+                self._waiting -= 1
             self._capturing = True
         try:
             yield
@@ -96,48 +115,168 @@ def cuda_shared(on_cuda: bool) -> contextlib.AbstractContextManager[None]:
     return CUDA_GATE.run() if on_cuda else contextlib.nullcontext()
 
 
-class DeviceStaging:
-    """CUDA side of the staging buffer: where gear g's merged span and big inputs live.
+# ---- DLPack views: an OrtValue over part of another one's memory -----------------------------
+# ORT's Python API allocates whole OrtValues and copies into whole OrtValues (update_inplace
+# wants equal sizes), but one arena per executor needs a copy into PART of a buffer. A DLPack
+# tensor describing that part, handed to OrtValue.from_dlpack, is such a view: ORT wraps the
+# pointer without copying or owning it and calls the deleter when the view dies
+# (DlpackToOrtValue in onnxruntime/core/dlpack/dlpack_converter.cc). Layout of the structs:
+# dlpack.h v0.x (DLTensor, DLManagedTensor), which ORT's converter reads.
+_KDL_CPU, _KDL_CUDA = 1, 2
+_KDL_UINT = 1
 
-    Per gear, one device buffer holds the merged span (ONE host-to-device copy per run) and
-    each input too big to merge has its own (one copy each), as GE's merged H2D copy does.
-    Outputs are bound to device buffers and copied back after the run.
-    Written to ORT's documented Python API; not run on a GPU in this repository's CI.
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+
+
+@_DELETER
+def _keep(_: Any) -> None:
+    """The views' deleter: nothing to free (the structs live as long as their DeviceStaging,
+    which outlives its views); ORT calls it unconditionally, so it must exist."""
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _view(ptr: int, nbytes: int, device: tuple[str, int],
+          keep: list[Any]) -> ort.OrtValue:
+    """A uint8 OrtValue of ``nbytes`` at ``ptr`` on ``device``, owning nothing; the ctypes
+    structs it points at are appended to ``keep`` (they must outlive the view)."""
+    shape = (ctypes.c_int64 * 1)(nbytes)
+    managed = _DLManagedTensor()
+    t = managed.dl_tensor
+    t.data, t.ndim, t.shape, t.strides, t.byte_offset = ptr, 1, shape, None, 0
+    t.device = _DLDevice(_KDL_CUDA if device[0] == "cuda" else _KDL_CPU, device[1])
+    t.dtype = _DLDataType(_KDL_UINT, 8, 1)
+    managed.manager_ctx, managed.deleter = None, _keep
+    keep.append((managed, shape))
+    return ort.OrtValue.from_dlpack(_capsule_new(ctypes.addressof(managed), b"dltensor", None))
+
+
+class _Arena:
+    """One device allocation and views of parts of it (:meth:`region`).
+
+    Where this ORT cannot make a working view (the check at creation: a view must sit at the
+    arena's address and carry bytes there and back), every region is an allocation of its
+    own instead: correct, only not shared (``shared`` says which)."""
+
+    def __init__(self, nbytes: int, device: tuple[str, int]) -> None:
+        self.device, self._keep = device, []
+        self.value = _alloc(nbytes, device)
+        self.base = int(self.value.data_ptr())
+        self.shared = self._views_work()
+
+    def _views_work(self) -> bool:
+        try:
+            probe = _view(self.base, 1, self.device, self._keep)
+            probe.update_inplace(np.array([0xA5], np.uint8))
+            return int(probe.data_ptr()) == self.base and int(probe.numpy()[0]) == 0xA5
+        except Exception:  # noqa: BLE001 - any failure means: no views on this ORT
+            return False
+
+    def region(self, offset: int, nbytes: int) -> ort.OrtValue:
+        """An OrtValue of ``nbytes`` (at least 1) at ``offset`` of the arena, or of its own."""
+        if self.shared:
+            return _view(self.base + offset, max(nbytes, 1), self.device, self._keep)
+        return _alloc(nbytes, self.device)
+
+
+def _alloc(nbytes: int, device: tuple[str, int]) -> ort.OrtValue:
+    return ort.OrtValue.ortvalue_from_shape_and_type([max(int(nbytes), 1)], np.uint8, *device)
+
+
+#: device buffers start at multiples of this (cudaMalloc gives 256-byte alignment)
+DEVICE_ALIGN = 256
+
+
+def _aligned(n: int) -> int:
+    return (n + DEVICE_ALIGN - 1) // DEVICE_ALIGN * DEVICE_ALIGN
+
+
+class DeviceStaging:
+    """The device side of an executor: ONE input arena and ONE output arena, each sized for
+    the executor's largest gear, shared by all its gears (an executor runs one gear at a time).
+
+    Inputs: the arena mirrors the host staging buffer byte for byte (``layout.total_bytes``,
+    the largest gear's footprint), so gear g's merged span goes over in ONE copy into the same
+    offsets and each input too big to merge in one copy of its own, as GE's
+    CopyInputDataWithMergeH2D. Outputs: output k at a fixed offset, with room for its largest
+    gear. The addresses are fixed, so every gear's CUDA graph is captured over the same two
+    arenas. Device to host: ONE copy per output, of exactly the gear's bytes, into a fresh
+    array (``OrtValue.numpy()`` of the value the binding reports for the run).
+
+    ``device`` is ("cuda", id) on a GPU; ("cpu", 0) runs the same ORT calls on host memory
+    (what the CPU tests check this class with). Not run on a GPU in this repository's CI.
     """
 
-    def __init__(self, info: ModelInfo, device_id: int, layout: Any,
+    def __init__(self, info: ModelInfo, device: tuple[str, int], layout: Any,
                  staging: np.ndarray) -> None:
-        self.layout, self.staging, self.device_id = layout, staging, device_id
-        self.merged: list[ort.OrtValue | None] = []
-        self.separate: list[dict[int, ort.OrtValue]] = []
-        self.outputs: list[list[ort.OrtValue]] = []
-        for g in range(info.spec.gear_count):
-            start, end = layout.merged_span(g)
-            self.merged.append(self._alloc(end - start) if end > start else None)
-            # Empty inputs need no copy (update_inplace wants equal sizes): bound to a 1-byte
-            # buffer that is never written.
-            self.separate.append({i: self._alloc(layout.nbytes(g, i))
-                                  for i in range(layout.input_count) if not layout.fused(i)})
-            # An empty output gets a 1-byte buffer: ORT gives a 0-element value no address.
-            self.outputs.append([
-                ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dt, "cuda", self.device_id)
-                if int(np.prod(shape)) else self._alloc(1)
-                for shape, dt in zip(info.output_shapes[g], info.output_dtypes, strict=True)])
+        self.layout, self.staging, self.device = layout, staging, device
+        gears = range(info.spec.gear_count)
+        self.inputs = _Arena(int(layout.total_bytes), device)
+        self.merged = [self._span(g) for g in gears]
+        # Empty inputs need no copy: their pointer is bound, never written.
+        self.separate = [{i: self.inputs.region(layout.offset(g, i), layout.nbytes(g, i))
+                          for i in range(layout.input_count)
+                          if not layout.fused(i) and layout.nbytes(g, i)} for g in gears]
+        room = [max(info.output_size(g, k) for g in gears) for k in range(len(info.output_names))]
+        self.output_offsets = [sum(_aligned(max(r, 1)) for r in room[:k])
+                               for k in range(len(room))]
+        self.outputs = _alloc(sum(_aligned(max(r, 1)) for r in room), device)
+        self.output_base = int(self.outputs.data_ptr())
+        # per gear, per output: (shape, dtype), and whether it has any element to copy
+        self._outs = [[(tuple(s), d, int(np.prod(s)) > 0) for s, d in zip(
+            info.output_shapes[g], info.output_dtypes, strict=True)] for g in gears]
 
-    def _alloc(self, nbytes: int) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_shape_and_type([max(nbytes, 1)], np.uint8, "cuda",
-                                                         self.device_id)
+    def _span(self, g: int) -> ort.OrtValue | None:
+        start, end = self.layout.merged_span(g)
+        return self.inputs.region(start, end - start) if end > start else None
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes this executor holds for inputs and outputs (both arenas)."""
+        regions = 0 if self.inputs.shared else sum(
+            v.tensor_size_in_bytes() for v in [*filter(None, self.merged),
+                                               *(v for s in self.separate for v in s.values())])
+        return (self.inputs.value.tensor_size_in_bytes() + regions
+                + self.outputs.tensor_size_in_bytes())
 
     def input_ptr(self, g: int, i: int) -> tuple[str, int]:
-        if self.layout.fused(i):
-            start, _ = self.layout.merged_span(g)
+        layout = self.layout
+        if layout.fused(i):
+            start, _ = layout.merged_span(g)
             value = self.merged[g]
             assert value is not None
-            return "cuda", value.data_ptr() + self.layout.offset(g, i) - start
-        return "cuda", self.separate[g][i].data_ptr()
+            return self.device[0], int(value.data_ptr()) + layout.offset(g, i) - start
+        sep = self.separate[g].get(i)
+        if sep is None:  # an empty input: any address in the arena, never read
+            return self.device[0], self.inputs.base + int(layout.offset(g, i))
+        return self.device[0], int(sep.data_ptr())
 
-    def output_ptr(self, g: int, k: int) -> int:
-        return self.outputs[g][k].data_ptr()
+    def output_ptr(self, k: int) -> int:
+        return self.output_base + self.output_offsets[k]
 
     def to_device(self, g: int) -> None:
         start, end = self.layout.merged_span(g)
@@ -145,14 +284,46 @@ class DeviceStaging:
         if value is not None:
             value.update_inplace(self.staging[start:end])  # the ONE merged copy
         for i, dev in self.separate[g].items():
-            off, n = self.layout.offset(g, i), self.layout.nbytes(g, i)
-            if n:
-                dev.update_inplace(self.staging[off:off + n])
+            off = self.layout.offset(g, i)
+            dev.update_inplace(self.staging[off:off + self.layout.nbytes(g, i)])
 
-    def to_host(self, g: int, host: list[np.ndarray]) -> None:
-        for dev, out in zip(self.outputs[g], host, strict=True):
-            if out.size:  # .numpy() is a blocking device-to-host cudaMemcpy
-                np.copyto(out, dev.numpy())
+    def to_host(self, g: int, binding: Any) -> list[np.ndarray]:
+        """Gear g's outputs as fresh host arrays: one blocking device-to-host copy each."""
+        values = binding.get_outputs()
+        return [v.numpy() if filled else np.empty(shape, dtype)
+                for v, (shape, dtype, filled) in zip(values, self._outs[g], strict=True)]
+
+
+def pinned_staging(nbytes: int, device_id: int) -> tuple[np.ndarray, Any] | None:
+    """A host staging buffer in the CUDA provider's pinned (HOST_ACCESSIBLE) memory, as a
+    zero-copy numpy view, with the OrtValue owning it; None where this ORT does not offer it
+    (before 1.28, no CUDA EP device, no allocator for it, a view that is not zero-copy or not
+    64-byte aligned): the caller then stages in pageable memory.
+
+    ``OrtValue.ortvalue_from_shape_and_type(..., memory_info=ep_device.memory_info(
+    OrtDeviceMemoryType.HOST_ACCESSIBLE))`` (onnxruntime_inference_collection.py, 1.28+)."""
+    kinds = getattr(ort, "OrtDeviceMemoryType", None)
+    if kinds is None or not hasattr(ort, "get_ep_devices"):
+        return None
+    try:
+        for ep in ort.get_ep_devices():
+            if ep.ep_name != CUDA:
+                continue
+            default = ep.memory_info(kinds.DEFAULT)
+            if default is None or int(default.device_id) != device_id:
+                continue
+            info = ep.memory_info(kinds.HOST_ACCESSIBLE)
+            if info is None:
+                return None
+            value = ort.OrtValue.ortvalue_from_shape_and_type([max(nbytes, 1)], np.uint8,
+                                                              memory_info=info)
+            view = value.numpy()
+            if view.ctypes.data != value.data_ptr() or view.ctypes.data % 64:
+                return None
+            return view[:nbytes], value
+    except Exception:  # noqa: BLE001 - pinned memory is an optimisation, never a failure
+        return None
+    return None
 
 
 def cuda_available() -> bool:
@@ -166,4 +337,5 @@ def gpu_present() -> bool:
 
 
 __all__ = ["CUDA", "CUDA_GATE", "GRAPH_ID_KEY", "DeviceStaging", "cuda_available",
-           "cuda_exclusive", "cuda_shared", "gpu_present", "provider_list"]
+           "cuda_exclusive", "cuda_shared", "gpu_present", "is_capture_refusal", "pinned_staging",
+           "provider_list"]
