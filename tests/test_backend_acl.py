@@ -107,6 +107,45 @@ def test_dims_spec_matches_the_documented_example(fake, tmp_path):
     model.close()
 
 
+# A static input ATC's --input_shape leaves out (GE multi_batch_clone_pass.cc,
+# CheckAndParseDynamicData: only the -1 inputs must be listed; the dims then hold only those).
+PARTIAL_INPUTS = [("scale", [1, 4], "float32"), ("x", [1, -1], "float32"),
+                  ("m", [-1, 2], "int32")]
+PARTIAL_GEARS = [(8, 1), (16, 2)]
+
+
+@pytest.mark.parametrize("given", [None, "m:-1,2;x:1,-1"])
+def test_a_partial_input_shape_in_dims_mode_loads_and_runs(fake, tmp_path, given):
+    path = fake_acl.write_om(tmp_path / "partial.om", PARTIAL_INPUTS, "dims", PARTIAL_GEARS,
+                             input_shape_order=["m", "x"] if given else ["x", "m"])
+    model = acl_backend.open_model(path, input_shape=given)
+    spec = model.info.spec
+    listed = ("m", "x") if given else ("x", "m")
+    assert spec.input_names == (*listed, "scale")  # the listed inputs first, then the static
+    assert spec.shapes(1)["scale"] == (1, 4)
+    layout, session = session_for(model)
+    for g in range(spec.gear_count):
+        arrays, outs = run(model, layout, session, g, seed=g)
+        by_name = dict(zip(spec.input_names, arrays, strict=True))
+        want = expected_outputs([by_name[n] for n, _, _ in PARTIAL_INPUTS])
+        for got, exp in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(got, exp)
+    # ACL got the listed inputs' dims only, in --input_shape order
+    (*_, dims), = fake.state.calls_named("mdl.set_input_dynamic_dims")[-1:]
+    assert dims["dimCount"] == 4 and len(dims["dims"]) == 4
+    model.close()
+
+
+def test_a_partial_input_shape_must_list_every_dynamic_input(fake, tmp_path):
+    path = fake_acl.write_om(tmp_path / "partial.om", PARTIAL_INPUTS, "dims", PARTIAL_GEARS,
+                             input_shape_order=["x", "m"])
+    with pytest.raises(gr.GearSpecError, match=r"leaves out \['m'\]"):
+        acl_backend.open_model(path, input_shape="x:1,-1")
+    with pytest.raises(ValueError, match="every dynamic one"):
+        fake_acl.write_om(tmp_path / "bad.om", PARTIAL_INPUTS, "dims", PARTIAL_GEARS,
+                          input_shape_order=["x"])
+
+
 @pytest.mark.parametrize("mode", ["dims", "batch", "image_size"])
 def test_output_shapes_per_gear(fake, tmp_path, mode):
     model = acl_backend.open_model(write(tmp_path, mode))

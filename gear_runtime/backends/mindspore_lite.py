@@ -142,10 +142,24 @@ def _check_positive_shapes(names: Sequence[str], arrays: Sequence[np.ndarray]) -
                              "resize rejects a dim <= 0")
 
 
+def _tensor_data(tensor: Any) -> np.ndarray:
+    """``tensor.get_data_to_numpy()``, except for an empty tensor (a 0 dim): there the real
+    call logs and returns an empty float64 array of shape (0,) (python/src/tensor_pybind.cc,
+    get_data_to_numpy: "Tensor shape ... is invalid" -> py::array()), so the empty array is
+    made here with the tensor's own shape and dtype. A dim < 0 after predict: BackendError."""
+    shape = [int(d) for d in tensor.shape]
+    if any(d < 0 for d in shape):
+        raise BackendError(f"mindspore_lite output {getattr(tensor, 'name', '')!r} has the "
+                           f"shape {shape} after predict")
+    if 0 in shape:
+        return np.empty(shape, _np_dtype(tensor.dtype, f"output {tensor.name!r}"))
+    return _call("Tensor.get_data_to_numpy", tensor.get_data_to_numpy)
+
+
 def _copy_out(outputs: Sequence[Any]) -> list[np.ndarray]:
     """Each output tensor's data as an array of its own (get_data_to_numpy is a view of the
     Model's output memory)."""
-    return [np.array(_call("Tensor.get_data_to_numpy", o.get_data_to_numpy)) for o in outputs]
+    return [np.array(_tensor_data(o)) for o in outputs]
 
 
 class MsliteModel(BackendModel):
@@ -331,7 +345,7 @@ class MsliteSession(BackendSession):
             raise BackendError(f"gear {gear} gave {len(outputs)} outputs, the model has "
                                f"{len(targets)}")
         for k, (tensor, target) in enumerate(zip(outputs, targets, strict=True)):
-            array = _call("Tensor.get_data_to_numpy", tensor.get_data_to_numpy)
+            array = _tensor_data(tensor)
             if array.shape != target.shape or array.dtype != target.dtype:
                 raise BackendError(
                     f"output {info.output_names[k]!r} of gear {gear} is {array.dtype} "

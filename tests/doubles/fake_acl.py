@@ -62,6 +62,7 @@ ACL_ERROR_INVALID_FILE = 100003
 ACL_ERROR_REPEAT_FINALIZE = 100037
 ACL_ERROR_RT_CONTEXT_NULL = 107002
 ACL_ERROR_RT_MODEL_CONTEXT = 107004
+ACL_ERROR_GE_PARAM_INVALID = 145000
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = 145003
 ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
@@ -97,14 +98,19 @@ def write_om(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[
     ``mode`` is "batch" (gears ``[(n,), ...]``), "image_size" (``[(h, w), ...]``) or "dims"
     (one value per -1, in ``--input_shape`` then axis order, like ATC's ``--dynamic_dims``).
     ``input_shape_order``: the input names in the order ATC's ``--input_shape`` listed them
-    (GE's user_designate_shape_order; default: model order). ``dims_dtype`` is the width of
+    (GE's user_designate_shape_order; default: model order). It may leave out static inputs,
+    as ATC allows (multi_batch_clone_pass.cc, CheckAndParseDynamicData, walks the listed
+    entries only): the dims then cover the listed inputs alone. ``dims_dtype`` is the width of
     ``ascend_mbatch_shape_data`` ("int32" or "int64"); ``dims_size`` the byte size
     ``get_input_size_by_index`` reports for it (default: exactly count * itemsize).
     """
     names = [n for n, _, _ in inputs]
     order = list(input_shape_order) if input_shape_order is not None else names
-    if sorted(order) != sorted(names):
-        raise ValueError(f"input_shape_order {order} must name the inputs {names}")
+    left_out = [(n, s) for n, s, _ in inputs if n not in order]
+    if len(set(order)) != len(order) or not set(order) <= set(names) or \
+            any(-1 in s for _, s in left_out):
+        raise ValueError(f"input_shape_order {order} must name the inputs {names}, every "
+                         "dynamic one among them")
     doc = {"format": "fake-om", "inputs": [{"name": n, "shape": list(s), "dtype": d}
                                            for n, s, d in inputs],
            "mode": mode, "gears": [list(g) for g in gears], "dims_dtype": dims_dtype,
@@ -144,7 +150,7 @@ class FakeOm:
         """Every input's static shape in gear ``g``, in model order (ATC's rules for the
         three modes; dims mode hands the values out in --input_shape order)."""
         values = list(self.gears[g])
-        out: list[tuple[int, ...]] = [()] * len(self.shapes)
+        out = [tuple(s) for s in self.shapes]  # unlisted inputs are static
         k = 0
         for i in self.order:
             s, seen = list(self.shapes[i]), 0
@@ -244,6 +250,9 @@ class FakeAclState:
     memcpys: list[Memcpy] = field(default_factory=list)
     #: (model id, gear index) of every successful execute
     executions: list[tuple[int, int]] = field(default_factory=list)
+    #: dataset -> the dynamic values its last successful set_* gave it (aclmdlDataset's
+    #: dynamicBatchSize / dynamicResolutionHeight+Width / dynamicDims, acl model.cpp)
+    dataset_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
     #: call name -> ret to return instead of running it (failure injection), e.g.
     #: ``state.fail["mdl.execute"] = 507011``
     fail: dict[str, int] = field(default_factory=dict)
@@ -288,7 +297,13 @@ class FakeAcl:
     def _wrap(self, name: str, conv: str, impl: Callable[..., Any]) -> Callable[..., Any]:
         """Record the call; apply injected failures in the function's return convention."""
 
+        unsigned = _UNSIGNED_ARGS.get(name, ())
+
         def call(*args: Any) -> Any:
+            for pos in unsigned:  # PyArg_ParseTuple "k" / "K": PyLong_Check, before any call
+                if pos < len(args) and not isinstance(args[pos], int):
+                    raise TypeError(f"acl.{name} args parse failed! (argument {pos + 1} is "
+                                    f"{type(args[pos]).__name__}, not int)")
             with self._lock:
                 self.state.calls.append((name, args))
                 if name in self.state.fail:
@@ -680,14 +695,20 @@ class FakeAcl:
         if om.mode != mode:
             return ACL_ERROR_INVALID_PARAM
         values = tuple(int(v) for v in values)
+        # SetDynamicBatchSize / SetDynamicImageSize check the buffer length first, then the
+        # gear; SetDynamicDims is reached after GetCurDynamicDims checked the dims (ge_executor.cc)
+        short = size < 4 * len(values)
+        if short and mode != "dims":
+            return ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
         if values not in om.gears:
             return ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
-        if size < 4 * len(values):
+        if short:
             return ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID
         width = "<u8" if size >= 8 * len(values) else "<u4"
         raw = np.asarray(values, dtype=width).tobytes()
         mem[off:off + len(raw)] = raw
         om.current_gear = om.gears.index(values)
+        self.state.dataset_dims[dataset] = values
         return ACL_SUCCESS
 
     def _mdl_set_dynamic_batch_size(self, model_id: int, dataset: int, index: int,
@@ -738,17 +759,29 @@ class FakeAcl:
         need = om.values_count * om.dims_dtype.itemsize  # the model reads its own dtype
         if size < need:
             return ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
-        values = tuple(int(v) for v in np.frombuffer(bytes(mem[off:off + need]),
-                                                     dtype=om.dims_dtype))
-        if values not in om.gears:  # MapIndex finds no branch
-            return ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
-        gear = om.gears.index(values)
+        dynamic = self.state.dataset_dims.get(dataset_in)
+        if dynamic is None:
+            # No set_* on this dataset: GE runs it as static (is_dynamic_ false) and checks
+            # every buffer against the model's size, 64 bytes of slack (davinci_model.cc
+            # CheckUserAndModelSize, kDataMemAlignSizeCompare)
+            for i in range(len(om.names)):
+                _, got = self.state.buffers.get(ins[i], (0, 0))
+                if got + 64 < om.max_input_nbytes(i):
+                    return ACL_ERROR_GE_PARAM_INVALID
+            values = tuple(int(v) for v in np.frombuffer(bytes(mem[off:off + need]),
+                                                         dtype=om.dims_dtype))
+        else:
+            values = dynamic
+        # SetDynamicInputDataFlag (ge_executor.cc): match_idx starts at 0 and stays 0 when no
+        # gear matches: GE SILENTLY runs gear 0, never an error
+        gear = om.gears.index(values) if values in om.gears else 0
         arrays = []
         for i, shape in enumerate(om.gear_shapes(gear)):
             addr, size = self.state.buffers.get(ins[i], (0, 0))
             need = om.input_nbytes(gear, i)
             found = self._find_device(addr, need)
-            if found is None or not need <= size <= om.max_input_nbytes(i):
+            if found is None or size < need or (dynamic is not None
+                                                and size > om.max_input_nbytes(i)):
                 return ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
             raw = bytes(found[0][found[1]:found[1] + need])
             arrays.append(np.frombuffer(raw, dtype=om.dtypes[i]).reshape(shape))
@@ -787,6 +820,22 @@ def _parse_io_dims(dims: Any) -> tuple[int, list[int]]:
         raise TypeError("the dims of fourth parameter is not list of int")
     return count, [int(v) for v in items[:count]]
 
+
+#: Arguments pyACL parses with "k" / "K" (pointers, sizes, the batch and H/W values):
+#: PyArg_ParseTuple accepts only Python ints there (PyLong_Check: a numpy.int64 is a
+#: TypeError). hicann/runtime python/pyACL: rt/rt_memory.cpp WrapAclRtMalloc "ki",
+#: WrapAclRtMallocHost "k", WrapAclRtMemcpy "kkkki", WrapAclRtFree / FreeHost "k";
+#: WrapAclCreateDataBuffer / WrapAclDestroyDataBuffer "kk" / "k"; mdl/mdl_wrap.cpp
+#: WrapAclMdlSetDynamicBatchSize "IkkK", WrapAclMdlSetDynamicHWSize "IkkKK",
+#: WrapAclMdlExecute "Ikk", WrapAclMdlAddDatasetBuffer "kk", WrapAclMdlDestroyDataset "k".
+_UNSIGNED_ARGS: dict[str, tuple[int, ...]] = {
+    "rt.malloc": (0,), "rt.malloc_host": (0,), "rt.memcpy": (0, 1, 2, 3),
+    "rt.free": (0,), "rt.free_host": (0,), "create_data_buffer": (0, 1),
+    "destroy_data_buffer": (0,), "mdl.add_dataset_buffer": (0, 1),
+    "mdl.destroy_dataset": (0,), "mdl.execute": (1, 2),
+    "mdl.set_dynamic_batch_size": (1, 2, 3), "mdl.set_dynamic_hw_size": (1, 2, 3, 4),
+    "mdl.set_input_dynamic_dims": (1, 2),
+}
 
 #: public name -> (namespace, return convention): "pair" = (value, ret), "ret" = ret only,
 #: "value" = a handle or value only (0 / "" on failure, no ret).

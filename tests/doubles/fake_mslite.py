@@ -192,11 +192,23 @@ class FakeMslite:
                     raise RuntimeError(f"data size not equal! Numpy size: {numpy_obj.nbytes}, "
                                        f"Tensor size: {self.data_size}")
                 state.calls.append(("set_data_from_numpy", numpy_obj))
+                # tensor.py makes only arrays that are neither C- nor F-contiguous contiguous
+                # (`if not numpy_obj.flags['FORC']`); SetTensorNumpyData (tensor_pybind.cc)
+                # then refuses a non-C-contiguous one with a log line and returns false, which
+                # tensor.py ignores: a Fortran-ordered array leaves the input UNSET, silently.
+                if not numpy_obj.flags.c_contiguous and numpy_obj.flags.f_contiguous:
+                    state.calls.append(("set_data_from_numpy: not C contiguous", numpy_obj))
+                    return
                 # zero-copy: the tensor reads the caller's memory when predict runs
                 self._impl.data = numpy_obj if numpy_obj.flags.c_contiguous else \
                     np.ascontiguousarray(numpy_obj)
 
             def get_data_to_numpy(self) -> np.ndarray:
+                if any(d <= 0 for d in self._impl.shape):
+                    # tensor_pybind.cc: "Tensor shape ... is invalid", returns py::array():
+                    # an empty float64 array of shape (0,), whatever the tensor's dtype
+                    state.calls.append(("get_data_to_numpy: invalid shape", self._impl.shape))
+                    return np.array([], dtype=np.float64)
                 if self._impl.data is None:
                     raise RuntimeError("get_data_to_numpy failed: tensor has no data")
                 return self._impl.data.reshape(self._impl.shape)  # zero-copy view

@@ -61,23 +61,47 @@ def hw_pairs(hw: dict[str, Any]) -> list[tuple[int, int]]:
 
 def declared_order(inputs: Tensors, declared: tuple[Sequence[str], Sequence[Shape]] | None,
                    path: str) -> tuple[int, ...]:
-    """Positions in ``inputs`` in ``input_shape`` order (``declared``: its names and shapes;
-    None: model order), after checking that it names exactly the model's inputs with their
-    ranks and static dims (GearSpecError otherwise)."""
+    """Positions in ``inputs``: the ``input_shape`` order (``declared``: its names and shapes;
+    None: model order), then the inputs it does not list, in model order.
+
+    ATC accepts an input_shape that leaves inputs out (GE's multi_batch_clone_pass.cc,
+    CheckAndParseDynamicData: in dims mode every input with a -1 must be listed, see
+    :func:`check_dims_listing`; in batch / image-size mode unlisted ones are appended). ACL's
+    dims then follow the listed inputs only (:func:`listed_count`). GearSpecError for a name
+    the model lacks, a name twice, or a rank / static dim that differs."""
     names, dims = inputs.names, inputs.dims
     if declared is None:
         return tuple(range(len(names)))
     order, shapes = declared
-    if sorted(order) != sorted(names):
+    unknown = [n for n in order if n not in names]
+    if unknown or len(set(order)) != len(order):
         raise GearSpecError(f"input_shape names {list(order)}, but {path!r} has the "
                             f"inputs {list(names)}")
+    unlisted = [p for p, n in enumerate(names) if n not in order]
     for name, shape in zip(order, shapes, strict=True):
         model = dims[names.index(name)]
         if len(shape) != len(model) or any(
                 a >= 0 and b >= 0 and a != b for a, b in zip(shape, model, strict=True)):
             raise GearSpecError(f"input_shape gives {name!r} the shape {list(shape)}, but "
                                 f"{path!r} describes it as {list(model)}")
-    return tuple(names.index(n) for n in order)
+    return tuple(names.index(n) for n in order) + tuple(unlisted)
+
+
+def check_dims_listing(inputs: Tensors, order: Sequence[int], listed: int, path: str) -> None:
+    """Dims mode: GearSpecError unless every input with a -1 is among the ``listed`` first of
+    ``order`` (CheckAndParseDynamicData: "All dynamic nodes must be set in --input_shape")."""
+    dynamic = [inputs.names[p] for p in order[listed:] if -1 in inputs.dims[p]]
+    if dynamic:
+        raise GearSpecError(f"input_shape {inputs.names_in(order[:listed])} leaves out "
+                            f"{dynamic}, which {path!r} describes with -1 dims "
+                            f"({inputs.described()}): ATC --dynamic_dims needs every dynamic "
+                            "input listed")
+
+
+def listed_count(inputs: Tensors, declared: tuple[Sequence[str], Sequence[Shape]] | None,
+                 ) -> int:
+    """How many inputs (the first of :func:`declared_order`'s order) ACL's dims cover."""
+    return len(inputs.names) if declared is None else len(declared[0])
 
 
 def listed_spec(inputs: Tensors, order: Sequence[int], mode: str,
@@ -94,11 +118,14 @@ def listed_spec(inputs: Tensors, order: Sequence[int], mode: str,
 
 
 def dims_spec(inputs: Tensors, order: Sequence[int], full: Sequence[Shape],
-              path: str) -> GearSpec:
-    """Dims spec from each gear's ``full`` flattened dims, which follow ``order`` (the
-    ``input_shape`` order, or :func:`infer_order`'s). A position is dynamic when the
-    description says -1 there or the gears disagree."""
-    dims = [inputs.dims[p] for p in order]
+              path: str, listed: int | None = None) -> GearSpec:
+    """Dims spec from each gear's ``full`` flattened dims, which follow the first ``listed``
+    inputs of ``order`` (the ``input_shape`` order, or :func:`infer_listing`'s; default: all).
+    A position is dynamic when the description says -1 there or the gears disagree. The
+    inputs after ``listed`` are static: they join the spec with their described shapes."""
+    listed = len(order) if listed is None else listed
+    rest = [tuple(inputs.dims[p]) for p in order[listed:]]
+    dims = [inputs.dims[p] for p in order[:listed]]
     flat = [d for s in dims for d in s]
     for g, f in enumerate(full):
         if len(f) != len(flat):
@@ -115,8 +142,26 @@ def dims_spec(inputs: Tensors, order: Sequence[int], full: Sequence[Shape],
     for d in dims:
         shapes.append(tuple(marked[at:at + len(d)]))
         at += len(d)
-    return make_spec(inputs, order, "dims", shapes, [tuple(f[p] for p in dynamic) for f in full],
-                     path)
+    return make_spec(inputs, order, "dims", [*shapes, *rest],
+                     [tuple(f[p] for p in dynamic) for f in full], path)
+
+
+def infer_listing(inputs: Tensors, full: Sequence[Shape],
+                  path: str) -> tuple[tuple[int, ...], int]:
+    """(order, listed) when the gears' ``full`` dims tell the order without ``input_shape``:
+    all inputs (:func:`infer_order`), else only the inputs with a -1 (ATC's partial
+    --input_shape, see :func:`declared_order`), the static ones after them. GearFileError as
+    :func:`infer_order` when neither fits."""
+    dynamic = [p for p, d in enumerate(inputs.dims) if -1 in d]
+    width = len(full[0]) if full else 0
+    if 0 < len(dynamic) < len(inputs.names) and \
+            sum(len(inputs.dims[p]) for p in dynamic) == width:
+        sub = Tensors(*(tuple(getattr(inputs, f)[p] for p in dynamic)
+                        for f in ("names", "dims", "dtypes", "sizes")))
+        inner = infer_order(sub, full, path)
+        static = [p for p in range(len(inputs.names)) if p not in dynamic]
+        return tuple(dynamic[q] for q in inner) + tuple(static), len(dynamic)
+    return infer_order(inputs, full, path), len(inputs.names)
 
 
 def infer_order(inputs: Tensors, full: Sequence[Shape], path: str) -> tuple[int, ...]:

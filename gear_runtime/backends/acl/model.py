@@ -84,6 +84,9 @@ class AclModel(BackendModel):
         self._read_description()
         #: for each spec input, its position in :attr:`inputs` (the model's order)
         self.order = describe.declared_order(self.inputs, self._declared, self.path)
+        #: how many inputs (the first of :attr:`order`) ACL's dims cover: a partial
+        #: --input_shape lists only the dynamic ones
+        self.listed = describe.listed_count(self.inputs, self._declared)
         spec = self._discover_spec()
         dtypes = tuple(self.inputs.dtypes[p] for p in self.order)
         self.info = ModelInfo(spec, dtypes, self.outputs.names, self.outputs.dtypes,
@@ -174,8 +177,9 @@ class AclModel(BackendModel):
             full = [describe.dims_of(d, "acl.mdl.get_input_dynamic_dims")
                     for d in list(gears)[: int(count)]]
             if self._declared is None:
-                self.order = describe.infer_order(self.inputs, full, self.path)
-            return describe.dims_spec(self.inputs, self.order, full, self.path)
+                self.order, self.listed = describe.infer_listing(self.inputs, full, self.path)
+            describe.check_dims_listing(self.inputs, self.order, self.listed, self.path)
+            return describe.dims_spec(self.inputs, self.order, full, self.path, self.listed)
         hw, ret = acl.mdl.get_dynamic_hw(desc, -1)
         check(ret, "acl.mdl.get_dynamic_hw")
         pairs = describe.hw_pairs(hw)
@@ -200,7 +204,9 @@ class AclModel(BackendModel):
             return "acl.mdl.set_dynamic_batch_size", mdl.set_dynamic_batch_size, (*head, values[0])
         if spec.mode == "image_size":
             return "acl.mdl.set_dynamic_hw_size", mdl.set_dynamic_hw_size, (*head, *values)
-        full = list(spec.full_dims(gear))
+        # the listed inputs come first in the spec: their dims are ACL's, the rest is static
+        full = list(spec.full_dims(gear))[:sum(len(spec.input_shapes[i])
+                                               for i in range(self.listed))]
         return ("acl.mdl.set_input_dynamic_dims", mdl.set_input_dynamic_dims,
                 (*head, {"name": "", "dimCount": len(full), "dims": full}))
 
