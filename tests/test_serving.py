@@ -12,55 +12,44 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from models import conv_model
 
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
+pytest.importorskip("httptools")
+pytest.importorskip("orjson")
 pytest.importorskip("prometheus_client")
 triton = pytest.importorskip("tritonclient.http")
 
+from serving_support import (  # noqa: E402
+    CONV_GEARS,
+    CONV_SPEC,
+    HOST,
+    ServeProcess,
+    compile_models,
+    conv_input,
+    live,
+    metrics,
+    read_reply,
+    request,
+    wait_for_queue,
+)
+
 import gear_runtime as gr  # noqa: E402
 from gear_runtime.examples import prefill  # noqa: E402
-from gear_runtime.serving import (  # noqa: E402
-    ServeOptions,
-    build_server,
-    listen,
-    uvicorn_server,
-)
+from gear_runtime.serving import ServeOptions, build_server  # noqa: E402
 from gear_runtime.serving.batcher import BatchPlan, run_batch  # noqa: E402
 from gear_runtime.serving.protocol import decode_request  # noqa: E402
 
-HOST = "127.0.0.1"
-CONV_SPEC = {"input_shape": "data:-1,3,8,8", "dynamic_batch_size": "1,2,4,8"}
-CONV_GEARS = (1, 2, 4, 8)
-
 
 # ---- models and servers -----------------------------------------------------------------------
-def compile_models(directory: Path) -> dict[str, Path]:
-    """The conv model (batch gears 1, 2, 4, 8) and the prefill example, compiled."""
-    onnx.save(conv_model(), str(directory / "conv.onnx"))
-    gr.compile(str(directory / "conv.onnx"), gr.GearSpec.from_atc(**CONV_SPEC),
-               str(directory / "conv.gear.onnx"))
-    model_path, config_path = prefill.write_example(directory)
-    gr.compile(str(model_path), gr.GearSpec.from_config(str(config_path)),
-               str(directory / "prefill.gear.onnx"))
-    return {"conv": directory / "conv.gear.onnx", "prefill": directory / "prefill.gear.onnx"}
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     return compile_models(tmp_path_factory.mktemp("serving"))
@@ -75,34 +64,14 @@ def reference(files) -> dict[str, gr.Executor]:
         m.close()
 
 
-@contextmanager
-def live(server) -> Iterator[int]:
-    """Run ``server`` with uvicorn on a free 127.0.0.1 port in a thread; yields the port."""
-    sock = listen(HOST, 0)
-    port = sock.getsockname()[1]
-    uv = uvicorn_server(server, sock)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield port
-    finally:
-        uv.should_exit = True
-        thread.join(30)
-        sock.close()
-
-
 @pytest.fixture(scope="module")
 def port(files) -> Iterator[int]:
     """The shared server: both models, 2 executors each, a 1 MiB body limit."""
     server = build_server([str(files["conv"]), str(files["prefill"])],
                           options=ServeOptions(executors=2, max_batch_delay_ms=2,
                                                max_body_bytes=2**20))
-    with live(server) as p:
-        yield p
+    with live(server) as running:
+        yield running.port
 
 
 def client(port: int, **kwargs) -> triton.InferenceServerClient:
@@ -123,33 +92,6 @@ def infer(c, model: str, arrays: dict[str, np.ndarray], outputs: list[str], bina
     requested = [triton.InferRequestedOutput(n, binary_data=binary) for n in outputs]
     result = c.infer(model, triton_inputs(arrays, binary), outputs=requested)
     return [result.as_numpy(n) for n in outputs]
-
-
-def request(port: int, method: str, path: str, body: bytes = b"",
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One plain HTTP request (status, headers, body): what a non-triton client sends."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=60)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
-def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """/metrics as {(sample name, sorted labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, _, body = request(port, "GET", "/metrics")
-    assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body.decode())
-            for s in family.samples}
-
-
-def conv_input(batch: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((batch, 3, 8, 8)).astype(np.float32)
 
 
 # ---- every gear, JSON and binary --------------------------------------------------------------
@@ -221,7 +163,8 @@ def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference
                           options=ServeOptions(executors=1, max_batch_delay_ms=20))
     xs = [conv_input(1, seed=100 + i) for i in range(128)]
     got: dict[int, np.ndarray] = {}
-    with live(server) as p:
+    with live(server) as running:
+        p = running.port
         start = threading.Barrier(32)
 
         def run(k: int) -> None:
@@ -252,10 +195,12 @@ def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference
 def test_a_full_gear_goes_at_once(files) -> None:
     """8 rows (the largest gear) do not wait for the batch delay."""
     server = build_server([str(files["conv"])],
-                          options=ServeOptions(executors=1, max_batch_delay_ms=30_000))
-    with live(server) as p:
+                          options=ServeOptions(executors=1, max_batch_delay_ms=30_000,
+                                               batch_wait_when_idle=True))
+    with live(server) as running:
         t0 = time.monotonic()
-        (got,) = infer(client(p), "conv", {"data": conv_input(8, 1)}, ["logits"], True)
+        (got,) = infer(client(running.port), "conv", {"data": conv_input(8, 1)}, ["logits"],
+                       True)
         assert got.shape == (8, 10) and time.monotonic() - t0 < 10
 
 
@@ -295,7 +240,7 @@ BAD_JSON_REQUESTS = [
     ("not json", "conv", b"{not json", 400, "145000"),
     ("not an object", "conv", b"[1, 2]", 400, "145000"),
     ("no inputs", "conv", b"{}", 400, "145000"),
-    ("unknown model", "nope", json.dumps(GOOD_CONV).encode(), 404, "145003"),
+    ("unknown model", "nope", json.dumps(GOOD_CONV).encode(), 404, "145002"),
     ("wrong datatype", "conv",
      json.dumps({"inputs": [_v2("data", [1, 3, 8, 8], "FP64", [0.5] * 192)]}).encode(), 400,
      "145000"),
@@ -396,7 +341,7 @@ def test_oversized_bodies_are_413_before_they_are_read(port) -> None:
     with socket.create_connection((HOST, port), timeout=30) as s:
         s.sendall(b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Length: 1073741824\r\n\r\n" + b"{" * 1000)
-        reply = s.recv(65536).decode(errors="replace")
+        reply = read_reply(s).decode(errors="replace")
     assert reply.startswith("HTTP/1.1 413") and '"error"' in reply
     # streamed past the limit (chunked: no Content-Length)
     conn = http.client.HTTPConnection(HOST, port, timeout=60)
@@ -418,7 +363,7 @@ def test_unknown_paths_and_methods_are_json_errors(port) -> None:
     status, _, body = request(port, "GET", "/v2/models/conv/infer")
     assert status == 405 and "error" in json.loads(body)
     status, _, body = request(port, "GET", "/v2/models/conv/versions/2")
-    assert status == 404 and json.loads(body)["code"] == "145003"
+    assert status == 404 and json.loads(body)["code"] == "145002"
     status, _, body = request(port, "GET", "/v2/models/conv/versions/1")
     assert status == 200 and json.loads(body)["name"] == "conv"
 
@@ -446,7 +391,8 @@ def test_a_failure_of_ours_is_500_and_the_server_goes_on(files, reference) -> No
 
     served._execute = fail_once
     inputs = prefill.example_inputs(served.model.spec, 0, seed=1)
-    with live(server) as p:
+    with live(server) as running:
+        p = running.port
         c = client(p)
         with pytest.raises(triton.InferenceServerException) as info:
             infer(c, "prefill", inputs, ["logits"], True)
@@ -462,28 +408,23 @@ def test_a_failure_of_ours_is_500_and_the_server_goes_on(files, reference) -> No
 def test_a_full_queue_is_503_with_retry_after(files) -> None:
     server = build_server([str(files["conv"])],
                           options=ServeOptions(executors=1, max_batch_delay_ms=1500,
-                                               max_queue=1))
+                                               max_queue=1, batch_wait_when_idle=True))
     body = json.dumps(GOOD_CONV).encode()
-    with live(server) as p:
+    with live(server) as running:
+        p = running.port
         first: list = []
         t = threading.Thread(target=lambda: first.append(
             request(p, "POST", "/v2/models/conv/infer", body)))
         t.start()
-        _wait_for_queue(p, "conv", 1)
+        wait_for_queue(p, "conv", 1)
         status, headers, reply = request(p, "POST", "/v2/models/conv/infer", body)
         assert status == 503 and headers["retry-after"] == "1", reply
+        assert json.loads(reply)["code"] == "queue_full"
         t.join(30)
         assert first[0][0] == 200
         # still serving: a full gear (8 rows) goes without waiting for the long delay
         (got,) = infer(client(p), "conv", {"data": conv_input(8, 2)}, ["logits"], True)
         assert got.shape == (8, 10)
-
-
-def _wait_for_queue(port: int, model: str, depth: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while metrics(port).get(("gear_queue_depth", (("model", model),)), 0) < depth:
-        assert time.monotonic() < deadline, "requests never queued"
-        time.sleep(0.02)
 
 
 # ---- padding (dims mode) ------------------------------------------------------------------
@@ -496,7 +437,8 @@ def test_pad_serves_any_length_or_is_refused(files, reference, monkeypatch) -> N
             build_server([str(files["prefill"])], options=options)
         return
     server = build_server([str(files["prefill"])], options=options)
-    with live(server) as p:
+    with live(server) as running:
+        p = running.port
         inputs = prefill.inputs_for_shapes(prefill.example_shapes(20), seed=7)
         got = infer(client(p), "prefill", inputs, list(prefill.OUTPUT_NAMES), True)
         m = metrics(p)
@@ -534,15 +476,10 @@ def test_decode_keeps_binary_and_json_tensors_apart() -> None:
 def test_sigterm_drains_requests_in_flight(files, reference) -> None:
     """gear-runtime serve in a process of its own: requests waiting in the batcher when
     SIGTERM arrives are answered (200, right outputs), then it exits 0."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gear_runtime.cli", "serve", str(files["conv"]), "--port", "0",
-         "--executors", "1", "--max-batch-delay-ms", "1500"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "1500", "--batch-wait-when-idle"])
     try:
-        line = _read_line(proc, timeout=60)
-        assert "serving conv at http://127.0.0.1:" in line, line
-        p = int(line.rsplit(":", 1)[1].split()[0])
+        p = server.port
         xs = [conv_input(1, seed=200 + i) for i in range(3)]
         results: dict[int, tuple] = {}
 
@@ -554,33 +491,21 @@ def test_sigterm_drains_requests_in_flight(files, reference) -> None:
         threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        _wait_for_queue(p, "conv", 3)
-        proc.send_signal(signal.SIGTERM)
+        wait_for_queue(p, "conv", 3)
+        server.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
-        assert proc.wait(30) == 0
+        code, out, _ = server.stop()
+        assert code == 0
         for i, x in enumerate(xs):
             status, _, body = results[i]
             assert status == 200, body
             got = np.asarray(json.loads(body)["outputs"][0]["data"], np.float32)
             np.testing.assert_allclose(got, reference["conv"].execute([x])[0].ravel(),
                                        rtol=1e-5, atol=1e-6)
-        assert "server stopped" in proc.stdout.read()
+        assert "server stopped" in out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _read_line(proc: subprocess.Popen, timeout: float) -> str:
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not out or not out[0]:
-        proc.kill()
-        raise AssertionError(f"no start line; stderr: {proc.stderr.read()[-2000:]}")
-    return out[0]
+        server.kill()
 
 
 def test_cli_without_the_extra_is_one_line(files, monkeypatch, capsys) -> None:
@@ -588,7 +513,7 @@ def test_cli_without_the_extra_is_one_line(files, monkeypatch, capsys) -> None:
 
     for mod in [m for m in sys.modules if m.startswith("gear_runtime.serving")]:
         monkeypatch.delitem(sys.modules, mod)
-    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    monkeypatch.setitem(sys.modules, "httptools", None)  # import httptools -> ImportError
     assert cli.main(["serve", str(files["conv"])]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install "gear_runtime[serve]"' in err

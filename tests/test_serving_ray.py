@@ -14,12 +14,8 @@ import pytest
 pytest.importorskip("ray.serve")
 pytest.importorskip("tritonclient.http")
 
-from test_serving import (  # noqa: E402
-    HOST,
-    compile_models,
-    conv_input,
-    infer,
-)
+from serving_support import HOST, compile_models, conv_input  # noqa: E402
+from test_serving import infer  # noqa: E402
 
 import gear_runtime as gr  # noqa: E402
 from gear_runtime.examples import prefill  # noqa: E402
@@ -37,7 +33,7 @@ def test_cli_ray_serves_and_stops_on_sigterm(tmp_path) -> None:
     import subprocess
     import sys
 
-    from test_serving import _read_line, request
+    from serving_support import _read_line, request
 
     from gear_runtime.serving.ray_app import free_port
 

@@ -5,9 +5,10 @@ extra, and every other command must work without it."""
 from __future__ import annotations
 
 import argparse
-import asyncio
+import errno
 import logging
-import signal
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -23,22 +24,47 @@ from gear_runtime.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from gear_runtime.serving.http import HttpLimits
     from gear_runtime.serving.runner import ServeOptions
+
+#: Default --drain-seconds (the home of the number is serving.lifecycle.DEFAULT_DRAIN_S; the
+#: parser cannot import it without the serve extra, a test keeps the two equal).
+DRAIN_SECONDS = 20.0
+
+
+def port(text: str) -> int:
+    """A TCP port: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is not in 0..65535 (0: a free port)")
+    return value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``serve`` command's flags."""
-    p = sub.add_parser("serve", help="serve gear files over HTTP (KServe v2, tritonclient)",
+    p = sub.add_parser("serve", help="serve gear files over HTTP and gRPC (KServe v2, "
+                       "tritonclient)",
                        description="Serve gear files over the Open Inference Protocol (KServe "
-                       "v2 REST, with Triton's binary tensor extension): one pool of executors "
+                       "v2 REST and gRPC, with Triton's binary tensor, model configuration, "
+                       "statistics and model repository extensions): one pool of executors "
                        "per model, gear-aware dynamic batching for batch-mode models, "
-                       "Prometheus metrics at /metrics. Needs the serve extra: "
-                       'pip install "gear_runtime[serve]" (and [ray] for --ray).')
-    p.add_argument("files", nargs="+", metavar="FILE", help="gear files written by compile")
+                       "Prometheus metrics at /metrics, a graceful drain on SIGTERM. Needs "
+                       'the serve extra: pip install "gear_runtime[serve]" ([grpc] for '
+                       "--grpc-port, [ray] for --ray).")
+    p.add_argument("files", nargs="*", metavar="FILE", help="gear files written by compile")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1)")
-    p.add_argument("--port", type=int_at_least(0), default=8000,
-                   help="port (default 8000; 0: a free port, printed at start)")
+    p.add_argument("--port", type=port, default=8000,
+                   help="HTTP port (default 8000; 0: a free port, printed at start)")
+    p.add_argument("--grpc-port", type=port, default=None, metavar="PORT",
+                   help="also serve the KServe v2 / Triton gRPC API on this port (0: a free "
+                   "one); needs the grpc extra")
+    p.add_argument("--model-repository", metavar="DIR",
+                   help="a folder of NAME.gear.onnx files: all are served, and "
+                   "POST /v2/repository/models/NAME/load|unload (re)loads one while serving")
     p.add_argument("--name", action="append", default=[], metavar="NAME",
                    help="model name (one per FILE, in order; default: the file name without "
                    ".gear.onnx / .onnx)")
@@ -47,15 +73,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "at most 4)")
     p.add_argument("--max-batch-delay-ms", type=float_at_least(0), default=2.0, metavar="MS",
                    help="batch-mode models: how long a request waits for others to share its "
-                   "batch (default 2)")
+                   "batch while a batch is running (default 2)")
+    p.add_argument("--batch-wait-when-idle", action="store_true",
+                   help="wait out --max-batch-delay-ms even when no batch is running (default: "
+                   "an idle batcher sends a request at once)")
     p.add_argument("--no-batching", action="store_true",
                    help="run every request on its own (no dynamic batching)")
     p.add_argument("--max-queue", type=int_at_least(1), default=256, metavar="N",
                    help="requests waiting per model beyond which it answers 503 (default 256)")
-    p.add_argument("--max-body-mb", type=float_at_least(0), default=64.0, metavar="MB",
-                   help="largest request body accepted, in MiB (default 64; more: 413)")
+    p.add_argument("--max-body-mb", type=float_at_least(0), default=None, metavar="MB",
+                   help="largest request body accepted, in MiB (default: per model, what its "
+                   "largest gear's inputs take in JSON; more: 413)")
     p.add_argument("--pad", action="store_true",
-                   help="dims mode: serve requests of any shape padded to the covering gear")
+                   help="dims / image-size mode: serve requests of any shape padded to the "
+                   "covering gear (a batched batch-mode model pads its batches already)")
+    p.add_argument("--drain-seconds", type=float_at_least(0), default=DRAIN_SECONDS,
+                   metavar="S", help="on SIGTERM, answer what was received for at most S "
+                   f"seconds, then answer 503 + Retry-After (default {DRAIN_SECONDS:g})")
+    p.add_argument("--header-timeout", type=float_at_least(0.001), default=10.0, metavar="S",
+                   help="a request's headers must arrive within S seconds (default 10; "
+                   "then 408)")
+    p.add_argument("--body-timeout", type=float_at_least(0.001), default=30.0, metavar="S",
+                   help="longest pause within a request body (default 30; then 408)")
+    p.add_argument("--keep-alive-timeout", type=float_at_least(0.001), default=75.0,
+                   metavar="S", help="an idle keep-alive connection closes after S seconds "
+                   "(default 75)")
+    p.add_argument("--max-connections", type=int_at_least(1), default=2048, metavar="N",
+                   help="open connections; more are answered 503 at once (default 2048)")
+    p.add_argument("--intra-op-threads", type=int_at_least(1), default=None, metavar="N",
+                   help="onnxruntime: intra-op threads per model (default: ORT's)")
+    p.add_argument("--spin", action="store_true",
+                   help="onnxruntime: let intra-op threads spin while waiting for work (a "
+                   "little faster under load; the server then burns CPU between requests)")
     p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (a local Ray instance) instead of one process")
@@ -68,10 +117,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGINT / SIGTERM (graceful: requests in flight finish first)."""
+    """Serve until SIGINT / SIGTERM (graceful: every request received is answered)."""
     if args.name and len(args.name) != len(args.files):
         raise UsageError(f"{len(args.name)} --name for {len(args.files)} files: give one "
                          "per FILE, or none")
+    if not args.files and not args.model_repository:
+        raise UsageError("give gear files to serve, or --model-repository DIR")
+    if args.model_repository and not os.path.isdir(args.model_repository):
+        raise UsageError(f"--model-repository {args.model_repository!r} is not a folder")
+    if args.ray and (args.grpc_port is not None or args.model_repository):
+        raise UsageError("--ray serves HTTP through Ray Serve's proxy: --grpc-port and "
+                         "--model-repository are for the single-process server")
     for path in args.files:
         existing_file(path, "gear file")
     try:  # the extra is optional: a missing one is one line, not a traceback
@@ -86,10 +142,21 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     """The ServeOptions the ``serve`` flags ask for."""
     from gear_runtime.serving.runner import DEFAULT_EXECUTORS, ServeOptions
 
+    body = None if args.max_body_mb is None else max(1, int(args.max_body_mb * 2**20))
     return ServeOptions(backend=args.backend, executors=args.executors or DEFAULT_EXECUTORS,
                         max_batch_delay_ms=args.max_batch_delay_ms,
                         batching=not args.no_batching, max_queue=args.max_queue, pad=args.pad,
-                        max_body_bytes=int(args.max_body_mb * 2**20))
+                        max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
+                        spin=args.spin, intra_op_threads=args.intra_op_threads)
+
+
+def limits_from_args(args: argparse.Namespace) -> HttpLimits:
+    """The HttpLimits the ``serve`` flags ask for."""
+    from gear_runtime.serving.http import HttpLimits
+
+    return HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                      keep_alive_s=args.keep_alive_timeout,
+                      max_connections=args.max_connections)
 
 
 def serve_from_args(args: argparse.Namespace) -> int:
@@ -99,7 +166,9 @@ def serve_from_args(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     names = args.name or None
     if not args.ray:
-        return serve_forever(args.files, names, options, args.host, args.port, args.log_level)
+        return serve_forever(args.files, names, options, args.host, args.port,
+                             limits=limits_from_args(args), drain_s=args.drain_seconds,
+                             grpc_port=args.grpc_port, model_repository=args.model_repository)
     try:
         from gear_runtime.serving import ray_app
     except ImportError as exc:
@@ -110,34 +179,57 @@ def serve_from_args(args: argparse.Namespace) -> int:
                                  replicas=args.replicas)
 
 
-def _ignore(signum: int, frame: object) -> None:
-    """Handler that does nothing (see serve_forever)."""
+def bind(host: str, port: int, flag: str = "--port") -> socket.socket:
+    """The listening socket; a port in use is one clear OSError naming it and what to do."""
+    from gear_runtime.serving.http import listen
+
+    try:
+        return listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"port {port} on {host} is in use (another server?): "
+                                     f"choose another {flag}, or {flag} 0 for a free one"
+                          ) from None
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
-                  host: str, port: int, log_level: str = "warning") -> int:
+                  host: str, port: int, *, limits: HttpLimits | None = None,
+                  drain_s: float = DRAIN_SECONDS, grpc_port: int | None = None,
+                  model_repository: str | None = None) -> int:
     """Bind first (a port in use fails before any model loads), load, print the address,
-    serve until SIGINT / SIGTERM: then stop accepting, drain the requests in flight, close."""
-    from gear_runtime.serving.app import build_server, listen, uvicorn_server
+    serve until SIGINT / SIGTERM, drain (serving.lifecycle), close."""
+    from gear_runtime.serving.app import build_server
+    from gear_runtime.serving.lifecycle import Running, new_loop, serve
 
-    sock = listen(host, port)
+    if grpc_port is not None:
+        from gear_runtime.serving import grpc_app  # a missing extra fails before loading
+
+        grpc_app.check_port(host, grpc_port)
+    sock = bind(host, port)
     try:
-        server = build_server(files, names, options)
+        server = build_server(files, names, options, model_repository)
     except BaseException:
         sock.close()
         raise
-    host, port = sock.getsockname()[:2]
-    print(f"gear-runtime: serving {', '.join(server.models)} at http://{host}:{port} "
-          "(KServe v2 REST; metrics at /metrics)", flush=True)
-    # uvicorn catches SIGINT/SIGTERM while it serves, drains, then raises the signal again
-    # for the handler found before: a no-op one makes a drained shutdown a normal exit (0)
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def started(running: Running) -> None:
+        http_host, http_port = running.http_address
+        where = f"http://{http_host}:{http_port}"
+        if running.grpc_address is not None:
+            where += f" and grpc {running.grpc_address[0]}:{running.grpc_address[1]}"
+        print(f"gear-runtime: serving {', '.join(server.models) or '(no model)'} at {where} "
+              "(KServe v2; metrics at /metrics)", flush=True)
+
+    loop = new_loop()
     try:
-        uvicorn_server(server, sock, log_level=log_level).run(sockets=[sock])
+        drained = loop.run_until_complete(serve(
+            server, sock, limits=limits, drain_s=drain_s, on_started=started,
+            grpc=(host, grpc_port) if grpc_port is not None else None))
     finally:
-        asyncio.run(server.close())  # a no-op after the app's own shutdown
+        loop.close()
         sock.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    print("gear-runtime: server stopped", flush=True)
+    print("gear-runtime: server stopped" + ("" if drained else
+          f" (drain deadline of {drain_s:g} s reached: requests past it were answered 503)"),
+          flush=True)
     return 0

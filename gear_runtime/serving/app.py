@@ -1,14 +1,20 @@
-"""The HTTP server: KServe v2 REST endpoints on Starlette, run by uvicorn.
+"""The v2 server's application: KServe v2 REST routes with Triton's extensions.
 
-    GET  /v2/health/live, /v2/health/ready, /v2
-    GET  /v2/models/{name}[/versions/1]            metadata (+ gears as parameters)
+    GET  /v2/health/live, /v2/health/ready, /v2                server health, metadata
+    GET  /v2/models/{name}[/versions/1]                         metadata (+ gears as parameters)
     GET  /v2/models/{name}[/versions/1]/ready
-    POST /v2/models/{name}[/versions/1]/infer      JSON, or JSON + binary tensors (Triton)
-    GET  /metrics                                  Prometheus text format
+    GET  /v2/models/{name}[/versions/1]/config                  Triton model configuration
+    GET  /v2/models/{name}[/versions/1]/stats, /v2/models/stats Triton statistics
+    POST /v2/models/{name}[/versions/1]/infer                   JSON, or JSON + binary tensors
+    POST /v2/repository/index                                   Triton model repository
+    POST /v2/repository/models/{name}/load, .../unload          (with --model-repository)
+    GET  /metrics                                               Prometheus text format
 
 Every failure is answered, never raised into the server: ``{"error": "[code] message",
-"code": code}`` with 400 (bad request), 404 (unknown model or path), 413 (body too large),
-503 + ``Retry-After`` (queue full, shutting down) or 500 (a failure of ours, logged).
+"code": code}`` with the status of :func:`~gear_runtime.serving.errors.http_status`.
+:class:`GearServer` is served by :mod:`gear_runtime.serving.http` (``gear-runtime serve``),
+by any ASGI server through ``GearServer.app`` (Ray Serve), and over gRPC by
+:mod:`gear_runtime.serving.grpc_app`; the three share its methods.
 """
 
 from __future__ import annotations
@@ -16,153 +22,419 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 import zlib
-from collections.abc import Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import unquote
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+import numpy as np
 
-from gear_runtime.errors import ClosedError, InputError
+from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
 from gear_runtime.serving.errors import (
     RETRY_AFTER_S,
+    HeadersTooLargeError,
     ModelNotFoundError,
+    ModelNotLoadedError,
+    OverloadedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     error_code,
     http_status,
 )
+from gear_runtime.serving.http import HttpReply, HttpRequest
 from gear_runtime.serving.metrics import Metrics
-from gear_runtime.serving.protocol import HEADER_LENGTH, decode_request, encode_response, error_body
-from gear_runtime.serving.runner import ServedModel, ServeOptions, load_models
+from gear_runtime.serving.protocol import (
+    HEADER_LENGTH,
+    InferRequest,
+    decode_request,
+    encode_response,
+    error_body,
+)
+from gear_runtime.serving.repository import ModelRepository
+from gear_runtime.serving.runner import (
+    ServedModel,
+    ServeOptions,
+    load_models,
+    load_one,
+    model_name,
+)
+from gear_runtime.serving.stats import RunTiming
 
 logger = logging.getLogger("gear_runtime.serving")
 
 #: The only model version served (v2 paths may name it).
 VERSION = "1"
 JSON = "application/json"
+#: Bodies of requests that are not inferences (repository calls, GETs).
+SMALL_BODY_BYTES = 2**20
+#: A body larger than this (or compressed) is inflated and decoded on a worker thread, so
+#: the event loop keeps answering health checks and small requests meanwhile.
+OFFLOAD_BODY_BYTES = 256 * 2**10
+#: JSON outputs of more values than this are encoded on a worker thread.
+OFFLOAD_JSON_VALUES = 64 * 2**10
+
+Handler = Callable[..., Awaitable[HttpReply]]
 
 
 class GearServer:
-    """The served models and the ASGI app in front of them (``.app``)."""
+    """The served models, the routes in front of them, and the shutdown state."""
 
     def __init__(self, models: dict[str, ServedModel], options: ServeOptions,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, repository: ModelRepository | None = None) -> None:
         self.models, self.options, self.metrics = models, options, metrics
+        self.repository = repository
+        #: not ready: set at the first SIGTERM (the drain) and at close
         self.closing = False
-        self.app = self._build_app()
+        #: name -> why a repository model is not loaded ("unloaded", a load's error)
+        self.unavailable: dict[str, str] = {}
+        self._repository_lock: asyncio.Lock | None = None
+        self._retiring: set[asyncio.Task] = set()
+        from gear_runtime.serving.asgi import AsgiApp
 
-    # ---- the app -------------------------------------------------------------------------
-    def _build_app(self) -> Starlette:
-        routes = [Route("/v2/health/live", self.live), Route("/v2/health/ready", self.ready),
-                  Route("/v2", self.server_metadata), Route("/metrics", self.scrape)]
-        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            routes += [Route(prefix, self.model_metadata),
-                       Route(prefix + "/ready", self.model_ready),
-                       Route(prefix + "/infer", self.infer, methods=["POST"])]
+        #: the same routes as an ASGI application (Ray Serve, any ASGI server)
+        self.app = AsgiApp(self)
 
-        @asynccontextmanager
-        async def lifespan(app: Starlette):
-            yield
-            await self.close()  # after uvicorn has drained the requests in flight
+    # ---- what the HTTP server asks (serving.http.HttpApp) --------------------------------
+    def body_limit(self, request: HttpRequest) -> int:
+        """An inference's body may be as large as its model's largest request; other
+        requests are small."""
+        parts = _segments(request.path)
+        if len(parts) >= 4 and parts[:2] == ["v2", "models"] and parts[-1] == "infer":
+            model = self.models.get(parts[2])
+            if model is not None:
+                return model.max_request_bytes
+            # an unknown model's body is read (then answered 404) up to any model's limit
+            return max((m.max_request_bytes for m in self.models.values()),
+                       default=SMALL_BODY_BYTES)
+        return SMALL_BODY_BYTES
 
-        async def http_error(request: Request, exc: Exception) -> Response:
-            status = exc.status_code if isinstance(exc, HTTPException) else 500
-            detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-            return Response(json.dumps({"error": f"{detail}: {request.url.path}"}),
-                            status, media_type=JSON)
+    def refuse(self, request: HttpRequest | None, status: int, message: str) -> HttpReply:
+        """The reply for a request the HTTP layer refused (malformed, too slow, too large,
+        too many connections, past the drain deadline)."""
+        kind: type[GearRuntimeError] = {
+            408: RequestTimeoutError, 413: PayloadTooLargeError, 431: HeadersTooLargeError,
+            400: InputError}.get(status, GearRuntimeError)
+        if status == 503:
+            kind = ClosedError if request is not None else OverloadedError
+            if request is None:
+                self.metrics.refused.inc()
+        model = _model_in_path(request.path) if request is not None else ""
+        return self._error(kind(message), model if model in self.models else "")
 
-        return Starlette(routes=routes, lifespan=lifespan,
-                         exception_handlers={HTTPException: http_error})
+    async def handle(self, request: HttpRequest) -> HttpReply:
+        """Route ``request`` and answer it; never raises."""
+        try:
+            handler, params = self._route(request.method, request.path)
+            return await handler(request, **params)
+        except Exception as exc:
+            return self._error(exc, "")
 
-    async def live(self, request: Request) -> Response:
+    def disconnected(self, request: HttpRequest | None) -> None:
+        """A client went away before its answer: counted and logged, not an error of ours."""
+        path = request.path if request is not None else "(headers incomplete)"
+        model = _model_in_path(path)
+        self.metrics.disconnect(model if model in self.models else "")
+        logger.info("client hung up before its answer: %s %s",
+                    request.method if request else "", path)
+
+    # ---- routing -------------------------------------------------------------------------
+    def _route(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        parts = _segments(path)
+        routes: list[tuple[str, Handler, dict[str, str]]] = []
+        if parts == ["v2"]:
+            routes = [("GET", self.server_metadata, {})]
+        elif parts == ["v2", "health", "live"]:
+            routes = [("GET", self.live, {})]
+        elif parts == ["v2", "health", "ready"]:
+            routes = [("GET", self.ready, {})]
+        elif parts == ["metrics"]:
+            routes = [("GET", self.scrape, {})]
+        elif parts == ["v2", "models", "stats"]:
+            routes = [("GET", self.statistics, {"name": ""})]
+        elif parts == ["v2", "repository", "index"]:
+            routes = [("POST", self.repository_index, {})]
+        elif len(parts) == 5 and parts[:3] == ["v2", "repository", "models"] and \
+                parts[4] in ("load", "unload"):
+            action = self.load if parts[4] == "load" else self.unload
+            routes = [("POST", action, {"name": parts[3]})]
+        elif len(parts) >= 3 and parts[:2] == ["v2", "models"]:
+            routes = self._model_routes(parts[2], parts[3:])
+        if not routes:
+            raise _NotFound(f"no such path: {path[:200]}")
+        for want, handler, params in routes:
+            if method == want or (method == "HEAD" and want == "GET"):
+                return handler, params
+        raise _MethodNotAllowed(f"{method} is not allowed on {path[:200]} "
+                                f"(use {routes[0][0]})")
+
+    def _model_routes(self, name: str, rest: list[str]
+                      ) -> list[tuple[str, Handler, dict[str, str]]]:
+        params = {"name": name, "version": ""}
+        if len(rest) >= 2 and rest[0] == "versions":
+            params["version"], rest = rest[1], rest[2:]
+        table: dict[tuple[str, ...], tuple[str, Handler]] = {
+            (): ("GET", self.model_metadata), ("ready",): ("GET", self.model_ready),
+            ("config",): ("GET", self.model_config), ("stats",): ("GET", self.statistics),
+            ("infer",): ("POST", self.infer)}
+        found = table.get(tuple(rest))
+        return [(found[0], found[1], params)] if found else []
+
+    # ---- health and metadata -------------------------------------------------------------
+    async def live(self, request: HttpRequest) -> HttpReply:
         return _json({"live": True})
 
-    async def ready(self, request: Request) -> Response:
+    async def ready(self, request: HttpRequest) -> HttpReply:
         return _json({"ready": not self.closing}, 200 if not self.closing else 503)
 
-    async def server_metadata(self, request: Request) -> Response:
+    def extensions(self) -> list[str]:
+        """The protocol extensions this server implements (server metadata)."""
+        found = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+        return found + (["model_repository"] if self.repository is not None else [])
+
+    async def server_metadata(self, request: HttpRequest) -> HttpReply:
         from gear_runtime.version import __version__
 
         return _json({"name": "gear_runtime", "version": __version__,
-                      "extensions": ["binary_tensor_data"]})
+                      "extensions": self.extensions()})
 
-    async def scrape(self, request: Request) -> Response:
+    async def scrape(self, request: HttpRequest) -> HttpReply:
         body, content_type = self.metrics.exposition()
-        return Response(body, media_type=content_type)
+        return HttpReply(200, body, content_type)
 
-    async def model_metadata(self, request: Request) -> Response:
-        try:
-            return _json(self._model(request).metadata())
-        except Exception as exc:
-            return self._error(exc, "")
+    async def model_metadata(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+        return _json(self.model(name, version).metadata())
 
-    async def model_ready(self, request: Request) -> Response:
-        try:
-            self._model(request)
-        except Exception as exc:
-            return self._error(exc, "")
-        return _json({"name": request.path_params["name"], "ready": not self.closing},
+    async def model_ready(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+        self.model(name, version)
+        return _json({"name": name, "ready": not self.closing},
                      200 if not self.closing else 503)
 
-    async def infer(self, request: Request) -> Response:
-        """Decode, run (batched or not), encode; every failure becomes an error response."""
-        t0 = time.perf_counter()
-        name = ""
-        try:
-            # the body first, even for an unknown model: a reply before the body is read
-            # would close the connection under a client still sending it
-            body = await read_body(request, self.options.max_body_bytes)
-            model = self._model(request)
-            name = model.name
-            if self.closing:
-                raise ClosedError("the server is shutting down")
-            infer_request = decode_request(body, request.headers.get(HEADER_LENGTH))
-            gear, outputs = await model.infer(infer_request)
-            names, outputs = _selected(model, infer_request.outputs, outputs)
-            payload, header_length = encode_response(model.name, infer_request, names, outputs)
-        except Exception as exc:
-            return self._error(exc, name)
-        self.metrics.request(name, model.gear_label(gear), time.perf_counter() - t0)
-        if header_length is None:
-            return Response(payload, media_type=JSON)
-        return Response(payload, media_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(header_length)})
+    async def model_config(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+        return _json(self.model(name, version).config())
 
-    def _model(self, request: Request) -> ServedModel:
-        name = request.path_params["name"]
-        version = request.path_params.get("version", VERSION)
+    async def statistics(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
+        return _json(self.model_statistics(name, version))
+
+    def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
+        """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``)."""
+        models = [self.model(name, version)] if name else \
+            [self.models[n] for n in sorted(self.models)]
+        return {"model_stats": [m.stats.snapshot() for m in models]}
+
+    def model(self, name: str, version: str = "") -> ServedModel:
+        """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the
+        server does not know, ModelNotLoadedError for a repository model not loaded."""
         model = self.models.get(name)
-        if model is None or version != VERSION:
-            what = f"model {name!r}" + (f" version {version!r}" if model is not None else "")
-            raise ModelNotFoundError(f"{what} is not served here; models: "
-                                     f"{', '.join(sorted(self.models))} (version {VERSION})")
-        return model
+        if model is not None and version in ("", VERSION):
+            return model
+        if model is not None:
+            raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r} "
+                                     f"(version {VERSION} is served)")
+        if self.repository is not None and name in self.repository:
+            why = self.unavailable.get(name, "not loaded")
+            raise ModelNotLoadedError(f"model {name!r} is not loaded ({why}); load it: POST "
+                                      f"/v2/repository/models/{name}/load")
+        raise ModelNotFoundError(f"unknown model {name[:200]!r}; models: "
+                                 f"{', '.join(sorted(self.models)) or '(none)'}")
 
-    def _error(self, exc: BaseException, model: str) -> Response:
+    # ---- inference -----------------------------------------------------------------------
+    async def infer(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+        """Decode, run (batched or not), encode; every failure becomes an error reply."""
+        try:
+            model = self.model(name, version)
+        except GearRuntimeError as exc:
+            return self._error(exc, "")
+        with model.use():
+            try:
+                if self.closing:
+                    raise ClosedError("the server is shutting down")
+                infer_request = await self._decode(request, model.max_request_bytes)
+                admitted = time.perf_counter()
+                timing, outputs = await model.infer(infer_request)
+                payload, header_length = await self.encode(model, infer_request, outputs)
+            except Exception as exc:
+                model.stats.failed(time.perf_counter() - request.started)
+                return self._error(exc, model.name)
+        self.count_success(model, infer_request, request.started, admitted, timing)
+        if header_length is None:
+            return HttpReply(200, payload, JSON)
+        return HttpReply(200, payload, "application/octet-stream",
+                         {HEADER_LENGTH.lower(): str(header_length)})
+
+    def count_success(self, model: ServedModel, request: InferRequest, arrived: float,
+                      admitted: float, timing: RunTiming) -> None:
+        """Statistics and metrics of one answered inference."""
+        answered = time.perf_counter()
+        model.stats.succeeded(model.rows(request), admitted, answered, arrived, timing)
+        self.metrics.request(model.name, model.gear_label(timing.gear), answered - arrived)
+
+    async def _decode(self, request: HttpRequest, limit: int) -> InferRequest:
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        header_length = request.headers.get(HEADER_LENGTH.lower())
+        if encoding == "identity" and len(request.body) <= OFFLOAD_BODY_BYTES:
+            return decode_request(request.body, header_length)
+        return await asyncio.to_thread(_inflate_and_decode, request.body, encoding, limit,
+                                       header_length)
+
+    async def encode(self, model: ServedModel, request: InferRequest,
+                     outputs: Sequence[np.ndarray]) -> tuple[list[Any], int | None]:
+        """The response body of ``outputs`` (the ones the request asked for)."""
+        names, arrays = _selected(model, request.outputs, outputs)
+        json_values = sum(a.size for n, a in zip(names, arrays, strict=True)
+                          if not request.binary(n))
+        if json_values <= OFFLOAD_JSON_VALUES:
+            return encode_response(model.name, request, names, arrays)
+        return await asyncio.to_thread(encode_response, model.name, request, names, arrays)
+
+    # ---- the model repository ------------------------------------------------------------
+    def _repo(self) -> ModelRepository:
+        if self.repository is None:
+            raise InputError("this server has no model repository: start it with "
+                             "--model-repository DIR to load and unload models")
+        return self.repository
+
+    async def repository_index(self, request: HttpRequest) -> HttpReply:
+        doc = _json_body(request.body) if request.body.strip() else {}
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InputError('"ready" must be true or false')
+        return _json(self.index(ready))
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model served or in the repository: name, version, state, reason."""
+        names = set(self.models) | set(self.repository.names() if self.repository else [])
+        out = []
+        for name in sorted(names):
+            state = "READY" if name in self.models else "UNAVAILABLE"
+            if ready_only and state != "READY":
+                continue
+            out.append({"name": name, "version": VERSION, "state": state,
+                        "reason": "" if state == "READY"
+                        else self.unavailable.get(name, "not loaded")})
+        return out
+
+    async def load(self, request: HttpRequest, name: str) -> HttpReply:
+        doc = _json_body(request.body) if request.body.strip() else {}
+        if doc.get("parameters"):
+            raise InputError("load takes the model's gear file from the repository as it "
+                             "is: a config or files in the request are not supported")
+        await self.load_model(unquote(name))
+        return _json({})
+
+    async def unload(self, request: HttpRequest, name: str) -> HttpReply:
+        await self.unload_model(unquote(name))
+        return _json({})
+
+    def _lock(self) -> asyncio.Lock:
+        if self._repository_lock is None:
+            self._repository_lock = asyncio.Lock()
+        return self._repository_lock
+
+    async def load_model(self, name: str) -> None:
+        """(Re)load ``name`` from the repository. The new model serves every request from
+        the moment it is ready; the one it replaces finishes the requests it has, then
+        closes. A load that fails leaves the model served before (if any) as it was."""
+        path = self._repo().path_of(name)
+        if self.closing:
+            raise ClosedError("the server is shutting down")
+        async with self._lock():
+            try:
+                new = await asyncio.to_thread(load_one, name, str(path), self.options,
+                                              self.metrics)
+            except GearRuntimeError as exc:
+                if name not in self.models:
+                    self.unavailable[name] = f"load failed: {exc}"
+                raise
+            old, self.models[name] = self.models.get(name), new
+            self.unavailable.pop(name, None)
+        if old is not None:
+            self._retire(old)
+        logger.info("model %r loaded from %s", name, path)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name``: new requests get 404 (145003); the requests it has are
+        answered, then it closes (this call returns after that)."""
+        repo = self._repo()
+        async with self._lock():
+            model = self.models.pop(name, None)
+            if model is None:
+                if name not in repo:
+                    raise ModelNotFoundError(f"unknown model {name[:200]!r}")
+                return  # not loaded: nothing to do
+            self.unavailable[name] = "unloaded"
+            self.metrics.untrack_queue(name)
+        await model.retire()
+        logger.info("model %r unloaded", name)
+
+    def _retire(self, model: ServedModel) -> None:
+        task = asyncio.get_running_loop().create_task(model.retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    # ---- errors, shutdown ----------------------------------------------------------------
+    def _error(self, exc: BaseException, model: str) -> HttpReply:
         status = http_status(exc)
-        if status >= 500 and not isinstance(exc, ClosedError) and status != 503:
+        if isinstance(exc, _RouteError):
+            status = exc.status
+        elif status >= 500 and status != 503:  # a fault of ours: the traceback is wanted
             logger.error("request failed", exc_info=exc)
         self.metrics.error(model, error_code(exc), status)
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-        return Response(error_body(exc), status, headers=headers, media_type=JSON)
+        headers = {"retry-after": str(RETRY_AFTER_S)} if status == 503 else {}
+        return HttpReply(status, error_body(exc), JSON, headers)
+
+    def begin_drain(self) -> None:
+        """The first SIGTERM: not ready from now on (a load balancer stops sending)."""
+        self.closing = True
+
+    def refuse_waiting(self) -> None:
+        """Past the drain deadline: what waits for an executor is answered 503."""
+        for model in self.models.values():
+            model.refuse_waiting()
 
     async def close(self) -> None:
         """Stop every model (batchers, executors, the models); idempotent."""
-        if self.closing and not self.models:
-            return
         self.closing = True
         models, self.models = self.models, {}
-        await asyncio.gather(*(m.close() for m in models.values()), return_exceptions=True)
+        await asyncio.gather(*(m.close() for m in models.values()), *self._retiring,
+                             return_exceptions=True)
 
 
-def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(doc), status, media_type=JSON)
+class _RouteError(GearRuntimeError):
+    status = 404
+
+
+class _NotFound(_RouteError, LookupError):
+    """No route for the path (HTTP 404)."""
+
+
+class _MethodNotAllowed(_RouteError):
+    """The path exists, the method does not (HTTP 405)."""
+
+    status = 405
+
+
+def _segments(path: str) -> list[str]:
+    return [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
+
+
+def _model_in_path(path: str) -> str:
+    parts = _segments(path)
+    return parts[2] if len(parts) >= 3 and parts[:2] == ["v2", "models"] else ""
+
+
+def _json(doc: Any, status: int = 200) -> HttpReply:
+    return HttpReply(status, json.dumps(doc).encode(), JSON)
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputError(f"the request is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InputError("the request must be a JSON object")
+    return doc
 
 
 def _selected(model: ServedModel, requested: dict[str, bool] | None,
@@ -175,30 +447,19 @@ def _selected(model: ServedModel, requested: dict[str, bool] | None,
     return list(requested), [by_name[n] for n in requested]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes (also once decompressed: gzip and deflate,
-    as tritonclient sends them); PayloadTooLargeError past it, before reading further."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the body has {declared} bytes; this server accepts at "
-                                   f"most {limit} (--max-body-mb)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"the body exceeds {limit} bytes (--max-body-mb)")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+def _inflate_and_decode(body: bytes, encoding: str, limit: int,
+                        header_length: str | None) -> InferRequest:
+    return decode_request(inflate(body, encoding, limit), header_length)
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as sent (``identity``) or inflated (``gzip``, ``deflate``: what
+    tritonclient sends), at most ``limit`` bytes: inflating stops at the limit, so a small
+    body that would expand without bound costs what ``limit`` bytes cost."""
     if encoding == "identity":
         return body
     if encoding not in ("gzip", "deflate"):
-        raise InputError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate)")
-    return _decompress(body, encoding, limit)
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """Inflate at most ``limit`` bytes: a small compressed body cannot expand without bound."""
+        raise InputError(f"Content-Encoding {encoding[:50]!r} is not supported (gzip, deflate)")
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     inflater = zlib.decompressobj(wbits)
     try:
@@ -206,41 +467,26 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as exc:
         raise InputError(f"the body is not valid {encoding} data: {exc}") from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLargeError(f"the body inflates past {limit} bytes (--max-body-mb)")
+        raise PayloadTooLargeError(f"the body inflates past {limit} bytes, the most this "
+                                   "model's largest request needs")
     return out
 
 
-# ---- building and running ---------------------------------------------------------------------
+# ---- building ---------------------------------------------------------------------------------
 def build_server(files: Sequence[str], names: Sequence[str] | None = None,
-                 options: ServeOptions | None = None) -> GearServer:
+                 options: ServeOptions | None = None,
+                 model_repository: str | None = None) -> GearServer:
     """Load ``files`` (served as ``names``, default: the file names without ``.gear.onnx``)
-    and return the server; its ``.app`` is the ASGI application. Raises GearRuntimeError for
-    a file that cannot be served."""
+    and, with ``model_repository``, every gear file of that folder; return the server.
+    Raises GearRuntimeError for a file that cannot be served."""
     options = options or ServeOptions()
     metrics = Metrics()
-    return GearServer(load_models(files, names, options, metrics), options, metrics)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host``:``port`` (0: a free port; read it back with
-    ``getsockname``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
-def uvicorn_server(server: GearServer, sock: socket.socket, *, log_level: str = "warning",
-                   graceful_timeout_s: float = 30.0) -> Any:
-    """A uvicorn Server for ``server.app`` on the bound ``sock``. Its ``run(sockets=[sock])``
-    handles SIGINT/SIGTERM: stop accepting, let the requests in flight finish (up to
-    ``graceful_timeout_s``), then close the models."""
-    import uvicorn
-
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=graceful_timeout_s, lifespan="on",
-                            access_log=False)
-    return uvicorn.Server(config)
+    repository = ModelRepository(model_repository) if model_repository else None
+    files = list(files)
+    names = list(names) if names else [model_name(f) for f in files]
+    if repository is not None:  # every model of the repository, unless a file is named so
+        extra = [n for n in repository.names() if n not in names]
+        files += [str(repository.path_of(n)) for n in extra]
+        names += extra
+    return GearServer(load_models(files, names, options, metrics), options, metrics,
+                      repository)

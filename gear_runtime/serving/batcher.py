@@ -2,8 +2,10 @@
 
 Requests that arrive within ``max_delay`` of the first waiting one are gathered (first come,
 first served) into the smallest batch gear that holds them; a batch as large as the largest
-gear goes at once. The batch's rows are concatenated, padded with zero rows up to the gear,
-run ONCE on one executor, and every request gets its own rows of every output back.
+gear goes at once, and so does whatever waits when no batch is running (an idle batcher has
+nothing to wait for: a lone request never pays the delay, unless ``wait_when_idle``). The
+batch's rows are concatenated, padded with zero rows up to the gear, run ONCE on one
+executor, and every request gets its own rows of every output back.
 
 Why each response equals what the request alone would return: a batch-mode gear file is GE's
 multi-batch clone of a model whose rows are independent (that is what dynamic batch means),
@@ -20,6 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -119,23 +122,26 @@ class _Item:
     future: asyncio.Future = field(repr=False)
 
 
-#: Runs one batch on a free executor: (requests' inputs) -> (gear, each request's outputs).
-BatchRunner = Callable[[list[list[np.ndarray]]], Awaitable[tuple[int, list[list[np.ndarray]]]]]
+#: Runs one batch on a free executor: (requests' inputs) -> (how it ran: the gear and whatever
+#: the runner reports, passed through as it is; each request's outputs).
+BatchRunner = Callable[[list[list[np.ndarray]]], Awaitable[tuple[Any, list[list[np.ndarray]]]]]
 
 
 class Batcher:
     """Gathers requests for one model and runs them as gear-sized batches.
 
     ``run`` executes one batch on a free executor; at most ``slots`` batches run at once (one
-    per executor). ``on_batch(gear, rows)`` is told of every batch run (metrics). Lives on
-    the event loop of its first request.
+    per executor). ``on_batch(run, rows)`` is told of every batch run (metrics; ``run``: what
+    the runner reported). Lives on the event loop of its first request.
     """
 
     def __init__(self, plan: BatchPlan, run: BatchRunner, *, max_delay_s: float, slots: int,
-                 on_batch: Callable[[int, int], None] = lambda gear, rows: None) -> None:
+                 on_batch: Callable[[Any, int], None] = lambda run, rows: None,
+                 wait_when_idle: bool = False) -> None:
         self.plan = plan
         self._run = run
         self._delay = max_delay_s
+        self._wait_when_idle = wait_when_idle
         self._on_batch = on_batch
         self._pending: deque[_Item] = deque()
         self._pending_rows = 0
@@ -144,21 +150,38 @@ class Batcher:
         self._slot_count = slots
         self._loop_task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
+        #: batches running now (dispatched ones and lone requests run at once)
+        self._busy = 0
 
     def __len__(self) -> int:
         """Requests waiting to be batched."""
         return len(self._pending)
 
-    async def submit(self, inputs: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
+    async def submit(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
         """Queue one request (its inputs, batch on axis 0, 1..max_rows rows, already checked
-        against the model) and wait for (gear index, its outputs)."""
+        against the model) and wait for (how its batch ran, its outputs)."""
         loop = asyncio.get_running_loop()
         self._start(loop)
+        if not (self._busy or self._pending or self._wait_when_idle):
+            return await self._run_alone(inputs)
         item = _Item(inputs, inputs[0].shape[0], loop.time(), loop.create_future())
         self._pending.append(item)
         self._pending_rows += item.rows
         self._arrived.set()
         return await item.future
+
+    async def _run_alone(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+        """An idle batcher runs a request at once, in the caller's task: no hop through the
+        gathering task (requests arriving meanwhile gather as usual)."""
+        await self._slots.acquire()  # free: nothing runs
+        self._busy += 1
+        try:
+            run, outputs = await self._run([inputs])
+            self._on_batch(run, inputs[0].shape[0])
+            return run, outputs[0]
+        finally:
+            self._busy -= 1
+            self._slots.release()
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the gathering task on the first request's loop (where the server runs)."""
@@ -182,6 +205,8 @@ class Batcher:
             await self._arrived.wait()
         deadline = self._pending[0].arrived + self._delay
         loop = asyncio.get_running_loop()
+        if not self._busy and not self._wait_when_idle:
+            deadline = loop.time()  # idle: nobody else to wait for, nothing to overlap with
         while self._pending_rows < self.plan.max_rows and loop.time() < deadline:
             self._arrived.clear()
             try:
@@ -193,6 +218,7 @@ class Batcher:
         if not items:
             self._slots.release()
             return
+        self._busy += 1  # from now: a batch is on its way, later arrivals gather
         task = loop.create_task(self._dispatch(items))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -212,17 +238,26 @@ class Batcher:
 
     async def _dispatch(self, items: list[_Item]) -> None:
         try:
-            gear, outputs = await self._run([it.inputs for it in items])
-            self._on_batch(gear, sum(it.rows for it in items))
+            run, outputs = await self._run([it.inputs for it in items])
+            self._on_batch(run, sum(it.rows for it in items))
             for item, out in zip(items, outputs, strict=True):
                 if not item.future.done():
-                    item.future.set_result((gear, out))
+                    item.future.set_result((run, out))
         except Exception as exc:  # every request of the batch gets the batch's error
             for item in items:
                 if not item.future.done():
                     item.future.set_exception(exc)
         finally:
+            self._busy -= 1
             self._slots.release()
+
+    def fail_waiting(self, exc: Exception) -> None:
+        """Every request waiting (not in a running batch) fails with ``exc`` now."""
+        while self._pending:
+            item = self._pending.popleft()
+            self._pending_rows -= item.rows
+            if not item.future.done():
+                item.future.set_exception(exc)
 
     async def close(self) -> None:
         """Stop gathering; batches already running finish; requests still waiting (none

@@ -2,22 +2,41 @@
 
 Every error the server answers with is a :class:`~gear_runtime.errors.GearRuntimeError`, so
 the response body ``{"error": "[code] message", "code": code}`` carries the same GE code a
-service would see in process. :func:`http_status` is the one table from error to status.
+service would see in process. :func:`http_status` is the one table from error to status
+(the gRPC status follows from it).
+
+Codes: a name the server has no model for is 145002 (GE's "model file path invalid": the
+name leads to no model file), a model that exists but is not loaded (unloaded through the
+repository, or the server shutting down) is 145003 (GE's "model id invalid": what ACL answers
+for an unloaded model id), a malformed request 145000, a request of the wrong shape 145012 or
+out of the gears 145013, and 503s for a full queue or too many connections carry no GE code
+(GE has none for them): ``"code"`` is then the reason, ``"queue_full"`` / ``"overloaded"``.
 """
 
 from __future__ import annotations
 
 from gear_runtime.errors import (
     ACL_ERROR_GE_EXEC_MODEL_ID_INVALID,
+    ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID,
     ClosedError,
+    CompileError,
+    GearFileError,
     GearRuntimeError,
+    GearSpecError,
     InputError,
 )
 
 
 class ModelNotFoundError(GearRuntimeError, LookupError):
-    """No model of that name (or version) is served. Code 145003: what ACL answers for a
-    model id it does not know."""
+    """No model of that name (or version) is served, nor in the model repository. Code
+    145002: the name leads to no model file."""
+
+    default_code = ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+
+
+class ModelNotLoadedError(GearRuntimeError, LookupError):
+    """A model of the repository that is not loaded (never, or unloaded). Code 145003: what
+    ACL answers for a model id that is not loaded."""
 
     default_code = ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
 
@@ -26,26 +45,53 @@ class PayloadTooLargeError(InputError):
     """The request body (or its decompressed form) is larger than the server accepts."""
 
 
-class QueueFullError(GearRuntimeError, RuntimeError):
-    """The model's queue holds ``--max-queue`` requests already: retry later (HTTP 503)."""
+class HeadersTooLargeError(PayloadTooLargeError):
+    """The request line and headers are larger than the server accepts (HTTP 431)."""
+
+
+class RequestTimeoutError(InputError):
+    """The client did not send its headers or its body in time (HTTP 408)."""
+
+
+class UnavailableError(GearRuntimeError, RuntimeError):
+    """The server cannot take the request now: retry later (HTTP 503 + Retry-After)."""
+
+
+class QueueFullError(UnavailableError):
+    """The model's queue holds ``--max-queue`` requests already."""
+
+    default_code = "queue_full"
+
+
+class OverloadedError(UnavailableError):
+    """The server holds ``--max-connections`` connections already."""
+
+    default_code = "overloaded"
 
 
 #: Seconds a client is told to wait after a 503 (queue full or shutting down).
 RETRY_AFTER_S = 1
 
+#: error class -> HTTP status, most specific first (the first match wins).
+_STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+    ((ModelNotFoundError, ModelNotLoadedError), 404),
+    (RequestTimeoutError, 408),
+    (HeadersTooLargeError, 431),
+    (PayloadTooLargeError, 413),
+    # a bad request, or a model file (loaded through the repository) that cannot be served
+    ((InputError, GearFileError, GearSpecError, CompileError), 400),
+    ((UnavailableError, ClosedError), 503),
+)
+
 
 def http_status(exc: BaseException) -> int:
-    """The HTTP status for ``exc``: 404 unknown model, 413 oversized body, 400 bad input
-    (every InputError: datatype, shape, 145012, out-of-gear 145013), 503 queue full or
-    shutting down, 500 anything else (a failure of the server, not of the request)."""
-    if isinstance(exc, ModelNotFoundError):
-        return 404
-    if isinstance(exc, PayloadTooLargeError):
-        return 413
-    if isinstance(exc, InputError):
-        return 400
-    if isinstance(exc, QueueFullError | ClosedError):
-        return 503
+    """The HTTP status for ``exc``: 404 unknown or unloaded model, 408 too slow, 413 / 431
+    too large, 400 bad input (every InputError: datatype, shape, 145012, out-of-gear 145013;
+    a bad model file to load), 503 queue full, too many connections or shutting down, 500
+    anything else (a failure of the server, not of the request)."""
+    for kinds, status in _STATUS:
+        if isinstance(exc, kinds):
+            return status
     return 500
 
 

@@ -8,6 +8,7 @@ name, ``""`` for a request naming no served model) and ``gear`` (the gear's dims
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prometheus_client import (
@@ -56,10 +57,27 @@ class Metrics:
                            registry=r)
         self.errors = Counter("gear_errors", "Requests answered with an error, by GE code",
                               ["model", "code", "status"], registry=r)
+        self.disconnects = Counter("gear_client_disconnects",
+                                   "Clients that hung up before their request was answered "
+                                   "(not errors of the server)", ["model"], registry=r)
+        self.connections = Gauge("gear_open_connections", "Open HTTP connections",
+                                 registry=r)
+        self.refused = Counter("gear_refused_connections",
+                               "Connections answered 503 at once: past --max-connections",
+                               registry=r)
 
     def track_queue(self, model: str, depth: Callable[[], float]) -> None:
         """Report ``depth()`` as the model's queue depth at every scrape."""
         self.queue.labels(model).set_function(depth)
+
+    def untrack_queue(self, model: str) -> None:
+        """Stop reporting the queue of a model no longer served."""
+        with contextlib.suppress(KeyError):
+            self.queue.remove(model)
+
+    def track_connections(self, count: Callable[[], float]) -> None:
+        """Report ``count()`` as the open connections at every scrape."""
+        self.connections.set_function(count)
 
     def request(self, model: str, gear: str, seconds: float) -> None:
         self.requests.labels(model, gear).inc()
@@ -78,6 +96,9 @@ class Metrics:
 
     def error(self, model: str, code: str, status: int) -> None:
         self.errors.labels(model, code, str(status)).inc()
+
+    def disconnect(self, model: str) -> None:
+        self.disconnects.labels(model).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) of the Prometheus text format."""

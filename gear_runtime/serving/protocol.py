@@ -9,7 +9,12 @@ every output not listed otherwise), with the same header and parameter in the re
 
 This module knows the wire format only, not the models: every check here is one a request
 fails whatever model it is sent to. A failure is an :class:`InputError` (HTTP 400, code 145000)
-whose message names the tensor and what was wrong.
+whose message names the tensor and what was wrong; no body, however malformed, raises
+anything else.
+
+JSON is read and written by orjson: numeric tensors are encoded from the numpy array in C
+(float32 values in their shortest float32 form, NaN and infinities as ``null``, which JSON
+has instead) and parsed without Python code per value.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gear_runtime.errors import InputError
 
@@ -37,10 +43,36 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _BY_DTYPE = {dt: name for name, dt in DATATYPES.items()}
 
+#: The most axes a tensor may have (numpy's limit is 64; no model input has more than a few).
+MAX_RANK = 32
+#: Characters of the widest JSON text of one value, per numpy kind (integers: computed from
+#: the dtype's range): ``false``, and ``-2.2250738585072014e-308`` (a float's shortest
+#: round-trip form is at most that long).
+_WIDEST_VALUE = {"b": 5, "f": 24}
+
 #: JSON value kinds (numpy's, as np.asarray reads the list) accepted per tensor kind: ints
 #: are valid floats (JSON writers may print 1.0 as 1), floats are never silently truncated
 #: into ints, and bools are only bools.
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def json_width(dtype: np.dtype | type, rank: int) -> int:
+    """The most bytes one value of ``dtype`` takes in a JSON request for a tensor of
+    ``rank`` axes: the widest value, a separator with a space, and per axis a bracket pair
+    with some indentation (nested data, pretty-printed)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        value = len(str(info.min if dt.kind == "i" else info.max))
+    else:
+        value = _WIDEST_VALUE.get(dt.kind, 24)
+    return value + 4 + 4 * rank
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """repr of a client's value, cut: an error message never echoes a huge one."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def datatype_of(dtype: np.dtype | type) -> str:
@@ -113,13 +145,11 @@ def decode_request(body: bytes, header_length: str | None = None) -> InferReques
     return request
 
 
-def _json_object(text: bytes) -> dict[str, Any]:
+def _json_object(text: bytes | memoryview) -> dict[str, Any]:
     try:
-        doc = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:  # also: nested too deeply, a number out of range
         raise InputError(f"the request is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InputError("the request's JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise InputError(f"the request must be a JSON object, got {type(doc).__name__}")
     return doc
@@ -152,9 +182,9 @@ def _decode_tensor(tensor: Any, index: int,
     if datatype == "BYTES":
         raise InputError(f"input {name!r}: BYTES tensors are not supported (gear models take "
                          f"numeric tensors: {', '.join(DATATYPES)})")
-    if datatype not in DATATYPES:
-        raise InputError(f"input {name!r}: unknown datatype {datatype!r}; one of "
-                         f"{', '.join(DATATYPES)}")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InputError(f'input {name!r}: "datatype" must be one of {", ".join(DATATYPES)}; '
+                         f"got {_short(datatype)}")
     dtype = DATATYPES[datatype]
     size = _parameters(tensor, f"input {name!r}").get("binary_data_size")
     if size is not None:
@@ -167,10 +197,15 @@ def _decode_tensor(tensor: Any, index: int,
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise InputError(f'input {name!r}: "shape" must be a list of non-negative integers, '
-                         f"got {value!r}")
+    """A shape the protocol allows: at most MAX_RANK int64 dims >= 0 whose elements an
+    array of 8-byte values could hold (a dim of 0 makes a tensor empty, not any size)."""
+    if not isinstance(value, list) or len(value) > MAX_RANK or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in value):
+        raise InputError(f'input {name!r}: "shape" must be a list of at most {MAX_RANK} '
+                         f"integers in 0..2**63-1, got {_short(value)}")
+    if math.prod(max(d, 1) for d in value) * 8 >= 2**63:
+        raise InputError(f"input {name!r}: shape {_short(value)} has more elements than a "
+                         "tensor can hold")
     return tuple(value)
 
 
@@ -245,27 +280,27 @@ def _requested_outputs(value: Any, default: bool) -> dict[str, bool] | None:
 
 
 def encode_response(model_name: str, request: InferRequest, names: Sequence[str],
-                    arrays: Sequence[np.ndarray]) -> tuple[bytes, int | None]:
-    """The response body for ``arrays`` (named ``names``) and, when any output is binary,
-    the JSON part's length (for ``Inference-Header-Content-Length``); else None."""
+                    arrays: Sequence[np.ndarray]) -> tuple[list[bytes | memoryview], int | None]:
+    """The response body for ``arrays`` (named ``names``), as buffers to send one after the
+    other (binary outputs are views of the arrays, not copies), and, when any output is
+    binary, the JSON part's length (for ``Inference-Header-Content-Length``); else None."""
     outputs, chunks = [], []
     for name, array in zip(names, arrays, strict=True):
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype),
                                  "shape": list(array.shape)}
         if request.binary(name):
-            raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            chunks.append(raw)
+            raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            chunks.append(memoryview(raw).cast("B") if raw.nbytes else b"")
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))\
+                .ravel()
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
-    if not chunks:
-        return head, None
-    return b"".join([head, *chunks]), len(head)
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    return [head, *chunks], (len(head) if chunks else None)
 
 
 def error_body(exc: BaseException) -> bytes:

@@ -5,6 +5,9 @@ on its first task and keeps it for its whole life, so an executor is never enter
 threads (the executor would refuse with ExecutorBusyError) and on CUDA its graphs are
 captured on the thread that replays them. Requests are checked against the model before they
 queue, so a bad request never spoils a batch and never reaches an executor.
+
+A served model counts the requests using it (:meth:`ServedModel.use`): a model replaced or
+unloaded through the model repository is closed only once its last request is answered.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import inspect
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gear_runtime.errors import (
+    ClosedError,
     DynamicInputLengthError,
     GearFileError,
     GearMismatchError,
@@ -32,7 +38,8 @@ from gear_runtime.errors import (
 from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
-from gear_runtime.serving.protocol import InferRequest, datatype_of
+from gear_runtime.serving.protocol import InferRequest, datatype_of, json_width
+from gear_runtime.serving.stats import ModelStats, RunTiming
 
 T = TypeVar("T")
 
@@ -56,7 +63,53 @@ class ServeOptions:
     #: dims mode: run requests of any shape padded to the covering gear (needs the runtime's
     #: ``execute(inputs, pad=True)``)
     pad: bool = False
-    max_body_bytes: int = 64 * 2**20
+    #: the largest request body; None: per model, from its largest gear (see request_limit)
+    max_body_bytes: int | None = None
+    #: wait out the batch delay even when no batch is running (off: an idle batcher sends a
+    #: request at once, so a lone request never pays the delay)
+    batch_wait_when_idle: bool = False
+    #: onnxruntime: let the intra-op threads spin while waiting for work (a little faster
+    #: under load; an idle server then burns CPU); None: ORT's own thread count
+    spin: bool = False
+    intra_op_threads: int | None = None
+
+    def load_options(self) -> dict[str, Any]:
+        """The options ``gr.load`` gets for these serving options."""
+        if self.backend != "onnxruntime":
+            return {}
+        spin = "1" if self.spin else "0"
+        options: dict[str, Any] = {"session_config": {
+            "session.intra_op.allow_spinning": spin, "session.inter_op.allow_spinning": spin}}
+        if self.intra_op_threads is not None:
+            options["intra_op_num_threads"] = self.intra_op_threads
+        return options
+
+
+#: Room in a request body beyond its tensors' data: the JSON around them, names,
+#: parameters, and per input.
+REQUEST_HEADROOM = 64 * 2**10
+REQUEST_HEADROOM_PER_INPUT = 2**10
+#: The body limit of a model whose inputs have no upper bound (a hybrid model runs any
+#: shape on its dynamic-shape graph), unless --max-body-mb says otherwise.
+UNBOUNDED_MODEL_BODY_BYTES = 64 * 2**20
+
+
+def request_limit(model: Any) -> int:
+    """The largest body a request to ``model`` can need: the inputs of its largest gear, in
+    the wider of their binary and their JSON encoding (elements x the widest JSON text of a
+    value of the dtype, with separators and brackets), plus headroom for the rest."""
+    if model.hybrid:
+        return UNBOUNDED_MODEL_BODY_BYTES
+    dtypes = [np.dtype(d) for d in model.info.input_dtypes]
+    widest = 0
+    for gear in range(model.gear_count):
+        shapes = model.spec.shapes(gear)
+        size = 0
+        for name, dtype in zip(model.input_names, dtypes, strict=True):
+            n = math.prod(shapes[name])
+            size += n * max(dtype.itemsize, json_width(dtype, len(shapes[name])))
+        widest = max(widest, size)
+    return widest + REQUEST_HEADROOM + REQUEST_HEADROOM_PER_INPUT * len(dtypes)
 
 
 def execute_accepts_pad() -> bool:
@@ -85,6 +138,8 @@ class ExecutorPool:
         self.size = size
         self._waiting = 0
         self._lock = threading.Lock()
+        #: set past the drain deadline: tasks that have not started fail with ClosedError
+        self.refusing = False
 
     @property
     def waiting(self) -> int:
@@ -126,6 +181,9 @@ class ExecutorPool:
     def _run(self, fn: Callable[[Any], T]) -> T:
         with self._lock:
             self._waiting -= 1
+        if self.refusing:
+            raise ClosedError("the server is shutting down (past its drain deadline): "
+                              "retry on another replica")
         return fn(self._executor())
 
     def close(self) -> None:
@@ -136,22 +194,28 @@ class ExecutorPool:
 class ServedModel:
     """One model behind the server: metadata, request checks, execution (batched or not)."""
 
-    def __init__(self, name: str, model: Any, options: ServeOptions, metrics: Metrics) -> None:
+    def __init__(self, name: str, model: Any, options: ServeOptions, metrics: Metrics,
+                 path: str | None = None) -> None:
         self.name, self.model, self.options, self.metrics = name, model, options, metrics
+        self.path = path
         spec = model.spec
         self._names = list(spec.input_names)
         self._dtypes = [np.dtype(d) for d in model.info.input_dtypes]
         self._datatypes = [datatype_of(d) for d in self._dtypes]
         self._shapes = [tuple(s) for s in spec.input_shapes]
+        self.max_request_bytes = options.max_body_bytes or request_limit(model)
+        self.stats = ModelStats(name, "1")
         self.pool = ExecutorPool(model, options.executors, name)
+        self.plan, why = BatchPlan.for_model(spec, model.info.output_shapes)
         self.batcher: Batcher | None = None
-        self.no_batching_reason = "batching is off"
-        if options.batching:
-            plan, self.no_batching_reason = BatchPlan.for_model(spec, model.info.output_shapes)
-            if plan is not None:
-                self.batcher = Batcher(plan, self._run_batch,
-                                       max_delay_s=options.max_batch_delay_ms / 1000,
-                                       slots=options.executors, on_batch=self._count_batch)
+        self.no_batching_reason = "batching is off" if self.plan else why
+        if options.batching and self.plan is not None:
+            self.batcher = Batcher(self.plan, self._run_batch,
+                                   max_delay_s=options.max_batch_delay_ms / 1000,
+                                   slots=options.executors, on_batch=self._count_batch,
+                                   wait_when_idle=options.batch_wait_when_idle)
+        self._users = 0
+        self._unused: asyncio.Event | None = None
         metrics.track_queue(name, self.queue_depth)
         self.pool.warm_up()
 
@@ -163,30 +227,105 @@ class ServedModel:
         """The metrics label of gear index ``gear``: its dims, or "dynamic" (hybrid miss)."""
         return "dynamic" if gear is None else ",".join(map(str, self.model.gears[gear]))
 
+    @contextmanager
+    def use(self) -> Iterator[ServedModel]:
+        """Count one request using this model for the time of the ``with``."""
+        self._users += 1
+        try:
+            yield self
+        finally:
+            self._users -= 1
+            if not self._users and self._unused is not None:
+                self._unused.set()
+
+    async def retire(self) -> None:
+        """Close once the requests using the model now are answered (a hot swap or an
+        unload: the model is already out of the server's table, so no new request comes)."""
+        if self._users:
+            self._unused = asyncio.Event()
+            await self._unused.wait()
+        await self.close()
+
+    def refuse_waiting(self) -> None:
+        """Past the drain deadline: requests not started yet fail with ClosedError (503);
+        those running finish."""
+        self.pool.refusing = True
+        if self.batcher is not None:
+            self.batcher.fail_waiting(ClosedError(
+                "the server is shutting down (past its drain deadline): retry on another "
+                "replica"))
+
     # ---- what the model is ---------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         """v2 model metadata, with the gears (and whether requests are batched) as
         parameters; -1 marks an axis that differs between gears."""
         info = self.model.info
-        outputs = [{"name": n, "datatype": datatype_of(dt),
-                    "shape": _merged_shape([g[k] for g in info.output_shapes])}
-                   for k, (n, dt) in enumerate(zip(info.output_names, info.output_dtypes,
-                                                   strict=True))]
+        outputs = [{"name": n, "datatype": datatype_of(dt), "shape": shape}
+                   for n, dt, shape in zip(info.output_names, info.output_dtypes,
+                                           self._output_shapes(), strict=True)]
         inputs = [{"name": n, "datatype": d, "shape": list(s)}
                   for n, d, s in zip(self._names, self._datatypes, self._shapes, strict=True)]
         params: dict[str, Any] = {"mode": self.model.mode,
                                   "gears": [list(g) for g in self.model.gears],
                                   "batching": self.batcher is not None,
-                                  "pad": self.options.pad}
+                                  "pad": self.options.pad and self.batcher is None}
         if self.batcher is not None:
             params["max_batch_delay_ms"] = self.options.max_batch_delay_ms
         return {"name": self.name, "versions": ["1"],
                 "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
                 "outputs": outputs, "parameters": params}
 
+    def _output_shapes(self) -> list[list[int]]:
+        info = self.model.info
+        return [_merged_shape([g[k] for g in info.output_shapes])
+                for k in range(len(info.output_names))]
+
+    def config(self) -> dict[str, Any]:
+        """The model configuration in Triton's schema (ModelConfig of model_config.proto, as
+        Triton's HTTP API writes it). ``max_batch_size`` is the largest batch gear when the
+        model batches on axis 0 of every input and output (then ``dims`` leave the batch
+        out, as Triton's do), else 0; the batch gears are the dynamic batcher's preferred
+        sizes; the gears and the mode are parameters."""
+        plan = self.plan
+        batched = plan is not None and all(a == 0 for a in plan.output_axes)
+        skip = 1 if batched else 0
+        info = self.model.info
+        inputs = [{"name": n, "data_type": f"TYPE_{d}", "dims": list(s[skip:])}
+                  for n, d, s in zip(self._names, self._datatypes, self._shapes, strict=True)]
+        outputs = [{"name": n, "data_type": f"TYPE_{datatype_of(dt)}", "dims": shape[skip:]}
+                   for n, dt, shape in zip(info.output_names, info.output_dtypes,
+                                           self._output_shapes(), strict=True)]
+        config: dict[str, Any] = {
+            "name": self.name, "platform": f"gear_runtime_{self.model.backend}",
+            "backend": "gear_runtime", "version_policy": {"latest": {"num_versions": 1}},
+            "max_batch_size": plan.max_rows if batched else 0,
+            "input": inputs, "output": outputs,
+            "instance_group": [{"name": self.name, "kind": "KIND_CPU"
+                                if self.model.backend == "onnxruntime" else "KIND_MODEL",
+                                "count": self.options.executors}],
+            "parameters": {"mode": {"string_value": self.model.mode},
+                           "gears": {"string_value": ";".join(
+                               ",".join(map(str, g)) for g in self.model.gears)},
+                           "pad": {"string_value": str(self.options.pad and
+                                                       self.batcher is None).lower()}},
+        }
+        if self.batcher is not None:
+            config["dynamic_batching"] = {
+                "preferred_batch_size": list(self.batcher.plan.sizes),
+                "max_queue_delay_microseconds": round(self.options.max_batch_delay_ms * 1000)}
+        return config
+
     # ---- running -------------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> tuple[int | None, list[np.ndarray]]:
-        """Run ``request``: (gear index run, outputs in model order). InputError (400) for a
+    def rows(self, request: InferRequest) -> int:
+        """The rows a request holds (Triton's inference count): its batch in batch mode."""
+        if self.model.mode == "batch":
+            first = request.inputs.get(self._names[0])
+            if first is not None and first.ndim:
+                return int(first.shape[0])
+        return 1
+
+    async def infer(self, request: InferRequest) -> tuple[RunTiming, list[np.ndarray]]:
+        """Run ``request``: (how it ran, outputs in model order). InputError (400) for a
         request that does not fit the model, QueueFullError (503) when the queue is full."""
         arrays = self._inputs(request)
         self._check_outputs(request)
@@ -230,8 +369,11 @@ class ServedModel:
         if dims is None:
             return None
         if not isinstance(dims, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise InputError(f'parameter "dynamic_dims" must be a list of integers, got {dims!r}')
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63
+                for d in dims):
+            shown = repr(dims) if len(repr(dims)) <= 200 else repr(dims)[:200] + "..."
+            raise InputError('parameter "dynamic_dims" must be a list of integers in '
+                             f"0..2**63-1, got {shown}")
         return dims
 
     def _check_batch(self, arrays: Sequence[np.ndarray]) -> None:
@@ -255,18 +397,24 @@ class ServedModel:
                 "rows are served")
 
     def _run_one(self, arrays: list[np.ndarray], dims: list[int] | None,
-                 ex: Any) -> tuple[int | None, list[np.ndarray]]:
+                 ex: Any) -> tuple[RunTiming, list[np.ndarray]]:
         """One request on executor ``ex`` (its thread): the set dims are cleared after, so
         the executor's next request starts clean."""
+        started = time.perf_counter()
         if dims is None:
             outputs = self._execute(ex, arrays)
-            return ex.last_gear, outputs
-        ex.set_dynamic_dims(dims)
-        try:
-            outputs = self._execute(ex, arrays)
-        finally:
-            ex.clear_dynamic_dims()
-        return ex.last_gear, outputs
+        else:
+            ex.set_dynamic_dims(dims)
+            try:
+                outputs = self._execute(ex, arrays)
+            finally:
+                ex.clear_dynamic_dims()
+        gear = ex.last_gear
+        rows = self.model.gears[gear][0] if self.model.mode == "batch" and gear is not None \
+            else 1
+        timing = RunTiming(gear, rows, started, 0.0, time.perf_counter() - started, 0.0)
+        self.stats.executed(timing)
+        return timing, outputs
 
     def _execute(self, ex: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if not self.options.pad:
@@ -279,12 +427,30 @@ class ServedModel:
         return outputs
 
     async def _run_batch(self, requests: list[list[np.ndarray]]
-                         ) -> tuple[int, list[list[np.ndarray]]]:
-        plan = self.batcher.plan
-        return await self.pool.call(lambda ex: run_batch(ex.execute, plan, requests))
+                         ) -> tuple[RunTiming, list[list[np.ndarray]]]:
+        return await self.pool.call(partial(self._timed_batch, requests))
 
-    def _count_batch(self, gear: int, rows: int) -> None:
-        self.metrics.batch(self.name, self.gear_label(gear), rows, self.batcher.plan.sizes[gear])
+    def _timed_batch(self, requests: list[list[np.ndarray]],
+                     ex: Any) -> tuple[RunTiming, list[list[np.ndarray]]]:
+        """run_batch on executor ``ex``, timed: gathering, execute, splitting."""
+        started = time.perf_counter()
+        marks: list[float] = []
+
+        def execute(inputs: list[np.ndarray]) -> list[np.ndarray]:
+            marks.append(time.perf_counter())
+            outputs = ex.execute(inputs)
+            marks.append(time.perf_counter())
+            return outputs
+
+        plan = self.batcher.plan
+        gear, split = run_batch(execute, plan, requests)
+        done = time.perf_counter()
+        return RunTiming(gear, plan.sizes[gear], started, marks[0] - started,
+                         marks[1] - marks[0], done - marks[1]), split
+
+    def _count_batch(self, timing: RunTiming, rows: int) -> None:
+        self.metrics.batch(self.name, self.gear_label(timing.gear), rows, timing.gear_rows)
+        self.stats.executed(timing)
 
     async def close(self) -> None:
         """Stop batching, wait for running work, close the executors and the model."""
@@ -316,7 +482,8 @@ def load_models(files: Sequence[str], names: Sequence[str] | None, options: Serv
     served: dict[str, ServedModel] = {}
     try:
         for name, path in zip(names, files, strict=True):
-            served[name] = _load_one(name, path, options, metrics)
+            served[name] = load_one(name, path, options, metrics)
+        _check_pad(served, options)
     except BaseException:
         for m in served.values():
             m.pool.close()
@@ -325,14 +492,26 @@ def load_models(files: Sequence[str], names: Sequence[str] | None, options: Serv
     return served
 
 
-def _load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
+def _check_pad(served: dict[str, ServedModel], options: ServeOptions) -> None:
+    """``--pad`` must pad something: a batched batch-mode model runs its requests in the
+    covering batch gear already (a request of 3 rows joins a batch run as gear 4)."""
+    if options.pad and served and all(m.batcher is not None for m in served.values()):
+        raise InputError(
+            f"--pad does nothing here: {', '.join(sorted(served))} "
+            f"{'is a batch-mode model' if len(served) == 1 else 'are batch-mode models'} "
+            "whose requests are batched and padded into the batch gears already; drop --pad "
+            "(or add --no-batching to pad each request to its covering gear alone)")
+
+
+def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
+    """Load the gear file ``path`` and start its executors, served as ``name``."""
     import gear_runtime as gr
 
     if not os.path.isfile(path):
         raise GearFileError(f"gear file {path!r} does not exist or is not a file")
-    model = gr.load(path, backend=options.backend)
+    model = gr.load(path, backend=options.backend, **options.load_options())
     try:
-        return ServedModel(name, model, options, metrics)
+        return ServedModel(name, model, options, metrics, path=path)
     except BaseException:
         model.close()
         raise

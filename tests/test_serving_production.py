@@ -1,0 +1,481 @@
+"""The server as an operator and an adversary see it: latency at concurrency 1 (TCP_NODELAY,
+an idle batcher that does not wait), SIGTERM with many requests on the wire (none left
+unanswered), an inflating body refused while health stays responsive, slow clients cut off,
+a connection limit answered 503, malformed requests answered 4xx (never 500, never a
+traceback), disconnects counted apart, and the CLI's serve refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import logging
+import signal
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+pytest.importorskip("httptools")
+pytest.importorskip("orjson")
+pytest.importorskip("prometheus_client")
+triton = pytest.importorskip("tritonclient.http")
+
+from serving_support import (  # noqa: E402
+    HOST,
+    ServeProcess,
+    compile_models,
+    conv_input,
+    live,
+    metrics,
+    read_reply,
+    request,
+)
+
+import gear_runtime as gr  # noqa: E402
+from gear_runtime.serving import HttpLimits, ServeOptions, build_server  # noqa: E402
+from gear_runtime.serving.protocol import decode_request  # noqa: E402
+
+#: the wide model: y = Relu(x), x float32 [N, WIDE], batch gears 1, 2, 4, 8 (98,304 values in
+#: its largest request, as the issue's model)
+WIDE = 12288
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("production")
+    found = compile_models(directory)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDE])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(directory / "wide.onnx"))
+    gr.compile(str(directory / "wide.onnx"),
+               gr.GearSpec.from_atc(input_shape=f"x:-1,{WIDE}", dynamic_batch_size="1,2,4,8"),
+               str(directory / "wide.gear.onnx"))
+    return {**found, "wide": directory / "wide.gear.onnx"}
+
+
+def _conv_body(batch: int = 1) -> bytes:
+    x = conv_input(batch, seed=batch)
+    return json.dumps({"inputs": [{"name": "data", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+
+
+def _raw_request(path: str, body: bytes, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+def _binary_latency(port: int, n: int = 150) -> list[float]:
+    """Seconds per tritonclient binary request at concurrency 1 (after a warm-up)."""
+    c = triton.InferenceServerClient(f"{HOST}:{port}", network_timeout=60)
+    x = conv_input(1, seed=1)
+    t = triton.InferInput("data", [1, 3, 8, 8], "FP32")
+    t.set_data_from_numpy(x, binary_data=True)
+    out = [triton.InferRequestedOutput("logits", binary_data=True)]
+    for _ in range(20):
+        c.infer("conv", [t], outputs=out)
+    seconds = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.infer("conv", [t], outputs=out)
+        seconds.append(time.perf_counter() - t0)
+    c.close()
+    return seconds
+
+
+# ---- latency floor ----------------------------------------------------------------------------
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tcp_nodelay_on_every_connection(files, loop, monkeypatch) -> None:
+    """Every accepted connection has TCP_NODELAY, on asyncio's loop (which sets it only for
+    sockets whose proto says TCP) and on uvloop's."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    else:
+        from gear_runtime.serving import lifecycle
+
+        monkeypatch.setattr(lifecycle, "new_loop", asyncio.new_event_loop)
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    with live(server) as running:
+        socks = [socket.create_connection((HOST, running.port)) for _ in range(3)]
+        for s in socks:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_reply(s).startswith(b"HTTP/1.1 200")
+        flags = running.call(lambda: [
+            c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
+                                                            socket.TCP_NODELAY)
+            for c in running.http.connections])
+        for s in socks:
+            s.close()
+    assert len(flags) == 3 and all(flags), flags
+
+
+@pytest.mark.parametrize("batching", [True, False], ids=["batching", "no-batching"])
+def test_concurrency_1_latency_on_a_tiny_model(files, batching) -> None:
+    """A 0.06 ms model at concurrency 1, binary tensors over loopback: far below the ~40 ms
+    of a Nagle / delayed-ACK stall (a loose bound: the CI machine is shared and noisy)."""
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "5", *([] if batching else ["--no-batching"])])
+    try:
+        seconds = _binary_latency(server.port)
+    finally:
+        server.stop()
+    p50 = statistics.median(seconds)
+    assert p50 < 0.015, f"p50 {p50 * 1e3:.1f} ms"
+    assert sorted(seconds)[len(seconds) * 9 // 10] < 0.035, "p90 of a Nagle stall"
+
+
+def test_an_idle_batcher_does_not_wait_out_its_delay(files) -> None:
+    """A lone request to an idle batcher with a 2 s delay is answered at once; asked to
+    (--batch-wait-when-idle), it waits."""
+    x = {"data": conv_input(1, 3)}
+    for wait, low, high in ((False, 0.0, 1.0), (True, 1.9, 30.0)):
+        server = build_server([str(files["conv"])], options=ServeOptions(
+            executors=1, max_batch_delay_ms=2000, batch_wait_when_idle=wait))
+        with live(server) as running:
+            c = triton.InferenceServerClient(f"{HOST}:{running.port}", network_timeout=60)
+            t = triton.InferInput("data", [1, 3, 8, 8], "FP32")
+            t.set_data_from_numpy(x["data"])
+            t0 = time.perf_counter()
+            c.infer("conv", [t])
+            took = time.perf_counter() - t0
+        assert low <= took < high, (wait, took)
+
+
+def test_an_idle_server_does_not_spin(files) -> None:
+    """After a burst of requests, the server process burns (almost) no CPU while idle: ORT's
+    intra-op threads are told not to spin (session.intra_op.allow_spinning=0)."""
+    psutil = pytest.importorskip("psutil")
+    server = ServeProcess([str(files["wide"]), "--executors", "2"])
+    try:
+        body = json.dumps({"inputs": [{"name": "x", "shape": [8, WIDE], "datatype": "FP32",
+                                       "data": [0.5] * (8 * WIDE)}]}).encode()
+        for _ in range(5):
+            assert request(server.port, "POST", "/v2/models/wide/infer", body)[0] == 200
+        proc = psutil.Process(server.proc.pid)
+        time.sleep(0.5)
+        before = proc.cpu_times()
+        time.sleep(2.0)
+        after = proc.cpu_times()
+    finally:
+        server.stop()
+    busy = (after.user + after.system) - (before.user + before.system)
+    assert busy < 0.2, f"{busy:.2f} s of CPU in 2 s idle"
+
+
+# ---- nothing accepted is lost -----------------------------------------------------------------
+def test_sigterm_with_many_requests_on_the_wire_answers_every_one(files) -> None:
+    """200 complete requests on the wire (many still in the accept queue), then SIGTERM:
+    every one gets a whole HTTP answer (200, or 503 + Retry-After), then exit 0."""
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "50"])
+    socks = []
+    try:
+        body = _conv_body(1)
+        for _ in range(200):
+            s = socket.create_connection((HOST, server.port), timeout=60)
+            s.sendall(_raw_request("/v2/models/conv/infer", body))
+            socks.append(s)
+        server.proc.send_signal(signal.SIGTERM)
+        replies = [read_reply(s, timeout=60) for s in socks]
+        code, out, err = server.stop()
+    finally:
+        for s in socks:
+            s.close()
+        server.kill()
+    statuses = [r.split(b" ", 2)[1] if r.startswith(b"HTTP/1.1 ") else r[:40] for r in replies]
+    assert all(s in (b"200", b"503") for s in statuses), statuses
+    for r in replies:
+        head, _, payload = r.partition(b"\r\n\r\n")
+        if b" 503 " in head.split(b"\r\n")[0]:
+            assert b"retry-after: 1" in head.lower()
+        else:
+            assert json.loads(payload)["outputs"][0]["shape"] == [1, 10]
+    assert code == 0, err
+    assert "server stopped" in out
+
+
+def test_the_drain_deadline_answers_503_and_exits(files) -> None:
+    """Past --drain-seconds, requests still waiting are answered 503 + Retry-After."""
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "60000", "--batch-wait-when-idle", "--drain-seconds", "0.5"])
+    socks = []
+    try:
+        for _ in range(3):
+            s = socket.create_connection((HOST, server.port), timeout=60)
+            s.sendall(_raw_request("/v2/models/conv/infer", _conv_body(1)))
+            socks.append(s)
+        time.sleep(0.5)  # they wait in the batcher (60 s delay)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        replies = [read_reply(s, timeout=30) for s in socks]
+        code, out, _ = server.stop()
+        took = time.monotonic() - t0
+    finally:
+        for s in socks:
+            s.close()
+        server.kill()
+    for r in replies:
+        assert r.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in r.lower(), r[:200]
+    assert code == 0 and took < 20 and "drain deadline" in out
+
+
+# ---- no client stalls the others --------------------------------------------------------------
+def _health_latency_while(port: int, work: threading.Thread) -> float:
+    """The slowest /v2/health/live answer while ``work`` runs."""
+    worst = 0.0
+    work.start()
+    while work.is_alive():
+        t0 = time.perf_counter()
+        status, _, _ = request(port, "GET", "/v2/health/live")
+        assert status == 200
+        worst = max(worst, time.perf_counter() - t0)
+        time.sleep(0.01)
+    work.join()
+    return worst
+
+
+def test_an_inflating_body_is_refused_while_health_stays_responsive(files) -> None:
+    """4 clients at once send 57 KiB of gzip that inflates to a 57 MiB JSON array (for a
+    model whose largest request holds 98k values): each is a 413 at once, and health
+    answers within a second meanwhile; the largest legal JSON requests are decoded off the
+    event loop too."""
+    values = b"[" + b"0.5," * (15 * 2**20 // 4) + b"0.5]"
+    doc = b'{"inputs":[{"name":"x","shape":[8,%d],"datatype":"FP32","data":' % WIDE
+    bomb = gzip.compress(doc + values + b"}]}", 9)
+    assert len(bomb) < 200 * 2**10
+    legal = json.dumps({"inputs": [{"name": "x", "shape": [8, WIDE], "datatype": "FP32",
+                                    "data": [-2.2250738585072014e-308] * (8 * WIDE)}]}).encode()
+    server = build_server([str(files["wide"])], options=ServeOptions(executors=2))
+    with live(server) as running:
+        p = running.port
+        results: list = []
+
+        def send(body: bytes, headers: dict) -> None:
+            t0 = time.perf_counter()
+            status, _, reply = request(p, "POST", "/v2/models/wide/infer", body, headers)
+            results.append((status, time.perf_counter() - t0, reply))
+
+        def bombs() -> None:
+            threads = [threading.Thread(target=send, args=(bomb, {"Content-Encoding": "gzip"}))
+                       for _ in range(4)]
+            threads += [threading.Thread(target=send, args=(legal, {})) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+
+        worst = _health_latency_while(p, threading.Thread(target=bombs))
+    refused = [r for r in results if r[0] == 413]
+    served = [r for r in results if r[0] == 200]
+    assert len(refused) == 4 and len(served) == 4, [(s, t) for s, t, _ in results]
+    assert all(json.loads(r[2])["code"] == "145000" for r in refused)
+    assert max(t for _, t, _ in refused) < 5.0
+    assert worst < 1.0, f"health took {worst:.2f} s"
+
+
+def test_the_request_limit_follows_the_model(files) -> None:
+    """Per model: its largest legal request fits (JSON, pretty-printed even), one value more
+    than its largest gear is 413 from the declared length alone."""
+    server = build_server([str(files["wide"]), str(files["conv"])],
+                          options=ServeOptions(executors=1))
+    wide, conv = server.models["wide"].max_request_bytes, server.models["conv"].max_request_bytes
+    assert wide > 8 * WIDE * 26 and conv < wide / 20
+    with live(server) as running:
+        x = (np.arange(8 * 192, dtype=np.float32) / 7).reshape(8, 3, 8, 8)
+        pretty = json.dumps({"inputs": [{"name": "data", "shape": [8, 3, 8, 8],
+                                         "datatype": "FP32", "data": x.tolist()}]}, indent=2)
+        status, _, reply = request(running.port, "POST", "/v2/models/conv/infer",
+                                   pretty.encode())
+        assert status == 200, reply
+        with socket.create_connection((HOST, running.port), timeout=30) as s:
+            s.sendall(b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: %d\r\n\r\n" % (conv + 1))
+            reply = read_reply(s)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+
+
+def test_a_half_sent_request_is_cut_off_by_the_timeouts(files) -> None:
+    """Half the headers and then nothing: 408 and closed after --header-timeout; headers and
+    half the body: 408 after --body-timeout; the server serves on."""
+    limits = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5)
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    with live(server, limits=limits) as running:
+        for partial in (b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\nContent-Le",
+                        _raw_request("/v2/models/conv/infer", _conv_body(1))[:-100]):
+            with socket.create_connection((HOST, running.port), timeout=30) as s:
+                s.sendall(partial)
+                t0 = time.monotonic()
+                reply = read_reply(s, timeout=10)
+                took = time.monotonic() - t0
+                assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+                assert s.recv(10) == b""  # and closed
+            assert 0.3 < took < 5, took
+        assert request(running.port, "GET", "/v2/health/live")[0] == 200
+
+
+def test_past_the_connection_limit_a_quick_503(files) -> None:
+    """--max-connections 8: the 9th connection is answered 503 at once and closed; when
+    connections close, new ones are served again (no fd exhaustion, no hang)."""
+    limits = HttpLimits(max_connections=8)
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    with live(server, limits=limits) as running:
+        held = [socket.create_connection((HOST, running.port), timeout=30) for _ in range(8)]
+        for s in held:  # each one really is a connection of the server
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_reply(s).startswith(b"HTTP/1.1 200")
+        with socket.create_connection((HOST, running.port), timeout=30) as extra:
+            t0 = time.monotonic()
+            reply = read_reply(extra, timeout=10)
+            assert reply.startswith(b"HTTP/1.1 503") and time.monotonic() - t0 < 2
+            assert json.loads(reply.partition(b"\r\n\r\n")[2])["code"] == "overloaded"
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 10
+        while running.call(lambda: len(running.http.connections)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert request(running.port, "GET", "/v2/health/live")[0] == 200
+        m = metrics(running.port)
+    assert m[("gear_refused_connections_total", ())] >= 1
+
+
+# ---- client errors are 4xx ----------------------------------------------------------------
+def _tensor(shape, datatype="FP32", data=None, **extra) -> dict:
+    return {"name": "data", "shape": shape, "datatype": datatype,
+            "data": [] if data is None else data, **extra}
+
+
+MALFORMED = [
+    ("datatype as a list", {"inputs": [_tensor([1, 3, 8, 8], ["FP32"], [0.5] * 192)]}),
+    ("a 5000-digit number", b'{"inputs":[{"name":"data","shape":[1],"datatype":"FP32",'
+                            b'"data":[1' + b"0" * 5000 + b"]}]}"),
+    ("shape 10**30, 0, 8", {"inputs": [_tensor([10**30, 0, 8])]}),
+    ("shape 2**62, 4, 0", {"inputs": [_tensor([2**62, 4, 0])]}),
+    ("100 dims", {"inputs": [_tensor([1] * 100, data=[0.5])]}),
+    ("dynamic_dims 2**63, 4", {"inputs": [_tensor([1, 3, 8, 8], data=[0.5] * 192)],
+                               "parameters": {"dynamic_dims": [2**63, 4]}}),
+    ("dynamic_dims negative", {"inputs": [_tensor([1, 3, 8, 8], data=[0.5] * 192)],
+                               "parameters": {"dynamic_dims": [-1]}}),
+    ("name as a number", {"inputs": [{**_tensor([1]), "name": 5}]}),
+    ("outputs as a dict", {"inputs": [_tensor([1, 3, 8, 8], data=[0.5] * 192)],
+                           "outputs": {"name": "logits"}}),
+    ("parameters as a list", {"inputs": [_tensor([1, 3, 8, 8], data=[0.5] * 192)],
+                              "parameters": [1]}),
+    ("nested too deep", b'{"inputs":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+    ("not UTF-8", b'{"inputs":[{"name":"\xff\xfe"}]}'),
+]
+
+
+def test_malformed_requests_are_4xx_naming_the_field(files, caplog) -> None:
+    server = build_server([str(files["conv"]), str(files["prefill"])],
+                          options=ServeOptions(executors=1))
+    caplog.set_level(logging.INFO, logger="gear_runtime.serving")
+    with live(server) as running:
+        for what, doc in MALFORMED:
+            body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+            for model in ("conv", "prefill"):
+                status, _, reply = request(running.port, "POST",
+                                           f"/v2/models/{model}/infer", body)
+                assert 400 <= status < 500, (what, model, status, reply)
+                assert json.loads(reply)["code"] == "145000", (what, reply)
+                assert len(reply) < 2000, (what, len(reply))  # never echoes a huge value
+        m = metrics(running.port)
+    assert not [k for k, v in m.items() if k[0] == "gear_errors_total" and
+                dict(k[1])["status"] == "500" and v], m
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_decode_never_raises_anything_but_input_error() -> None:
+    """Any JSON document at all: an InferRequest or an InputError (hypothesis)."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+    values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["name", "shape", "datatype", "data", "parameters", "inputs",
+                         "outputs", "binary_data_size", "binary_data", "id", "x"]),
+        inner, max_size=5), max_leaves=30)
+    tensor = st.fixed_dictionaries(
+        {"name": st.text(max_size=3) | st.integers(), "shape": st.lists(
+            st.integers(-2, 2**64), max_size=4) | values,
+         "datatype": st.sampled_from(["FP32", "INT64", "BOOL", "UINT8", "FP16"]) | values},
+        optional={"data": values, "parameters": st.dictionaries(
+            st.sampled_from(["binary_data_size", "x"]), values, max_size=2)})
+    doc = st.fixed_dictionaries({"inputs": st.lists(tensor, max_size=3) | values},
+                                optional={"outputs": values, "parameters": values,
+                                          "id": values})
+
+    @hypothesis.settings(max_examples=400, deadline=None)
+    @hypothesis.given(doc=doc, tail=st.binary(max_size=16), header=st.booleans())
+    def check(doc, tail, header) -> None:
+        head = json.dumps(doc).encode()
+        with contextlib.suppress(gr.InputError):
+            decode_request(head + tail, str(len(head)) if header else None)
+
+    check()
+
+
+def test_a_client_that_hangs_up_is_counted_apart(files, caplog) -> None:
+    """Half a body, then the client goes: gear_client_disconnects_total, no 500, no
+    traceback (logged at info)."""
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    caplog.set_level(logging.INFO, logger="gear_runtime.serving")
+    with live(server) as running:
+        for _ in range(3):
+            with socket.create_connection((HOST, running.port), timeout=30) as s:
+                s.sendall(_raw_request("/v2/models/conv/infer", _conv_body(1))[:-200])
+                time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            m = metrics(running.port)
+            if m.get(("gear_client_disconnects_total", (("model", "conv"),)), 0) >= 3:
+                break
+            time.sleep(0.05)
+    assert m[("gear_client_disconnects_total", (("model", "conv"),))] == 3
+    assert not [k for k in m if k[0] == "gear_errors_total"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert any("hung up" in r.getMessage() for r in caplog.records)
+
+
+# ---- what the server is told at start -----------------------------------------------------
+def test_pad_on_a_batched_batch_mode_model_is_refused(files) -> None:
+    with pytest.raises(gr.InputError, match="--pad does nothing"):
+        build_server([str(files["conv"])], options=ServeOptions(executors=1, pad=True))
+    # without batching, --pad pads each request to its covering batch gear: allowed
+    server = build_server([str(files["conv"])],
+                          options=ServeOptions(executors=1, pad=True, batching=False))
+    assert server.models["conv"].metadata()["parameters"]["pad"] is True
+    asyncio.run(server.close())
+
+
+def test_cli_serve_refuses_bad_ports_in_one_line(files, capsys) -> None:
+    from gear_runtime.cli import app as cli
+
+    assert cli.main(["serve", str(files["conv"]), "--port", "70000"]) == 2
+    assert cli.main(["serve", str(files["conv"]), "--grpc-port", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "not in 0..65535" in err[0], err
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", str(files["conv"]), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"port {port}" in err[0] and "--port 0" in err[0], err
+
+
+def test_the_cli_drain_default_is_the_servers() -> None:
+    from gear_runtime.cli import serve as cli_serve
+    from gear_runtime.serving import lifecycle
+
+    assert cli_serve.DRAIN_SECONDS == lifecycle.DEFAULT_DRAIN_S
