@@ -202,10 +202,11 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
     from gear_runtime.serving.app import build_server
     from gear_runtime.serving.lifecycle import Running, new_loop, serve
 
-    if grpc_port is not None:
-        from gear_runtime.serving import grpc_app  # a missing extra fails before loading
+    if grpc_port is not None:  # a missing extra or a port in use fails before any load
+        from gear_runtime.serving import grpc_app  # noqa: F401
 
-        grpc_app.check_port(host, grpc_port)
+        if grpc_port:
+            bind(host, grpc_port, "--grpc-port").close()
     sock = bind(host, port)
     try:
         server = build_server(files, names, options, model_repository)

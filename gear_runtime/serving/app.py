@@ -319,11 +319,11 @@ class GearServer:
         if doc.get("parameters"):
             raise InputError("load takes the model's gear file from the repository as it "
                              "is: a config or files in the request are not supported")
-        await self.load_model(unquote(name))
+        await self.load_model(name)
         return _json({})
 
     async def unload(self, request: HttpRequest, name: str) -> HttpReply:
-        await self.unload_model(unquote(name))
+        await self.unload_model(name)
         return _json({})
 
     def _lock(self) -> asyncio.Lock:
@@ -373,13 +373,17 @@ class GearServer:
         task.add_done_callback(self._retiring.discard)
 
     # ---- errors, shutdown ----------------------------------------------------------------
-    def _error(self, exc: BaseException, model: str) -> HttpReply:
-        status = http_status(exc)
-        if isinstance(exc, _RouteError):
-            status = exc.status
-        elif status >= 500 and status != 503:  # a fault of ours: the traceback is wanted
+    def count_error(self, exc: BaseException, model: str) -> int:
+        """Count (and, for a fault of ours, log with its traceback) a request answered with
+        ``exc``; its HTTP status."""
+        status = exc.status if isinstance(exc, _RouteError) else http_status(exc)
+        if status >= 500 and status != 503 and not isinstance(exc, _RouteError):
             logger.error("request failed", exc_info=exc)
         self.metrics.error(model, error_code(exc), status)
+        return status
+
+    def _error(self, exc: BaseException, model: str) -> HttpReply:
+        status = self.count_error(exc, model)
         headers = {"retry-after": str(RETRY_AFTER_S)} if status == 503 else {}
         return HttpReply(status, error_body(exc), JSON, headers)
 

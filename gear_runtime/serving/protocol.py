@@ -177,26 +177,31 @@ def _decode_tensor(tensor: Any, index: int,
     name = tensor.get("name")
     if not isinstance(name, str) or not name:
         raise InputError(f'inputs[{index}] needs a "name" (a non-empty string)')
-    shape = _shape(tensor.get("shape"), name)
-    datatype = tensor.get("datatype")
+    shape = check_shape(name, tensor.get("shape"))
+    datatype = check_datatype(name, tensor.get("datatype"))
+    dtype = DATATYPES[datatype]
+    size = _parameters(tensor, f"input {name!r}").get("binary_data_size")
+    if size is not None:
+        array, used = binary_tensor(name, shape, dtype, size, binary), size
+    elif "data" in tensor:
+        array, used = list_tensor(name, shape, dtype, tensor["data"]), 0
+    else:
+        raise InputError(f'input {name!r} has neither "data" nor a binary_data_size')
+    return name, shape, datatype, array, used
+
+
+def check_datatype(name: str, datatype: Any) -> str:
+    """``datatype`` if it is a v2 datatype gear models take, else InputError."""
     if datatype == "BYTES":
         raise InputError(f"input {name!r}: BYTES tensors are not supported (gear models take "
                          f"numeric tensors: {', '.join(DATATYPES)})")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise InputError(f'input {name!r}: "datatype" must be one of {", ".join(DATATYPES)}; '
                          f"got {_short(datatype)}")
-    dtype = DATATYPES[datatype]
-    size = _parameters(tensor, f"input {name!r}").get("binary_data_size")
-    if size is not None:
-        array, used = _binary_tensor(name, shape, dtype, size, binary), size
-    elif "data" in tensor:
-        array, used = _json_tensor(name, shape, dtype, tensor["data"]), 0
-    else:
-        raise InputError(f'input {name!r} has neither "data" nor a binary_data_size')
-    return name, shape, datatype, array, used
+    return datatype
 
 
-def _shape(value: Any, name: str) -> tuple[int, ...]:
+def check_shape(name: str, value: Any) -> tuple[int, ...]:
     """A shape the protocol allows: at most MAX_RANK int64 dims >= 0 whose elements an
     array of 8-byte values could hold (a dim of 0 makes a tensor empty, not any size)."""
     if not isinstance(value, list) or len(value) > MAX_RANK or not all(
@@ -209,8 +214,10 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _binary_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, size: Any,
-                   binary: memoryview) -> np.ndarray:
+def binary_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, size: Any,
+                  binary: memoryview) -> np.ndarray:
+    """``size`` bytes at the start of ``binary`` as a tensor; InputError unless ``size`` is
+    what the shape and dtype take and the bytes are there."""
     expected = math.prod(shape) * dtype.itemsize
     if not isinstance(size, int) or isinstance(size, bool) or size != expected:
         raise InputError(f"input {name!r}: binary_data_size {size!r} does not match shape "
@@ -222,9 +229,10 @@ def _binary_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, size: Any
     return np.frombuffer(binary[:size], dtype=dtype).reshape(shape).copy()
 
 
-def _json_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
-    """JSON ``data`` (flat or nested, row-major) as an array of ``dtype`` and ``shape``: values
-    of the tensor's kind that fit it, exactly ``prod(shape)`` of them."""
+def list_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
+    """JSON ``data`` (flat or nested lists, row-major; also gRPC's typed contents) as an
+    array of ``dtype`` and ``shape``: values of the tensor's kind that fit it, exactly
+    ``prod(shape)`` of them."""
     try:
         natural = np.asarray(data)
     except (ValueError, OverflowError) as exc:
