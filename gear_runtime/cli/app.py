@@ -13,13 +13,14 @@
 Each command lives in its own module of this package (``add_parser`` and its ``cmd_*``);
 :mod:`gear_runtime.cli.common` holds what they share. Exit codes: 0 success; 2 usage errors
 and bad input; 1 failed checks and failures while running (backend errors). Every error is
-ONE line on stderr, ``gear-runtime: error: [code] message``; never a traceback for a user
-error.
+ONE line on stderr, ``gear-runtime: error: [code] message``; never a traceback: an exception
+no check expected is a bug, and is still one line (``internal error: ...``, exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ from gear_runtime.cli.common import (
 )
 from gear_runtime.errors import BackendError, GearRuntimeError
 
+#: Set (to anything) to see the traceback of an internal error instead of its one line.
+TRACEBACK_ENV = "GEAR_RUNTIME_TRACEBACK"
 #: The subcommands in the order ``--help`` lists them.
 COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan)
 
@@ -78,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except Exception as exc:  # noqa: BLE001 -- the last resort: a bug, still one line
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        error(f"internal error: {type(exc).__name__}: {exc} (a bug in gear-runtime, not in "
+              f"your input: please report it; {TRACEBACK_ENV}=1 shows the traceback)")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gear_runtime.cli.common import EXIT_OK, backends_help, existing_file, int_list, make_dir
 from gear_runtime.errors import InputError
+
+if TYPE_CHECKING:
+    from gear_runtime.runtime.executor import Executor
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +49,7 @@ def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
         if any(name == n for n, _ in pairs):
             raise InputError(f"--input {name!r} is given twice")
         existing_file(path, f"--input {name}:", InputError)
+        _check_npy_magic(name, path)
         pairs.append((name, path))
     return pairs
 
@@ -62,7 +67,6 @@ def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict
                          f"{', '.join(names)}")
     feeds: dict[str, np.ndarray] = {}
     for name, path in pairs:
-        _check_npy_magic(name, path)
         try:
             value = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -109,23 +113,32 @@ def _output_files(names: Sequence[str]) -> list[str]:
     return files
 
 
+def _gear_flag(args: argparse.Namespace) -> Callable[[Executor], None]:
+    """What the --dynamic-* flag asks of the executor, parsed before the model is loaded."""
+    if args.dynamic_dims is not None:
+        dims = int_list(args.dynamic_dims, "--dynamic-dims")
+        return lambda ex: ex.set_dynamic_dims(dims)
+    if args.dynamic_batch_size is not None:
+        batch = args.dynamic_batch_size
+        return lambda ex: ex.set_dynamic_batch_size(batch)
+    if args.dynamic_image_size is not None:
+        hw = int_list(args.dynamic_image_size, "--dynamic-image-size")
+        if len(hw) != 2:
+            raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
+        return lambda ex: ex.set_dynamic_image_size(*hw)
+    return lambda ex: None  # the gear comes from the inputs' shapes
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
 
     existing_file(args.file, "gear file")
     pairs = _parse_input_args(args.input)  # syntax and files first: no load for a typo
+    choose_gear = _gear_flag(args)
     model = gr.load(args.file, backend=args.backend)
     feeds = _read_inputs(pairs, model.input_names)
     ex = model.create_executor()
-    if args.dynamic_dims is not None:
-        ex.set_dynamic_dims(int_list(args.dynamic_dims, "--dynamic-dims"))
-    elif args.dynamic_batch_size is not None:
-        ex.set_dynamic_batch_size(args.dynamic_batch_size)
-    elif args.dynamic_image_size is not None:
-        hw = int_list(args.dynamic_image_size, "--dynamic-image-size")
-        if len(hw) != 2:
-            raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
-        ex.set_dynamic_image_size(*hw)
+    choose_gear(ex)
     outputs = ex.execute(feeds)
     out_dir = make_dir("--output-dir", args.output_dir)
     if ex.last_gear is not None:

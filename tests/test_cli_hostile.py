@@ -1,0 +1,333 @@
+"""Hostile inputs for every ``gear-runtime`` command: one table, one rule.
+
+Every row runs the installed command line in a fresh process (``python -m gear_runtime.cli``)
+under a memory limit and a time limit, and asserts the CLI's error rule
+(:mod:`gear_runtime.cli.common`): exit code 2, exactly ONE line on stderr starting with
+``gear-runtime: error:``, no ``Traceback``, no "internal error" (the last-resort line of an
+exception nobody checked for), and the fragment of the row in that line.
+
+To add rows for a command, append :class:`Row` entries to ``ROWS`` (one section per command).
+``argv`` items may name the fixture paths of :func:`paths` as ``{name}`` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models import CONV_BATCH_SPEC, conv_model
+
+import gear_runtime as gr
+from gear_runtime.examples import prefill
+
+#: The address space a row may use (a row that reads /dev/zero into memory hits it fast).
+MEMORY_LIMIT = 3 * 2**30
+#: Seconds a row may take: start-up (numpy, onnx, ORT) plus a refusal. Generous for a
+#: shared 2-core machine; a row that hangs (a FIFO) or grows without end exceeds it.
+TIME_LIMIT = 30.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One hostile command line and a fragment its one error line must contain. ``todo``:
+    a known escape not fixed yet (the row is a strict xfail naming who fixes it; the fix
+    removes the mark)."""
+
+    id: str
+    argv: tuple[str, ...]
+    fragment: str
+    todo: str = ""
+
+
+def row(id: str, fragment: str, *argv: str, todo: str = "") -> Row:
+    return Row(id, argv, fragment, todo)
+
+
+#: The compare hardening of #20 (helper cli), landing next.
+COMPARE_TODO = "cli: bench --compare reads and validates its files like the loader (#20)"
+
+
+# The big sample array and the deep nesting are built in the fixture (files too large to
+# spell here); ``{name}`` items are replaced by the fixture's paths.
+ROWS: list[Row] = [
+    # ---- the parser (every command): argparse's own errors are one line too
+    row("no-command", "COMMAND"),
+    row("unknown-command", "invalid choice", "frobnicate"),
+    row("unknown-flag", "unrecognized arguments", "inspect", "{gear}", "--frob"),
+    # ---- compile
+    row("compile-missing-model", "does not exist", "compile", "{tmp}/nope.onnx",
+        "--input-shape", "x:-1,4", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-model-directory", "is not a file", "compile", "{tmp}", "--input-shape",
+        "x:-1,4", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-model-dev-zero", "/dev/zero", "compile", "/dev/zero", "--input-shape",
+        "x:-1,4", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-model-fifo", "fifo", "compile", "{fifo}", "--input-shape",
+        "x:-1,4", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-model-garbage", "not a readable ONNX model", "compile", "{garbage}",
+        "--input-shape", "x:-1,4", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-no-gear-flag", "--dynamic-batch-size", "compile", "{conv}",
+        "--input-shape", "data:-1,3,32,32", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-two-gear-flags", "not allowed with", "compile", "{conv}", "--input-shape",
+        "data:-1,3,32,32", "--dynamic-batch-size", "1,2", "--dynamic-dims", "1;2",
+        "-o", "{tmp}/o.gear.onnx"),
+    row("compile-bad-shape", "E10", "compile", "{conv}", "--input-shape", "data:a,b",
+        "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-batch-negative", "E10003", "compile", "{conv}", "--input-shape",
+        "data:-1,3,32,32", "--dynamic-batch-size=-1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-batch-huge", "E10", "compile", "{conv}", "--input-shape",
+        "data:-1,3,32,32", "--dynamic-batch-size", "1," + "9" * 30, "-o", "{tmp}/o.gear.onnx"),
+    row("compile-unknown-input", "E10", "compile", "{conv}", "--input-shape",
+        "nosuch:-1,3,32,32", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-output-is-directory", "directory", "compile", "{conv}", "--input-shape",
+        "data:-1,3,32,32", "--dynamic-batch-size", "1,2", "-o", "{tmp}"),
+    row("compile-config-dev-zero", "/dev/zero", "compile", "{conv}", "--config", "/dev/zero",
+        "-o", "{tmp}/o.gear.onnx"),
+    row("compile-config-fifo", "fifo", "compile", "{conv}", "--config", "{fifo}",
+        "-o", "{tmp}/o.gear.onnx"),
+    row("compile-config-garbage", "config", "compile", "{conv}", "--config", "{garbage}",
+        "-o", "{tmp}/o.gear.onnx"),
+    row("compile-a-gear-file", "already a gear file", "compile", "{gear}", "--input-shape",
+        "input_ids:1,-1", "--dynamic-dims", "32;64", "-o", "{tmp}/o.gear.onnx",
+        todo="cli: compile names a gear file as one (#21)"),
+    # ---- inspect
+    row("inspect-missing", "does not exist", "inspect", "{tmp}/nope.gear.onnx"),
+    row("inspect-directory", "is not a file", "inspect", "{tmp}"),
+    row("inspect-dev-zero", "/dev/zero", "inspect", "/dev/zero"),
+    row("inspect-fifo", "fifo", "inspect", "{fifo}"),
+    row("inspect-garbage", "not an ONNX model", "inspect", "{garbage}"),
+    row("inspect-empty", "empty", "inspect", "{empty}"),
+    row("inspect-plain-onnx", "not a gear file", "inspect", "{conv}"),
+    row("inspect-truncated", "not an ONNX model", "inspect", "{truncated}"),
+    # ---- run
+    row("run-input-syntax", "NAME=FILE.npy", "run", "{gear}", "--input", "nonsense"),
+    row("run-input-dev-zero", "/dev/zero", "run", "{gear}", "--input", "input_ids=/dev/zero"),
+    row("run-input-fifo", "fifo", "run", "{gear}", "--input", "input_ids={fifo}"),
+    row("run-input-garbage", "not a .npy file", "run", "{gear}", "--input",
+        "input_ids={garbage}"),
+    row("run-input-unknown-name", "has no input", "run", "{gear}", "--input", "nosuch={ids}"),
+    row("run-dims-not-integers", "integers", "run", "{gear}", "--dynamic-dims", "1,a"),
+    row("run-dims-huge", "1450", "run", "{gear}", "{inputs}", "--dynamic-dims", str(2**63),
+        todo="harden: set_dynamic_dims([2**63]) is a GearRuntimeError (#20 API table)"),
+    row("run-dims-short-form", "64,64,64,16", "run", "{gear}", "{inputs}",
+        "--dynamic-dims", "64", todo="cli: the short --dynamic-dims form explained (#21)"),
+    row("run-batch-on-dims-model", "batch", "run", "{gear}", "{inputs}",
+        "--dynamic-batch-size", "4"),
+    row("run-output-dir-is-file", "--output-dir", "run", "{gear}", "{inputs}",
+        "--output-dir", "{garbage}"),
+    row("run-unknown-backend", "backend", "run", "{gear}", "--backend", "nosuch"),
+    # ---- bench
+    row("bench-gears-out-of-range", "out of range", "bench", "{gear}", "--gears", "99"),
+    row("bench-gears-float", "not a gear index", "bench", "{gear}", "--gears", "1.5"),
+    row("bench-iterations-zero", "must be >= 1", "bench", "{gear}", "--iterations", "0"),
+    row("bench-json-missing-dir", "does not exist", "bench", "{gear}", "--json",
+        "{tmp}/no/such/dir/r.json"),
+    row("bench-reference-missing", "does not exist", "bench", "{gear}", "--reference",
+        "{tmp}/nope.onnx"),
+    row("bench-reference-garbage", "reference model", "bench", "{gear}", "--reference",
+        "{garbage}", "--iterations", "1", "--warmup", "0"),
+    row("bench-reference-other-inputs", "differ from the gear model's inputs", "bench",
+        "{gear}", "--reference", "{conv}", "--iterations", "1", "--warmup", "0"),
+    row("bench-reference-other-shapes", "does not match", "bench", "{gear}", "--reference",
+        "{other_prefill}", "--iterations", "1", "--warmup", "0",
+        todo="cli: bench --reference of another model with the same inputs (#20)"),
+    # bench --compare: the files are read like the loader reads a gear file, then validated
+    *[row(f"compare-{id}", fragment, "bench", "--compare", before, "{result}",
+          todo=COMPARE_TODO) for id, fragment, before in [
+        ("dev-zero", "not a regular file", "/dev/zero"),
+        ("fifo", "not a regular file", "{fifo}"),
+        ("directory", "it is a directory", "{tmp}"),
+        ("huge-file", "bytes; a bench result is at most", "{huge_json}"),
+        ("deep-nesting", "nested deeper", "{deep_json}"),
+        ("list", "not a JSON object", "{json:list}"),
+        ("gears-not-a-list", "gears: expected a list", "{json:gears_str}"),
+        ("gear-not-an-object", "gears[0]: expected an object", "{json:gear_int}"),
+        ("samples-not-numbers", "gears[0].samples_ns.execute", "{json:samples_str}"),
+        ("samples-null", "gears[0].samples_ns: expected an object", "{json:samples_null}"),
+        ("samples-nan", "gears[0].samples_ns.execute", "{json:samples_nan}"),
+        ("samples-inf", "gears[0].samples_ns.execute", "{json:samples_inf}"),
+        ("samples-zero", "gears[0].samples_ns.execute", "{json:samples_zero}"),
+        ("samples-negative", "gears[0].samples_ns.execute", "{json:samples_negative}"),
+        ("too-many-samples", "gears[0].samples_ns.execute", "{json:samples_many}"),
+        ("dims-not-a-list", "gears[0].dims", "{json:dims_str}"),
+        ("context-not-an-object", "context: expected an object", "{json:context_list}"),
+        ("machine-not-an-object", "context.machine: expected an object", "{json:machine_str}"),
+    ]],
+    row("compare-not-json", "not JSON", "bench", "--compare", "{garbage}", "{result}"),
+    row("compare-plot-jpg", ".png", "bench", "--compare", "{result}", "{result}",
+        "--plot", "{tmp}/cmp.jpg", todo=COMPARE_TODO),
+    row("bench-plot-jpg", ".png", "bench", "{gear}", "--plot", "{tmp}/b.jpg",
+        todo="cli: --plot refuses a name that is not .png (#21)"),
+    # ---- demo
+    row("demo-workdir-is-file", "--workdir", "demo", "--workdir", "{garbage}"),
+    row("demo-iterations-zero", "must be >= 1", "demo", "--iterations", "0"),
+    # ---- check-padding, plan (helper llm adds its rows here)
+    row("check-padding-missing-gear", "does not exist", "check-padding", "{tmp}/nope.gear.onnx",
+        "{conv}"),
+    row("check-padding-gear-fifo", "fifo", "check-padding", "{fifo}", "{conv}"),
+    row("plan-missing-trace", "does not exist", "plan", "{conv}", "--input-shape",
+        "data:-1,3,32,32", "--trace", "{tmp}/nope.csv", "--max-gears", "2"),
+    # ---- serve (helper serve adds its rows here)
+    row("serve-missing-file", "does not exist", "serve", "{tmp}/nope.gear.onnx"),
+]
+
+
+def _compare_variants(good: dict) -> dict[str, object]:
+    """Crafted bench results: each breaks one field of a good one (``{json:<name>}``)."""
+    def with_gear(**fields: object) -> dict:
+        data = json.loads(json.dumps(good))
+        data["gears"][0].update(fields)
+        return data
+
+    def with_samples(values: object) -> dict:
+        data = json.loads(json.dumps(good))
+        data["gears"][0]["samples_ns"]["execute"] = values
+        return data
+
+    n = len(good["gears"][0]["samples_ns"]["execute"])
+    return {
+        "list": [1, 2, 3],
+        "gears_str": {**good, "gears": "all"},
+        "gear_int": {**good, "gears": [7]},
+        "samples_str": with_samples(["fast"] * n),
+        "samples_null": with_gear(samples_ns=None),
+        "samples_nan": with_samples([float("nan")] * n),
+        "samples_inf": with_samples([float("inf")] * n),
+        "samples_zero": with_samples([0] * n),
+        "samples_negative": with_samples([-1000] * n),
+        "samples_many": with_samples([1000] * 3_000_000),
+        "dims_str": with_gear(dims="64"),
+        "context_list": {**good, "context": []},
+        "machine_str": {**good, "context": {**good["context"], "machine": "fast"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, str]:
+    """The files rows name: ``{gear}`` the prefill example compiled (dims mode, 4 inputs),
+    ``{other_prefill}`` the same example with another hidden size (same input names),
+    ``{inputs}`` its gear-1 inputs as ``--input`` flags, ``{ids}`` one of them, ``{conv}`` a
+    plain ONNX model (batch), ``{result}`` a good bench JSON of ``{gear}``,
+    ``{json:<variant>}`` crafted results, ``{fifo}``, ``{garbage}`` (random bytes),
+    ``{empty}``, ``{truncated}`` (half a gear file), ``{huge_json}`` (sparse, past the
+    bound), ``{deep_json}`` (100k-deep nesting), ``{tmp}`` a directory."""
+    d = tmp_path_factory.mktemp("hostile")
+    model_path, config_path = prefill.write_example(d)
+    spec = gr.GearSpec.from_config(str(config_path))
+    gear = d / "prefill.gear.onnx"
+    gr.compile(str(model_path), spec, str(gear), progress=False)
+    inputs = []
+    for name, value in prefill.example_inputs(spec, 1, seed=1).items():
+        np.save(d / f"{name}.npy", value)
+        inputs.append(f"--input {name}={d / (name + '.npy')}")
+    other_model, conv = d / "other_prefill.onnx", d / "conv.onnx"
+    onnx.save(prefill.build_prefill_model(hidden=prefill.HIDDEN * 2), str(other_model))
+    onnx.save(conv_model(), str(conv))
+    assert CONV_BATCH_SPEC  # the conv model is the batch-mode example of tests/models.py
+    from gear_runtime.tools.bench.engine import bench_model
+
+    result = bench_model(str(gear), gears="0,1", iterations=5, warmup=0, progress=False,
+                         inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
+    good = result.to_dict()
+    out = {"tmp": str(d), "gear": str(gear), "conv": str(conv), "inputs": " ".join(inputs),
+           "ids": str(d / "input_ids.npy"), "other_prefill": str(other_model)}
+    (d / "result.json").write_text(json.dumps(good), encoding="utf-8")
+    out["result"] = str(d / "result.json")
+    for k, (name, data) in enumerate(_compare_variants(good).items()):
+        p = d / f"crafted{k}.json"  # a neutral name: the fragments must not match the path
+        p.write_text(json.dumps(data), encoding="utf-8")  # NaN / Infinity as JSON allows
+        out[f"json:{name}"] = str(p)
+    fifo = d / "fifo"
+    os.mkfifo(fifo)
+    out["fifo"] = str(fifo)
+    garbage = d / "garbage.bin"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    out["garbage"] = str(garbage)
+    (d / "empty.onnx").write_bytes(b"")
+    out["empty"] = str(d / "empty.onnx")
+    blob = gear.read_bytes()
+    (d / "truncated.gear.onnx").write_bytes(blob[: len(blob) // 2])
+    out["truncated"] = str(d / "truncated.gear.onnx")
+    huge = d / "huge.json"
+    with open(huge, "wb") as f:  # sparse: no disk used
+        f.truncate(3 * 2**30)
+    out["huge_json"] = str(huge)
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="ascii")
+    out["deep_json"] = str(d / "deep.json")
+    return out
+
+
+def _argv(r: Row, paths: dict[str, str]) -> list[str]:
+    argv: list[str] = []
+    for item in r.argv:
+        if item == "{inputs}":  # several flags
+            argv += paths["inputs"].split()
+            continue
+        for name, value in paths.items():
+            item = item.replace("{" + name + "}", value)
+        argv.append(item)
+    return argv
+
+
+def _limit_memory() -> None:  # runs in the child, before exec
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _params(rows: list[Row]) -> list:
+    return [pytest.param(r, id=r.id, marks=[pytest.mark.xfail(strict=True, reason=r.todo)]
+                         if r.todo else []) for r in rows]
+
+
+@pytest.mark.parametrize("r", _params(ROWS))
+def test_hostile_input_is_one_line_exit_2(r: Row, paths: dict[str, str]) -> None:
+    argv = _argv(r, paths)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "gear_runtime.cli", *argv],
+                              capture_output=True, text=True, timeout=TIME_LIMIT,
+                              preexec_fn=_limit_memory, env=env, cwd=paths["tmp"])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{r.id}: still running after {TIME_LIMIT:g} s: {argv}")
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{r.id}: stderr is not one line:\n{err}"
+    assert lines[0].startswith("gear-runtime: error:"), err
+    assert "internal error" not in lines[0], err
+    assert r.fragment.lower() in lines[0].lower(), (r.fragment, lines[0])
+    assert proc.returncode == 2, (proc.returncode, err)
+
+
+def test_every_command_has_rows() -> None:
+    """Each command of the parser is exercised by at least one row (a new command gets rows)."""
+    import argparse
+
+    from gear_runtime.cli.app import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    covered = {r.argv[0] for r in ROWS if r.argv}
+    missing = sorted(set(sub.choices) - covered)
+    assert missing == [], f"commands without hostile rows: {missing}"
+
+
+def test_the_last_resort_is_one_line_too(tmp_path: Path) -> None:
+    """An exception nobody checked for (here a bug injected into a command) is still one
+    line on stderr, 'internal error', and exit 1: never a traceback."""
+    code = ("import sys, gear_runtime.cli.inspect as m\n"
+            "def boom(args): raise ValueError('injected')\n"
+            "m.cmd_inspect = boom\n"
+            "from gear_runtime.cli.app import main\n"
+            "sys.exit(main(['inspect', 'x']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIME_LIMIT, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "internal error" in lines[0] and "ValueError" in lines[0] and "injected" in lines[0]
+    assert proc.returncode == 1
