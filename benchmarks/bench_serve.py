@@ -1,15 +1,28 @@
-"""Serving throughput and latency: the v2 server with and without dynamic batching, against
-direct in-process ``execute`` calls, in one run (ratios against direct).
+"""Serving throughput and latency, side by side in one run: ``gear-runtime serve`` (HTTP with
+binary tensors, HTTP with JSON, gRPC; with and without dynamic batching) against KServe's
+Python ModelServer running the same ONNX model through ONNX Runtime, at concurrency 1, 8 and
+32 (closed loop: each client thread sends its next request when the last is answered).
 
-A batch-mode model (batch gears 1, 2, 4, 8: a conv net on 3x64x64 images, and a 16 MiB
-MLP of width 1024) gets batch-1 requests from ``--clients``
-client threads (one ``tritonclient.http`` client each, binary tensors) against
-``gear-runtime serve`` in a process of its own on 127.0.0.1 (a free port). "direct" is the
-same requests as ``execute`` calls on ``--executors`` threads with an executor each (no HTTP,
-no batching): the runtime alone; "direct, batches of 8" runs the same rows 8 per call (what
-batching can reach at best). Needs the serve extra and tritonclient.
+Every server runs in a process of its own on 127.0.0.1; the clients are the real
+``tritonclient.http`` / ``tritonclient.grpc`` (one client per thread, batch-1 requests). The
+windows are interleaved (every variant once per round, ``--rounds`` rounds) and each cell
+reports the range over the rounds: the machine may be shared. Server CPU per request is the
+server process tree's user + system time over the window, divided by the requests answered.
 
-    python benchmarks/bench_serve.py [--models conv,mlp] [--clients 32] [--requests 1024]
+Models, built here with onnx.helper (random weights):
+
+- ``conv``: tests/models.py's convnet on 3x8x8 images (~0.06 ms per run in process);
+- ``bert``: a BERT-shaped encoder (benchmarks/bert_model.py), seq 128, ``--bert`` "tiny"
+  (BERT-tiny's shape: 2 layers, hidden 128; the default) or "base" (12 layers, hidden 768);
+  inputs input_ids + attention_mask, output last_hidden_state [seq, hidden] per row.
+
+Both are compiled with batch gears 1, 2, 4, 8. KServe runs in its own virtual environment
+(``--kserve-python``, default /tmp/serve-kserve-venv/bin/python: ``python -m venv
+/tmp/serve-kserve-venv && /tmp/serve-kserve-venv/bin/pip install kserve onnxruntime``); the
+table says so when it is not there. Needs the serve and grpc extras.
+
+    python benchmarks/bench_serve.py [--models conv,bert] [--concurrency 1,8,32]
+        [--seconds 4] [--rounds 2] [--bert tiny|base] [--executors 2]
 """
 
 from __future__ import annotations
@@ -20,178 +33,367 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models import conv_model, heavy_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bert_model import bert_model, bert_tiny  # noqa: E402
+from models import conv_model  # noqa: E402
 
 import gear_runtime as gr  # noqa: E402
 
-#: name -> (builder, input name, row shape, output name)
-MODELS = {
-    "conv": (lambda: conv_model(hidden=64, classes=100), "data", (3, 64, 64), "logits"),
-    "mlp": (lambda: heavy_model(width=1024, layers=4), "x", (1024,), "y"),
-}
 GEARS = "1,2,4,8"
+SEQ = 128
+KSERVE_PYTHON = "/tmp/serve-kserve-venv/bin/python"
 
 
-def build(directory: Path, kind: str) -> Path:
-    builder, name, row, _ = MODELS[kind]
-    onnx.save(builder(), str(directory / f"{kind}.onnx"))
-    out = directory / f"{kind}.gear.onnx"
-    spec = gr.GearSpec.from_atc(input_shape=f"{name}:-1,{','.join(map(str, row))}",
-                                dynamic_batch_size=GEARS)
-    gr.compile(str(directory / f"{kind}.onnx"), spec, str(out))
-    return out
+# ---- models ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bench:
+    """A benchmark model: its file names, inputs of one row, output name."""
+
+    name: str
+    onnx_path: Path
+    gear_path: Path
+    inputs: dict[str, np.ndarray]
+    output: str
 
 
-def inputs(kind: str, n: int) -> list[np.ndarray]:
+def build(directory: Path, kind: str, bert: str) -> Bench:
+    """Write ``kind``'s ONNX model and its gear file (batch gears 1, 2, 4, 8)."""
     rng = np.random.default_rng(0)
-    return [rng.standard_normal((1, *MODELS[kind][2])).astype(np.float32) for _ in range(n)]
+    if kind == "conv":
+        model = conv_model()
+        inputs = {"data": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+        shape, output = "data:-1,3,8,8", "logits"
+    else:
+        model = bert_tiny(SEQ) if bert == "tiny" else bert_model(seq=SEQ)
+        vocab = model.graph.initializer[0].dims[0]
+        inputs = {"input_ids": rng.integers(0, vocab, (1, SEQ), dtype=np.int64),
+                  "attention_mask": np.ones((1, SEQ), dtype=np.int64)}
+        shape, output = f"input_ids:-1,{SEQ};attention_mask:-1,{SEQ}", "last_hidden_state"
+    src, out = directory / f"{kind}.onnx", directory / f"{kind}.gear.onnx"
+    onnx.save(model, str(src))
+    gr.compile(str(src), gr.GearSpec.from_atc(input_shape=shape, dynamic_batch_size=GEARS),
+               str(out))
+    return Bench(kind, src, out, inputs, output)
 
 
-def drive(threads: int, xs: list[np.ndarray], make: Callable[[], Callable[[np.ndarray], object]]
-          ) -> tuple[float, np.ndarray]:
-    """``threads`` threads share ``xs``; each calls ``make()`` once, then its call per input.
-    Returns (wall seconds, per-request latencies in seconds)."""
-    latencies = np.zeros(len(xs))
+# ---- servers --------------------------------------------------------------------------------
+KSERVE_SCRIPT = textwrap.dedent('''
+    """KServe's Python ModelServer serving one ONNX model through ONNX Runtime."""
+    import logging
+    import sys
+
+    import onnxruntime as ort
+    from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+
+    class OrtModel(Model):
+        def __init__(self, name, path):
+            super().__init__(name)
+            self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            self.names = [o.name for o in self.session.get_outputs()]
+            self.ready = True
+
+        def predict(self, payload: InferRequest, headers=None, response_headers=None):
+            feeds = {i.name: i.as_numpy() for i in payload.inputs}
+            binary = payload.use_binary_outputs or any(
+                (out.parameters or {}).get("binary_data") for out in payload.request_outputs or [])
+            outputs = []
+            for name, array in zip(self.names, self.session.run(None, feeds)):
+                out = InferOutput(name=name, shape=list(array.shape), datatype="FP32")
+                out.set_data_from_numpy(array, binary_data=binary)
+                outputs.append(out)
+            return InferResponse(model_name=self.name, infer_outputs=outputs,
+                                 response_id=payload.id or "", use_binary_outputs=binary)
+
+    if __name__ == "__main__":
+        name, path, port, grpc_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        logging.disable(logging.INFO)  # no per-request log lines (ours writes none either)
+        ModelServer(http_port=port, grpc_port=grpc_port, workers=1, enable_docs_url=False,
+                    enable_latency_logging=False).start([OrtModel(name, path)])
+''')
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process: gear-runtime serve, or KServe's ModelServer."""
+
+    def __init__(self, label: str, argv: list[str], http_port: int | None = None,
+                 grpc_port: int | None = None, env: dict | None = None) -> None:
+        self.label = label
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                     **(env or {})})
+        self.http_port, self.grpc_port = http_port, grpc_port
+        self.log: list[str] = []
+        if http_port is None:  # gear-runtime serve prints its ports
+            line = self.proc.stdout.readline()
+            self.log.append(line)
+            match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if not match:
+                self.close()
+                raise SystemExit(f"{label} did not start: {line!r}")
+            self.http_port = int(match.group(1))
+            grpc = re.search(r"grpc 127\.0\.0\.1:(\d+)", line)
+            self.grpc_port = int(grpc.group(1)) if grpc else None
+        threading.Thread(target=self._drain_output, daemon=True).start()
+
+    def _drain_output(self) -> None:
+        for line in self.proc.stdout:
+            self.log.append(line)
+            del self.log[:-50]
+
+    def wait_ready(self, model: str, timeout: float = 180) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.label} exited: {''.join(self.log)[-2000:]}")
+            try:
+                url = f"http://127.0.0.1:{self.http_port}/v2/models/{model}/ready"
+                if urllib.request.urlopen(url, timeout=5).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"{self.label} not ready after {timeout} s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the server process and its children so far."""
+        import psutil
+
+        try:
+            proc = psutil.Process(self.proc.pid)
+            procs = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def gear_server(bench: Bench, executors: int, *flags: str) -> Server:
+    return Server(f"gear {' '.join(flags)}".strip(), [
+        sys.executable, "-m", "gear_runtime.cli", "serve", str(bench.gear_path), "--name",
+        bench.name, "--port", "0", "--grpc-port", "0", "--executors", str(executors), *flags])
+
+
+def kserve_server(bench: Bench, python: str, directory: Path) -> Server:
+    script = directory / "kserve_ort.py"
+    script.write_text(KSERVE_SCRIPT)
+    port, grpc_port = free_port(), free_port()
+    return Server("kserve", [python, str(script), bench.name, str(bench.onnx_path), str(port),
+                             str(grpc_port)], http_port=port, grpc_port=grpc_port)
+
+
+# ---- clients --------------------------------------------------------------------------------
+def http_caller(bench: Bench, port: int, binary: bool) -> Callable[[], Callable[[], object]]:
+    import tritonclient.http as triton
+
+    def make() -> Callable[[], object]:
+        c = triton.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=300,
+                                         connection_timeout=300)
+        tensors = []
+        for name, a in bench.inputs.items():
+            t = triton.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32
+                                  else "INT64")
+            t.set_data_from_numpy(a, binary_data=binary)
+            tensors.append(t)
+        outputs = [triton.InferRequestedOutput(bench.output, binary_data=binary)]
+        # a JSON body says so (KServe reads any other body as binary tensors)
+        headers = None if binary else {"Content-Type": "application/json"}
+        return lambda: c.infer(bench.name, tensors, outputs=outputs,
+                               headers=headers).as_numpy(bench.output)
+
+    return make
+
+
+def grpc_caller(bench: Bench, port: int) -> Callable[[], Callable[[], object]]:
+    import tritonclient.grpc as tgrpc
+
+    def make() -> Callable[[], object]:
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        tensors = []
+        for name, a in bench.inputs.items():
+            t = tgrpc.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32
+                                 else "INT64")
+            t.set_data_from_numpy(a)
+            tensors.append(t)
+        return lambda: c.infer(bench.name, tensors).as_numpy(bench.output)
+
+    return make
+
+
+@dataclass
+class Cell:
+    """One variant at one concurrency: a measurement per round."""
+
+    rate: list[float] = field(default_factory=list)
+    p50: list[float] = field(default_factory=list)
+    p99: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+def drive(make: Callable[[], Callable[[], object]], threads: int, seconds: float,
+          server: Server) -> tuple[float, np.ndarray, float, int]:
+    """``threads`` closed-loop clients for ``seconds``: (rows/s, latencies, server CPU
+    seconds per request, errors)."""
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    errors = [0] * threads
     start = threading.Barrier(threads + 1)
+    stop_at = [0.0]
 
     def run(k: int) -> None:
-        call = make()
+        call = make()  # in the thread that uses it (tritonclient.http's gevent hub is per thread)
+        call()  # warm: its connection, first requests
         start.wait()
-        for i in range(k, len(xs), threads):
+        while time.perf_counter() < stop_at[0]:
             t0 = time.perf_counter()
-            call(xs[i])
-            latencies[i] = time.perf_counter() - t0
+            try:
+                call()
+            except Exception as exc:
+                errors[k] += 1
+                if errors[k] == 1:
+                    print(f"  error: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+                continue
+            latencies[k].append(time.perf_counter() - t0)
 
     workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
     for w in workers:
         w.start()
+    stop_at[0] = time.perf_counter() + 3600  # until every thread is warm
     start.wait()
+    cpu0 = server.cpu_seconds()
     t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
     for w in workers:
         w.join()
-    return time.perf_counter() - t0, latencies
+    wall = time.perf_counter() - t0
+    cpu = server.cpu_seconds() - cpu0
+    flat = np.array([x for lat in latencies for x in lat])
+    n = max(1, len(flat))
+    return len(flat) / wall, flat, cpu / n, sum(errors)
 
 
-def direct(path: Path, executors: int, xs: list[np.ndarray]) -> tuple[float, np.ndarray]:
-    """``execute`` per request on ``executors`` threads."""
-    model = gr.load(str(path))
+# ---- the run --------------------------------------------------------------------------------
+def variants(bench: Bench, servers: dict[str, Server]) -> dict[str, Callable]:
+    """label -> (server, client factory) of every variant that is running."""
+    out: dict[str, tuple[Server, Callable]] = {}
+    g, nb, k = servers.get("gear"), servers.get("gear-nobatch"), servers.get("kserve")
+    if g is not None:
+        out["gear HTTP binary"] = (g, http_caller(bench, g.http_port, True))
+        out["gear HTTP JSON"] = (g, http_caller(bench, g.http_port, False))
+        out["gear gRPC"] = (g, grpc_caller(bench, g.grpc_port))
+    if nb is not None:
+        out["gear HTTP binary, no batching"] = (nb, http_caller(bench, nb.http_port, True))
+    if k is not None:
+        out["KServe HTTP binary"] = (k, http_caller(bench, k.http_port, True))
+        out["KServe HTTP JSON"] = (k, http_caller(bench, k.http_port, False))
+        out["KServe gRPC"] = (k, grpc_caller(bench, k.grpc_port))
+    return out
 
-    def make() -> Callable[[np.ndarray], object]:
-        ex = model.create_executor()
-        return lambda x: ex.execute([x])
 
+def rng_text(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return (fmt % lo) if fmt % lo == fmt % hi else f"{fmt % lo}-{fmt % hi}"
+
+
+def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
+    bench = build(directory, kind, args.bert)
+    servers: dict[str, Server] = {}
     try:
-        drive(executors, xs[: len(xs) // 8], make)  # warm-up
-        return drive(executors, xs, make)
+        servers["gear"] = gear_server(bench, args.executors, "--max-batch-delay-ms",
+                                      str(args.max_batch_delay_ms))
+        servers["gear-nobatch"] = gear_server(bench, args.executors, "--no-batching")
+        kserve_note = ""
+        if Path(args.kserve_python).exists():
+            servers["kserve"] = kserve_server(bench, args.kserve_python, directory)
+        else:
+            kserve_note = f" (KServe not run: {args.kserve_python} is not there)"
+        for s in servers.values():
+            s.wait_ready(bench.name)
+        table = variants(bench, servers)
+        cells = {(label, c): Cell() for label in table for c in args.concurrency}
+        for round_ in range(args.rounds):
+            for c in args.concurrency:
+                for label, (server, make) in table.items():
+                    rate, lat, cpu, errors = drive(make, c, args.seconds, server)
+                    cell = cells[(label, c)]
+                    cell.rate.append(rate)
+                    if len(lat):
+                        cell.p50.append(np.percentile(lat, 50) * 1e3)
+                        cell.p99.append(np.percentile(lat, 99) * 1e3)
+                    cell.cpu.append(cpu * 1e3)
+                    cell.errors += errors
+                    print(f"  [{kind} round {round_ + 1} c={c}] {label}: {rate:.0f} rows/s",
+                          file=sys.stderr, flush=True)
     finally:
-        model.close()
-
-
-def direct_batched(path: Path, executors: int, xs: list[np.ndarray]) -> tuple[float, np.ndarray]:
-    """The same rows, 8 per ``execute`` (the largest gear): latency per call."""
-    batches = [np.concatenate(xs[i:i + 8]) for i in range(0, len(xs) - 7, 8)]
-    return direct(path, executors, batches)
-
-
-class Server:
-    """``gear-runtime serve`` in a subprocess on a free 127.0.0.1 port."""
-
-    def __init__(self, path: Path, *flags: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gear_runtime.cli", "serve", str(path), "--port", "0",
-             "--host", "127.0.0.1", *flags], stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        line = self.proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if not match:
-            self.proc.kill()
-            raise SystemExit(f"the server did not start: {line!r}")
-        self.url = f"127.0.0.1:{match.group(1)}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-
-
-def served(path: Path, kind: str, clients: int, xs: list[np.ndarray], *flags: str
-           ) -> tuple[float, np.ndarray, str]:
-    import tritonclient.http as triton
-
-    server = Server(path, *flags)
-    _, name, _, output = MODELS[kind]
-
-    def make() -> Callable[[np.ndarray], object]:
-        c = triton.InferenceServerClient(server.url, network_timeout=120)
-
-        def call(x: np.ndarray) -> object:
-            t = triton.InferInput(name, list(x.shape), "FP32")
-            t.set_data_from_numpy(x, binary_data=True)
-            return c.infer(kind, [t]).as_numpy(output)
-
-        return call
-
-    try:
-        drive(clients, xs[: len(xs) // 8], make)  # warm-up
-        wall, lat = drive(clients, xs, make)
-        return wall, lat, batches(server.url, kind)
-    finally:
-        server.close()
-
-
-def batches(url: str, kind: str) -> str:
-    """The batches formed per gear, from /metrics (e.g. "8:120 4:3")."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
-    found = re.findall(rf'^gear_batches_total\{{gear="(\d+)",model="{kind}"\}} (\S+)', text,
-                       re.M)
-    return " ".join(f"{g}:{float(n):.0f}" for g, n in sorted(found, key=lambda x: -int(x[0])))
-
-
-def table(kind: str, args: argparse.Namespace, directory: Path) -> None:
-    """Run every mode on model ``kind`` and print its table."""
-    xs = inputs(kind, args.requests)
-    path = build(directory, kind)
-    ex = ("--executors", str(args.executors))
-    wall, lat = direct_batched(path, args.executors, xs)
-    rows = [("direct execute (in process)", *direct(path, args.executors, xs), "-"),
-            ("direct execute, batches of 8", wall / 1, lat, "8 rows per call"),
-            ("server, no batching", *served(path, kind, args.clients, xs, *ex,
-                                            "--no-batching")),
-            (f"server, batching ({args.max_batch_delay_ms} ms)",
-             *served(path, kind, args.clients, xs, *ex, "--max-batch-delay-ms",
-                     args.max_batch_delay_ms))]
-    base = args.requests / rows[0][1]
-    print(f"\n{kind}: {args.requests} batch-1 requests, gears {GEARS}, {args.executors} "
-          f"executors, {args.clients} client threads (server rows)")
-    print("| mode | rows/s | vs direct | p50 ms | p99 ms | batches (gear:count) |")
-    print("|---|---|---|---|---|---|")
-    for name, wall, lat, formed in rows:
-        rate = args.requests / wall
-        print(f"| {name} | {rate:.0f} | {rate / base:.2f}x | {np.percentile(lat, 50) * 1e3:.2f}"
-              f" | {np.percentile(lat, 99) * 1e3:.2f} | {formed} |", flush=True)
+        for s in servers.values():
+            s.close()
+    load = os.getloadavg()
+    print(f"\n{kind}{' (' + args.bert + ')' if kind == 'bert' else ''}: batch-1 requests, "
+          f"gears {GEARS}, {args.executors} executors, {args.seconds:g} s windows x "
+          f"{args.rounds} rounds interleaved (ranges over rounds), load average "
+          f"{load[0]:.1f}{kserve_note}")
+    print("| concurrency | server | rows/s | p50 ms | p99 ms | server CPU ms/request | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for c in args.concurrency:
+        for label in table:
+            cell = cells[(label, c)]
+            print(f"| {c} | {label} | {rng_text(cell.rate, '%.0f')} | "
+                  f"{rng_text(cell.p50, '%.2f')} | {rng_text(cell.p99, '%.2f')} | "
+                  f"{rng_text(cell.cpu, '%.2f')} | {cell.errors} |", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="conv,mlp", help="conv, mlp or both (default)")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--models", default="conv,bert", help="conv, bert or both")
+    parser.add_argument("--concurrency", default="1,8,32",
+                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--seconds", type=float, default=4.0, help="per window")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--max-batch-delay-ms", default="2")
+    parser.add_argument("--bert", choices=("tiny", "base"), default="tiny")
+    parser.add_argument("--kserve-python", default=KSERVE_PYTHON)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.models.split(","):
-            table(kind, args, Path(tmp))
+            run_model(kind, args, Path(tmp))
     return 0
 
 
