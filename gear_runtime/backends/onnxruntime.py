@@ -50,6 +50,7 @@ from gear_runtime.backends.onnxruntime_cuda import (
     pinned_staging,
     provider_list,
 )
+from gear_runtime.backends.output_pool import OutputPool
 from gear_runtime.errors import BackendError, BackendUnavailableError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
@@ -58,9 +59,11 @@ from gear_runtime.gearfile.reader import GearFile, read_gear_file
 #: bytes (the gear file's folder, never the working directory).
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 #: ``execute(copy=True)`` on CPU: outputs of at least this many bytes are written by ORT
-#: straight into fresh arrays bound for that one run (an extra bind costs ~2 us; copying
+#: straight into arrays the caller keeps, from the executor's :class:`OutputPool` (copying
 #: 32 MB of logits costs ~6 ms, 2.5% of a 1024-token prefill); smaller ones are copied.
 FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
+#: The pool keeps at most this many times the bytes of the largest gear's pooled outputs.
+POOL_BUDGET_FACTOR = 2
 #: The oldest ONNX Runtime with everything this backend uses: EXTERNAL_FOLDER_KEY (a gear file
 #: with a data file does not load without it) came in 1.21.0 (ORT PR 23557), ``gpu_graph_id``
 #: (one CUDA graph per gear, else every gear replays the first one's) in 1.18.0 (PR 19636).
@@ -324,18 +327,29 @@ class OrtSession(BackendSession, BenchSession):
         self.staging = aligned_buffer(nbytes) if pinned is None else pinned[0]
 
     def _host_outputs(self) -> None:
-        """CPU: output buffers sized for each output's largest gear, viewed per gear."""
+        """CPU: output buffers sized for each output's largest gear, viewed per gear (64-byte
+        aligned as ORT's own allocations: vectorised kernels store faster there), and what
+        ``execute(copy=True)`` writes into instead (:meth:`run_gear_owned`)."""
         info = self.model.info
         gears = range(info.spec.gear_count)
         self._out_buffers = [
-            np.empty(max(info.output_size(g, k) for g in gears) // info.output_dtypes[k].itemsize
-                     or 1, dtype=info.output_dtypes[k])
+            aligned_buffer(max(max(info.output_size(g, k) for g in gears),
+                               info.output_dtypes[k].itemsize)).view(info.output_dtypes[k])
             for k in range(len(info.output_names))]
         self._outputs = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
             info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
-        # Per gear, the outputs execute(copy=True) gets ORT to write into fresh arrays.
+        # Per gear, the outputs execute(copy=True) gets ORT to write into arrays the caller
+        # keeps: memory recycled from the pool once the caller drops them (output_pool.py).
         self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
                              for outs in self._outputs]
+        self._pool = OutputPool(POOL_BUDGET_FACTOR * max(
+            sum(outs[k].nbytes for k in big) for outs, big in zip(
+                self._outputs, self._big_outputs, strict=True)))
+        # Per gear, a second binding for copy=True runs (built on first use), what a run
+        # takes of it, and the address each of its pooled outputs is bound to: a recycled
+        # block is rebound only when it moved. The first binding keeps pointing at the
+        # executor's buffers (copy=False).
+        self._owned: list[tuple[Any, Any, list[int]] | None] = [None] * len(self._outputs)
 
     def _run_call(self, session: ort.InferenceSession,
                   on_device: bool) -> tuple[Any, list[Any]]:
@@ -419,22 +433,37 @@ class OrtSession(BackendSession, BenchSession):
         return int(sum(b.nbytes for b in self._out_buffers))
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        """The gear's outputs as arrays the caller keeps: small ones copied, large ones written
+        by ORT into pooled memory that no live array shares (:class:`OutputPool`)."""
         if self._device is not None:  # a device run returns fresh arrays already
             return self.run_gear(gear)
         big = self._big_outputs[gear]
         if not big:
             return super().run_gear_owned(gear)
-        outs, binding, names = self._outputs[gear], self._bindings[gear], self._output_names
-        fresh = {k: np.empty(outs[k].shape, outs[k].dtype) for k in big}
+        binding, arg, bound = self._owned[gear] or self._owned_binding(gear)
+        outs, fresh, array = self._outputs[gear], {}, self._pool.array
+        for k in big:
+            out = outs[k]
+            fresh[k], ptr = array(out.shape, out.dtype, out.nbytes)
+            if bound[k] != ptr:  # the block moved: bind the new one (~2 us)
+                binding.bind_output(self._output_names[k], "cpu", 0, out.dtype,
+                                    list(out.shape), ptr)
+                bound[k] = ptr
         try:
-            for k, f in fresh.items():
-                binding.bind_output(names[k], "cpu", 0, f.dtype, list(f.shape), f.ctypes.data)
-            self.run_bound(gear)
-        finally:  # outside this call the binding only ever points at the executor's buffers
-            for k in fresh:
-                o = outs[k]
-                binding.bind_output(names[k], "cpu", 0, o.dtype, list(o.shape), o.ctypes.data)
+            self._run_c(arg, self._run_options[gear])
+        except Exception as exc:
+            raise self._failed(gear, exc) from exc
+        if len(fresh) == len(outs):
+            return list(fresh.values())
         return [fresh[k] if k in fresh else o.copy() for k, o in enumerate(outs)]
+
+    def _owned_binding(self, gear: int) -> tuple[Any, Any, list[int]]:
+        """Gear ``gear``'s copy=True binding, what ``_run_c`` takes of it (as for the first
+        binding) and its bound output addresses (0: not bound to a pooled block yet)."""
+        binding = self._bind(gear)
+        arg = binding if self._c_bindings[gear] is self._bindings[gear] else binding._iobinding
+        self._owned[gear] = binding, arg, [0] * len(self._outputs[gear])
+        return self._owned[gear]
 
     def _run(self, gear: int) -> list[np.ndarray]:
         """A device run of gear ``gear``: copies in, run, one copy out per output."""
@@ -500,6 +529,9 @@ class OrtSession(BackendSession, BenchSession):
         self._graph_ids = []
         self._bindings = []
         self._c_bindings = []
+        if self._device is None:
+            self._owned = [None] * len(self._owned)
+            self._pool.clear()
         self._run_c = None  # drop the last reference to the model's session (its weights)
 
 
