@@ -77,10 +77,12 @@ Layout plan_layout_checked(const std::vector<std::vector<int64_t>>& input_nbytes
                       static_cast<size_t>(alignment), tail_padding);
 }
 
-ExecutorCore::Busy::Busy(std::atomic<bool>& flag) : flag_(flag) {
-  if (flag_.exchange(true)) {
-    throw_input("ExecutorCore.stage is already running in another thread: use one executor "
-                "per thread");
+ExecutorCore::Scratch::Scratch(size_t n) : shapes(shapes_small), sources(sources_small) {
+  if (n > kStackInputs) {
+    shapes_big.resize(n);
+    sources_big.resize(n);
+    shapes = shapes_big.data();
+    sources = sources_big.data();
   }
 }
 
@@ -100,8 +102,6 @@ ExecutorCore::ExecutorCore(std::vector<InputSpec> inputs,
   }
   pads_ = default_pads();
   cover_ = Coverer(table_, element_costs());
-  shapes_.resize(n);
-  sources_.resize(n);
   last_values_.reserve(table_.values_per_gear());
   last_request_.reserve(table_.values_per_gear());
 }
@@ -302,7 +302,8 @@ int64_t ExecutorCore::preset_gear(const Values& preset, const int64_t* values, b
 
 // Input i's source: its bytes (the dims checked so far bound them by its slot), and when the
 // gear is larger than the request, the shapes and pad value of a padded copy.
-void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool padded) {
+void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
+                              StageSource& src) const {
   const InputSpec& in = inputs_[i];
   if (!a.dtype_ok) {
     throw_input("input '" + in.name + "' has dtype " + std::string(a.type) +
@@ -310,7 +311,6 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool pa
   }
   size_t nbytes = in.itemsize;
   for (size_t d = 0; d < a.ndim; ++d) nbytes *= static_cast<size_t>(a.shape[d]);
-  StageSource& src = sources_[i];
   src = StageSource{a.data, nbytes};
   if (!padded) return;
   const std::vector<int64_t>& slot = gear_shapes_[gear][i];
@@ -323,9 +323,9 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool pa
 }
 
 size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-                             int64_t* values) {
-  read_shapes(arrays, n, shapes_.data());
-  dims_.extract(shapes_.data(), n, values);
+                             int64_t* values, Scratch& scratch) const {
+  read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
+  dims_.extract(scratch.shapes, n, values);
   int64_t chosen = preset != nullptr ? preset_gear(*preset, values, pad) : -1;
   if (chosen < 0) {
     chosen = static_cast<int64_t>(pad ? cover_or_throw(values) : find_or_throw(values));
@@ -334,14 +334,14 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
   const size_t width = table_.values_per_gear();
   const int64_t* gear_values = table_.gear(gear);
   const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
-  for (size_t i = 0; i < n; ++i) set_source(gear, i, arrays[i], padded);
-  stager_.check(gear, sources_.data(), n, gear_values, width, names_.data());
+  for (size_t i = 0; i < n; ++i) set_source(gear, i, arrays[i], padded, scratch.sources[i]);
+  stager_.check(gear, scratch.sources, n, gear_values, width, names_.data());
   return gear;
 }
 
-void ExecutorCore::copy_prepared(size_t gear) const noexcept {
-  stager_.copy(gear, sources_.data(), sources_.size(), table_.gear(gear),
-               table_.values_per_gear());
+void ExecutorCore::copy_prepared(size_t gear, const StageSource* sources,
+                                 size_t n) const noexcept {
+  stager_.copy(gear, sources, n, table_.gear(gear), table_.values_per_gear());
 }
 
 void ExecutorCore::finish(size_t gear, const int64_t* values) {

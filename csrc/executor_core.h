@@ -9,7 +9,6 @@
 // so the first failure reported is always the same one.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -111,8 +110,10 @@ class ExecutorCore {
   // or with `pad` cover); dtypes (kind "input"); every slot check of Stager::check. Then
   // around(copy), where copy() moves every byte (padded inputs with their pad values) and
   // must be called exactly once; the binding runs it with the GIL released. Returns the
-  // gear; last_values / last_request change only on success. One call at a time: a second
-  // caller meanwhile gets Error kind "input" (one executor per thread).
+  // gear; last_values / last_request change only on success. Not thread-safe, like any
+  // plain C++ object: one caller at a time (the Python Executor's ownership lock is the one
+  // guard). Each call keeps its own scratch, so that even concurrent misuse through Python
+  // (where copy() runs without the GIL) can only garble staged bytes, never overflow a slot.
   template <typename Around>
   size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
                Around&& around);
@@ -126,10 +127,22 @@ class ExecutorCore {
   const std::vector<int64_t>& last_request() const noexcept { return last_request_; }
 
  private:
-  class Busy;
+  // Per-call scratch of stage(): on the stack for up to kStackInputs inputs (no allocation
+  // on the hot path), on the heap beyond.
+  static constexpr size_t kStackInputs = 16;
+  struct Scratch {
+    explicit Scratch(size_t n);
+    ShapeRef* shapes;
+    StageSource* sources;
+    ShapeRef shapes_small[kStackInputs];
+    StageSource sources_small[kStackInputs];
+    std::vector<ShapeRef> shapes_big;
+    std::vector<StageSource> sources_big;
+  };
+
   size_t prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-                 int64_t* values);
-  void copy_prepared(size_t gear) const noexcept;
+                 int64_t* values, Scratch& scratch) const;
+  void copy_prepared(size_t gear, const StageSource* sources, size_t n) const noexcept;
   void finish(size_t gear, const int64_t* values);
 
   void read_shapes(const ArrayView* arrays, size_t n, ShapeRef* out) const;
@@ -137,7 +150,8 @@ class ExecutorCore {
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
   size_t find_or_throw(const int64_t* values) const;
   size_t cover_or_throw(const int64_t* values) const;
-  void set_source(size_t gear, size_t i, const ArrayView& a, bool padded);
+  void set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
+                  StageSource& src) const;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
   std::vector<double> element_costs() const;
@@ -152,31 +166,15 @@ class ExecutorCore {
   Coverer cover_;
   std::vector<int64_t> last_values_;
   std::vector<int64_t> last_request_;
-  std::atomic<bool> busy_{false};
-  // Scratch of stage(), sized once, so that no call allocates (guarded by busy_).
-  std::vector<ShapeRef> shapes_;
-  std::vector<StageSource> sources_;
-};
-
-// Holds busy_ for one stage(): a second caller meanwhile is refused, never waits.
-class ExecutorCore::Busy {
- public:
-  explicit Busy(std::atomic<bool>& flag);
-  ~Busy() { flag_.store(false); }
-  Busy(const Busy&) = delete;
-  Busy& operator=(const Busy&) = delete;
-
- private:
-  std::atomic<bool>& flag_;
 };
 
 template <typename Around>
 size_t ExecutorCore::stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
                            Around&& around) {
-  Busy busy(busy_);
   int64_t values[kMaxValues];
-  const size_t gear = prepare(arrays, n, preset, pad, values);
-  around([this, gear] { copy_prepared(gear); });
+  Scratch scratch(n);
+  const size_t gear = prepare(arrays, n, preset, pad, values, scratch);
+  around([this, gear, &scratch, n] { copy_prepared(gear, scratch.sources, n); });
   finish(gear, values);
   return gear;
 }

@@ -281,7 +281,8 @@ def test_list_inputs_are_refused_where_the_same_array_is(int_and_float_model: Ge
     bad = {
         "float values into int64": ((ids + 0.7).tolist(), scale, "input 'input_ids' holds "
                                     "float values (first: 0.7); the model's input is int64"),
-        "int values into float32": (ids, [[1, 2, 3, 4]], "input 'scale' holds integer values"),
+        "an int float32 cannot hold": (ids, [[1, 2, 3, 2**24 + 1]], "input 'scale' holds the "
+                                       "integer 16777217"),
         "bool values into int64": ([[True] * 4], scale, "input 'input_ids' holds bool values"),
         "strings": ([["1"] * 4], scale, "input 'input_ids' holds string values"),
         "out of int64 range": ([[2**63, 0, 0, 0]], scale, "holds the value 9223372036854775808"),

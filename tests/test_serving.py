@@ -428,14 +428,8 @@ def test_a_full_queue_is_503_with_retry_after(files) -> None:
 
 
 # ---- padding (dims mode) ------------------------------------------------------------------
-def test_pad_serves_any_length_or_is_refused(files, reference, monkeypatch) -> None:
-    from gear_runtime.serving import runner
-
+def test_pad_serves_any_length(files, reference) -> None:
     options = ServeOptions(executors=1, pad=True)
-    if not runner.execute_accepts_pad():
-        with pytest.raises(gr.InputError, match="--pad"):
-            build_server([str(files["prefill"])], options=options)
-        return
     server = build_server([str(files["prefill"])], options=options)
     with live(server) as running:
         p = running.port
@@ -448,10 +442,6 @@ def test_pad_serves_any_length_or_is_refused(files, reference, monkeypatch) -> N
     expected = reference["prefill"].execute(inputs, pad=True)
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)
-    # and a runtime without padding refuses --pad up front, saying why
-    monkeypatch.setattr(runner, "execute_accepts_pad", lambda: False)
-    with pytest.raises(gr.InputError, match="--pad"):
-        build_server([str(files["prefill"])], options=options)
 
 
 # ---- protocol details ---------------------------------------------------------------------

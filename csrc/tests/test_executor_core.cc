@@ -1,5 +1,5 @@
 // ExecutorCore: the hot path over plain views -- match, cover, extract, stage (plain and
-// padded), the order of its checks, and one call at a time.
+// padded), the order of its checks, and scratch of its own per call.
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -139,20 +139,56 @@ TEST(core_stage_checks_in_order_and_writes_nothing_on_error) {
   CHECK(m.core.last_request() == std::vector<int64_t>{4});  // the padded stage above
 }
 
-TEST(core_stage_is_one_call_at_a_time) {
+TEST(core_stage_keeps_its_scratch_per_call) {
+  // A stage inside another's copy hook (what two Python threads misusing one core could do:
+  // the copy runs without the GIL) has scratch of its own: each call copies its own request
+  // into its own gear's slots, the outer one's sources are not overwritten.
   Model m;
-  Request r(2);
-  bool refused = false;
-  m.core.stage(r.views, 2, nullptr, false, [&](auto&& copy) {
-    try {
-      m.core.stage(r.views, 2, nullptr, false);
-    } catch (const gear_runtime::Error& e) {
-      refused = std::string(e.what()).find("already running") != std::string::npos;
-    }
+  Request outer(2), inner(8);
+  inner.x[0] = 99.0f;
+  const size_t got = m.core.stage(outer.views, 2, nullptr, false, [&](auto&& copy) {
+    CHECK_EQ(m.core.stage(inner.views, 2, nullptr, false), 2u);
+    CHECK_EQ(at<float>(m, m.layout.offset(2, 0), 0), 99.0f);  // inner's x in gear 2
+    CHECK_EQ(at<int64_t>(m, m.layout.offset(2, 1), 7), 7);
     copy();
   });
-  CHECK(refused);
-  CHECK_EQ(m.core.stage(r.views, 2, nullptr, false), 0u);  // and free again afterwards
+  CHECK_EQ(got, 0u);
+  CHECK_EQ(at<float>(m, m.layout.offset(0, 0), 0), 1.0f);  // then outer's own x in gear 0
+  CHECK_EQ(at<float>(m, m.layout.offset(0, 0), 1), 2.0f);
+  CHECK_EQ(at<int64_t>(m, m.layout.offset(0, 1), 1), 7);
+  CHECK_EQ(at<int32_t>(m, m.layout.dims_offset(0), 0), 2);
+}
+
+TEST(core_stage_of_many_inputs_uses_heap_scratch) {
+  // More inputs than the stack scratch holds: the same results, from the heap.
+  const size_t n = 20;
+  std::vector<InputSpec> inputs;
+  std::vector<std::vector<int64_t>> positions;
+  std::vector<std::vector<size_t>> nbytes(2);
+  for (size_t i = 0; i < n; ++i) {
+    inputs.push_back({"x" + std::to_string(i), {-1}, 4, "float32"});
+    positions.push_back({static_cast<int64_t>(i), 0, 0});
+    nbytes[0].push_back(4);
+    nbytes[1].push_back(8);
+  }
+  const Layout layout = Layout::plan(nbytes, 1, 131072, 64);
+  std::vector<uint8_t> staging(layout.total_bytes(), 0);
+  ExecutorCore core(inputs, positions, {{1}, {2}}, layout, staging.data(), staging.size());
+  std::vector<std::vector<float>> data(n);
+  std::vector<ArrayView> views(n);
+  const int64_t shape[1] = {2};
+  for (size_t i = 0; i < n; ++i) {
+    data[i] = {static_cast<float>(i), static_cast<float>(i) + 0.5f};
+    views[i] = ArrayView{true, {}, data[i].data(), shape, 1, true};
+  }
+  CHECK_EQ(core.stage(views.data(), n, nullptr, false), 1u);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, staging.data() + layout.offset(1, i) + 4, 4);
+    CHECK_EQ(v, static_cast<float>(i) + 0.5f);
+  }
+  CHECK_THROWS_ERROR(core.stage(views.data(), n - 1, nullptr, false), "input", "145000",
+                     "expected 20 input arrays");
 }
 
 TEST(core_construction_checks_layout_positions_and_staging) {

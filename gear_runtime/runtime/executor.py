@@ -39,6 +39,7 @@ from gear_runtime.errors import (
     InputError,
 )
 from gear_runtime.runtime import core
+from gear_runtime.runtime import inputs as inputs_rules
 
 if TYPE_CHECKING:
     from gear_runtime.runtime.model import GearModel
@@ -177,25 +178,21 @@ class Executor:
 
     def _pad_bytes(self, pad_values: Mapping[str, Any]) -> list[bytes | None]:
         """Each input's pad value as one element of its dtype (None: 0), under the rules list
-        inputs follow (no silent cast: 0.5 for an integer input is refused; an integer that
-        is exactly a float is accepted for a float input)."""
+        inputs follow (:mod:`gear_runtime.runtime.inputs`: 0.5 for an integer input is
+        refused, 0 for a float input is 0.0)."""
         if not isinstance(pad_values, Mapping):
             raise InputError("pad_values must be a dict input name -> value, got "
                              f"{type(pad_values).__name__}")
-        unknown = [n for n in pad_values if n not in self._names]
-        if unknown:
-            raise InputError(f"pad_values names unknown inputs: {', '.join(map(str, unknown))}; "
-                             f"the model's inputs are: {', '.join(self._names)}")
+        inputs_rules.check_known(pad_values, self._names, "pad_values")
         out: list[bytes | None] = []
         for name, dtype in zip(self._names, self._dtypes, strict=True):
             if name not in pad_values:
                 out.append(None)
                 continue
-            given = pad_values[name]
-            if np.dtype(dtype).kind in "fc" and isinstance(given, int) \
-                    and not isinstance(given, bool) and float(given) == given:
-                given = float(given)  # 0 for a float input means 0.0: exact, not a cast
-            value = self._as_array(name, given, np.dtype(dtype))
+            try:
+                value = inputs_rules.as_input_array(name, pad_values[name], np.dtype(dtype))
+            except InputError as exc:
+                raise InputError(f"pad_values: {exc.message}") from None
             if value.shape != () or value.dtype != dtype:
                 raise InputError(f"pad value of input {name!r} must be one {np.dtype(dtype)} "
                                  f"value, got {pad_values[name]!r}")
@@ -215,7 +212,7 @@ class Executor:
 
         ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or nested
         lists; dtypes must be the model's, lists must hold values of its kind that fit it: no
-        silent casts or truncation, see :meth:`_as_array`). Outputs have the
+        silent casts or truncation: :mod:`gear_runtime.runtime.inputs`). Outputs have the
         gear's real shapes. With ``copy=False`` they are views of this executor's buffers,
         valid until its next execute (zero-copy for services that consume them at once).
 
@@ -281,7 +278,7 @@ class Executor:
             except KeyError:
                 values = []
             if len(values) != len(self._names) or len(inputs) != len(self._names):
-                self._raise_name_mismatch(inputs)
+                inputs_rules.check_names(inputs, self._names)
         elif isinstance(inputs, Sequence) and not isinstance(inputs, str | bytes):
             if len(inputs) != len(self._names):
                 raise InputError(f"got {len(inputs)} inputs, the model takes {len(self._names)}"
@@ -293,41 +290,8 @@ class Executor:
         if not set(map(type, values)) <= _NDARRAY:  # C-level check; subclasses: the loop
             for i, v in enumerate(values):
                 if not isinstance(v, np.ndarray):
-                    values[i] = self._as_array(self._names[i], v, self._dtypes[i])
+                    values[i] = inputs_rules.as_input_array(self._names[i], v, self._dtypes[i])
         return values
-
-    def _raise_name_mismatch(self, inputs: Mapping[str, Any]) -> None:
-        missing = [n for n in self._names if n not in inputs]
-        unknown = [n for n in inputs if n not in self._names]
-        raise InputError(
-            "inputs do not match the model"
-            + (f"; missing: {', '.join(missing)}" if missing else "")
-            + (f"; unknown: {', '.join(map(str, unknown))}" if unknown else "")
-            + f"; the model's inputs are: {', '.join(self._names)}")
-
-    @staticmethod
-    def _as_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
-        """A non-ndarray input as an array, under the rules arrays follow (no silent casts).
-
-        Anything with a dtype (numpy scalars, other libraries' arrays) keeps it, and the core
-        then demands the model's exact dtype, as for an ndarray. Python lists and scalars have
-        kinds but no widths: their values must be of the input's kind (bool, integer, float,
-        complex: floats into an int input are refused, not truncated; ints into a float input
-        are refused, as an int64 array is) and fit its width (300 into uint8 is refused);
-        within a kind they take the model's width (0.7 is a valid float16/32 value).
-        """
-        try:
-            if hasattr(value, "dtype"):
-                return np.asarray(value)
-            natural = np.asarray(value)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"input {name!r} cannot be read as a {np.dtype(dtype)} array: "
-                             f"{exc}") from None
-        expected = np.dtype(dtype)
-        if natural.dtype == expected or natural.size == 0:
-            return natural.astype(expected, copy=False)
-        _check_list_values(name, value, natural, expected)
-        return natural.astype(expected)
 
     def _trim(self, outputs: list[np.ndarray], request: tuple[int, ...]) -> list[np.ndarray]:
         """A padded run's outputs cut to the request's sizes along their dynamic axes."""
@@ -443,48 +407,3 @@ class Executor:
 
 
 _NDARRAY = frozenset({np.ndarray})
-
-#: Kinds of the values a Python list may hold for an input of each numpy kind: the same kind
-#: (``u`` and ``i`` are both integers: numpy reads big Python ints as uint64).
-_LIST_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "f", "c": "c"}
-
-
-def _check_list_values(name: str, value: Any, values: np.ndarray, dtype: np.dtype) -> None:
-    """InputError unless ``values`` (``value``, a list, as numpy read it) converts to ``dtype``
-    exactly as far as kind and range go: see :meth:`Executor._as_array`."""
-    if dtype.kind in "iu" and values.dtype.kind in "fO":
-        _check_big_ints(name, value, dtype)  # numpy reads ints beyond int64 as float/object
-    kind = values.dtype.kind
-    if kind not in _LIST_KINDS.get(dtype.kind, ""):
-        got, want = _KIND_NAMES.get(kind, str(values.dtype)), _KIND_NAMES.get(dtype.kind, dtype)
-        raise InputError(
-            f"input {name!r} holds {got} values (first: {values.flat[0].item()!r}); the model's "
-            f"input is {dtype}: pass {want} values or a {dtype} array (no silent cast or "
-            "truncation)")
-    if dtype.kind in "iu":
-        _check_int_range(name, [values.min().item(), values.max().item()], dtype)
-    elif dtype.kind in "fc":
-        with np.errstate(over="ignore"):
-            overflow = np.isinf(values.astype(dtype)) & np.isfinite(values)
-        if overflow.any():
-            raise InputError(f"input {name!r} holds the value {values[overflow].flat[0].item()},"
-                             f" out of range for the model's {dtype} input (it would become inf)")
-
-
-def _check_big_ints(name: str, value: Any, dtype: np.dtype) -> None:
-    """When every item of ``value`` is an integer, name the one out of ``dtype``'s range."""
-    items = np.asarray(value, dtype=object).ravel().tolist()
-    if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
-        _check_int_range(name, [int(v) for v in items], dtype)
-
-
-def _check_int_range(name: str, ints: list[int], dtype: np.dtype) -> None:
-    info = np.iinfo(dtype)
-    bad = next((v for v in ints if not info.min <= v <= info.max), None)
-    if bad is not None:
-        raise InputError(f"input {name!r} holds the value {bad}, out of range for the model's "
-                         f"{dtype} input ({info.min}..{info.max})")
-
-
-_KIND_NAMES = {"b": "bool", "i": "integer", "u": "integer", "f": "float", "c": "complex",
-               "U": "string", "S": "bytes", "O": "object"}

@@ -24,7 +24,7 @@ except ImportError as exc:  # one clear line instead of a missing-module traceba
 from gear_runtime.serving.app import GearServer, build_server
 from gear_runtime.serving.http import HttpLimits, listen
 from gear_runtime.serving.lifecycle import serve
-from gear_runtime.serving.runner import ServeOptions, execute_accepts_pad, model_name
+from gear_runtime.serving.runner import ServeOptions, model_name
 
-__all__ = ["GearServer", "HttpLimits", "ServeOptions", "build_server", "execute_accepts_pad",
-           "listen", "model_name", "serve"]
+__all__ = ["GearServer", "HttpLimits", "ServeOptions", "build_server", "listen", "model_name",
+           "serve"]

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from gear_runtime.errors import InputError
+from gear_runtime.runtime.inputs import list_to_array
 
 #: The header Triton's binary extension uses for the JSON part's length.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -49,12 +50,6 @@ MAX_RANK = 32
 #: the dtype's range): ``false``, and ``-2.2250738585072014e-308`` (a float's shortest
 #: round-trip form is at most that long).
 _WIDEST_VALUE = {"b": 5, "f": 24}
-
-#: JSON value kinds (numpy's, as np.asarray reads the list) accepted per tensor kind: ints
-#: are valid floats (JSON writers may print 1.0 as 1), floats are never silently truncated
-#: into ints, and bools are only bools.
-_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-
 
 def json_width(dtype: np.dtype | type, rank: int) -> int:
     """The most bytes one value of ``dtype`` takes in a JSON request for a tensor of
@@ -231,42 +226,14 @@ def binary_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, size: Any,
 
 def list_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
     """JSON ``data`` (flat or nested lists, row-major; also gRPC's typed contents) as an
-    array of ``dtype`` and ``shape``: values of the tensor's kind that fit it, exactly
-    ``prod(shape)`` of them."""
-    try:
-        natural = np.asarray(data)
-    except (ValueError, OverflowError) as exc:
-        raise InputError(f"input {name!r}: data is not a regular array: {exc}") from None
-    if natural.dtype == object:
-        raise InputError(f"input {name!r}: data is ragged, mixes kinds, or holds integers "
-                         "beyond 64 bits")
-    if natural.size != math.prod(shape):
-        raise InputError(f"input {name!r}: {natural.size} values for shape {list(shape)} "
+    array of ``dtype`` and ``shape``: values under the runtime's list rule
+    (:func:`gear_runtime.runtime.inputs.list_to_array`, the executor's rule for Python
+    lists), exactly ``prod(shape)`` of them."""
+    array = list_to_array(name, data, dtype)
+    if array.size != math.prod(shape):
+        raise InputError(f"input {name!r}: {array.size} values for shape {list(shape)} "
                          f"({math.prod(shape)} values)")
-    if natural.size and natural.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
-        raise InputError(f"input {name!r}: data holds {natural.dtype.kind!r}-kind values "
-                         f"({natural.flat[0].item()!r}), not {datatype_of(dtype)} values")
-    _check_range(name, natural, dtype)
-    return natural.astype(dtype).reshape(shape)
-
-
-def _check_range(name: str, natural: np.ndarray, dtype: np.dtype) -> None:
-    """No silent wrap-around (300 into UINT8) or overflow to inf (1e39 into FP32)."""
-    if not natural.size:
-        return
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = natural.min().item(), natural.max().item()
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise InputError(f"input {name!r}: value {bad} is out of range for "
-                             f"{datatype_of(dtype)}")
-    elif dtype.kind == "f":
-        with np.errstate(over="ignore"):
-            overflow = np.isinf(natural.astype(dtype)) & np.isfinite(natural)
-        if overflow.any():
-            raise InputError(f"input {name!r}: value {natural[overflow].flat[0].item()} is "
-                             f"out of range for {datatype_of(dtype)}")
+    return array.reshape(shape)
 
 
 def _requested_outputs(value: Any, default: bool) -> dict[str, bool] | None:

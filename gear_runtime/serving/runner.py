@@ -13,7 +13,6 @@ unloaded through the model repository is closed only once its last request is an
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import os
 import threading
@@ -35,6 +34,7 @@ from gear_runtime.errors import (
     GearMismatchError,
     InputError,
 )
+from gear_runtime.runtime.inputs import check_names
 from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
@@ -60,8 +60,8 @@ class ServeOptions:
     batching: bool = True
     #: requests waiting for an executor beyond which a model answers 503
     max_queue: int = 256
-    #: dims mode: run requests of any shape padded to the covering gear (needs the runtime's
-    #: ``execute(inputs, pad=True)``)
+    #: dims mode: run requests of any shape padded to the covering gear
+    #: (``execute(inputs, pad=True)``)
     pad: bool = False
     #: the largest request body; None: per model, from its largest gear (see request_limit)
     max_body_bytes: int | None = None
@@ -110,13 +110,6 @@ def request_limit(model: Any) -> int:
             size += n * max(dtype.itemsize, json_width(dtype, len(shapes[name])))
         widest = max(widest, size)
     return widest + REQUEST_HEADROOM + REQUEST_HEADROOM_PER_INPUT * len(dtypes)
-
-
-def execute_accepts_pad() -> bool:
-    """Whether this runtime's ``Executor.execute`` takes ``pad=`` (padding to a gear)."""
-    from gear_runtime.runtime.executor import Executor
-
-    return "pad" in inspect.signature(Executor.execute).parameters
 
 
 def model_name(path: str | os.PathLike[str]) -> str:
@@ -340,14 +333,7 @@ class ServedModel:
 
     def _inputs(self, request: InferRequest) -> list[np.ndarray]:
         """The request's arrays in model input order, names and datatypes checked."""
-        missing = [n for n in self._names if n not in request.inputs]
-        unknown = [n for n in request.inputs if n not in self._names]
-        if missing or unknown:
-            raise InputError(
-                f"inputs do not match model {self.name!r}"
-                + (f"; missing: {', '.join(missing)}" if missing else "")
-                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                + f"; its inputs are {', '.join(self._names)}")
+        check_names(request.inputs, self._names, f"model {self.name!r}")
         for name, datatype in zip(self._names, self._datatypes, strict=True):
             if request.datatypes[name] != datatype:
                 raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
@@ -469,11 +455,7 @@ def _merged_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
 def load_models(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
                 metrics: Metrics) -> dict[str, ServedModel]:
     """Load every gear file and start its executors; names from ``names`` or the files.
-    GearRuntimeError for duplicate names, ``--pad`` without runtime support, a bad file."""
-    if options.pad and not execute_accepts_pad():
-        raise InputError("--pad needs a runtime whose Executor.execute takes pad=True "
-                         "(padding to a covering gear); this one does not: serve without "
-                         "--pad, and send requests of a gear's exact shapes")
+    GearRuntimeError for duplicate names or a bad file."""
     names = list(names) if names else [model_name(f) for f in files]
     if len(names) != len(files):
         raise InputError(f"{len(names)} names for {len(files)} files: give one --name per file")

@@ -116,10 +116,25 @@ class GearSpec:
         InputError (as ``GearModel.gear_of``) when ``i`` is not a gear index: out of range,
         negative, a bool or not an integer.
         """
-        gear = self.gears[self.gear_number(i)]
+        return self.shapes_for(self.gears[self.gear_number(i)])
+
+    def shapes_for(self, values: Sequence[int]) -> dict[str, tuple[int, ...]]:
+        """Every input's full shape for the dynamic ``values`` (a gear's, or any request's:
+        what a padded request or a planned gear has), input order. InputError unless
+        ``values`` are :attr:`values_per_gear` integers."""
+        try:
+            if isinstance(values, str | bytes | bytearray):
+                raise TypeError
+            given = tuple(operator.index(v) for v in values)
+        except TypeError:
+            raise InputError(f"dynamic values must be a sequence of integers, got {values!r}"
+                             ) from None
+        if len(given) != self.values_per_gear:
+            raise InputError(f"dynamic values {given} have {len(given)} values, the spec's "
+                             f"gears have {self.values_per_gear}")
         shapes = [list(s) for s in self.input_shapes]
         for inp, axis, v in self.dynamic_positions:
-            shapes[inp][axis] = gear[v]
+            shapes[inp][axis] = given[v]
         return {n: tuple(s) for n, s in zip(self.input_names, shapes, strict=True)}
 
     def full_dims(self, i: int) -> tuple[int, ...]:

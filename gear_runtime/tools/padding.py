@@ -94,14 +94,6 @@ def default_samples(spec: GearSpec) -> list[tuple[int, ...]]:
     return out
 
 
-def shapes_for(spec: GearSpec, values: Sequence[int]) -> dict[str, tuple[int, ...]]:
-    """Every input's full shape for the dynamic ``values`` (a gear's or any request's)."""
-    shapes = {n: list(s) for n, s in zip(spec.input_names, spec.input_shapes, strict=True)}
-    for i, axis, v in spec.dynamic_positions:
-        shapes[spec.input_names[i]][axis] = int(values[v])
-    return {n: tuple(s) for n, s in shapes.items()}
-
-
 def default_inputs(dtypes: Mapping[str, np.dtype], seed: int = 0) -> InputsFn:
     """Seeded inputs for any shapes: floats standard normal; integer inputs whose name says
     mask all ones, position all 0..n-1 along the last axis, anything else in [0, 10);
@@ -156,7 +148,7 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
         session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
         checks = [OutputCheck(n) for n in model.output_names]
         for request in requests:
-            feeds = dict(make(shapes_for(spec, request)))
+            feeds = dict(make(spec.shapes_for(request)))
             got = ex.execute(feeds, pad=True)
             want = session.run(model.output_names, feeds)
             for check, g, w in zip(checks, got, want, strict=True):

@@ -23,9 +23,7 @@ def elements_cost(spec: GearSpec | None = None, structure: Structure | None = No
     product of the values (each group of tied values counted once when ``structure`` is
     given; a 0 counts as 1 so that no gear is free)."""
     if spec is not None:
-        from gear_runtime.tools.padding import shapes_for
-
-        return lambda gear: float(sum(math.prod(s) for s in shapes_for(spec, gear).values()))
+        return lambda gear: float(sum(math.prod(s) for s in spec.shapes_for(gear).values()))
     keep = None if structure is None else [g[0] for g in structure.groups]
     return lambda gear: float(math.prod(max(int(gear[v]), 1) for v in
                                         (range(len(gear)) if keep is None else keep)))
