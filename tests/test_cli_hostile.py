@@ -176,6 +176,18 @@ ROWS: list[Row] = [
         "data:-1,3,32,32", "--trace", "{tmp}/nope.csv", "--max-gears", "2"),
     # ---- serve (helper serve adds its rows here)
     row("serve-missing-file", "does not exist", "serve", "{tmp}/nope.gear.onnx"),
+    row("serve-port-out-of-range", "not in 0..65535", "serve", "{gear}", "--port", "70000"),
+    row("serve-port-not-a-number", "is not a port number", "serve", "{gear}", "--port", "http"),
+    row("serve-grpc-port-negative", "not in 0..65535", "serve", "{gear}", "--grpc-port", "-1"),
+    row("serve-nothing-to-serve", "--model-repository", "serve"),
+    row("serve-repository-not-a-folder", "is not a folder", "serve", "--model-repository",
+        "{gear}"),
+    row("serve-ray-with-grpc", "--ray serves HTTP", "serve", "{gear}", "--ray",
+        "--grpc-port", "0"),
+    row("serve-garbage-file", "garbage", "serve", "{garbage}", "--port", "0"),
+    row("serve-fifo", "fifo", "serve", "{fifo}", "--port", "0"),
+    row("serve-header-timeout-zero", "must be a number >= 0.001", "serve", "{gear}",
+        "--header-timeout", "0"),
 ]
 
 
