@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch.h"
 #include "errors.h"
 #include "executor_core.h"
 #include "layout.h"
@@ -49,6 +50,7 @@ std::unique_ptr<Bound<T>> make_bound(Args&&... args) {
 }
 
 using BoundLayout = Bound<Layout>;
+using BoundDispatch = Bound<GearDispatch>;
 
 Values values_of(const Ints& v) { return {v.data(), v.size()}; }
 
@@ -233,6 +235,36 @@ void translate(std::exception_ptr p) {
 
 std::pair<size_t, size_t> span_pair(const Span& s) { return {s.start, s.end}; }
 
+py::tuple float_tuple(const std::vector<double>& v) {
+  py::tuple out(v.size());
+  for (size_t j = 0; j < v.size(); ++j) out[j] = py::float_(v[j]);
+  return out;
+}
+
+// cover() of every row of `requests` (int64 [n, values_per_gear]), -1 where nothing covers:
+// the dispatcher's batch table and the planner's view of many requests in one call.
+py::array_t<int64_t> cover_many(const BoundDispatch& d,
+                                const py::array_t<int64_t, py::array::c_style>& requests) {
+  const size_t width = d.values_per_gear();
+  if (requests.ndim() != 2 || static_cast<size_t>(requests.shape(1)) != width) {
+    throw_length("requests must be an array [n, " + std::to_string(width) +
+                 "] of dynamic values, got one of " + std::to_string(requests.ndim()) +
+                 " dims" +
+                 (requests.ndim() == 2 ? " with " + std::to_string(requests.shape(1)) +
+                                             " values per row"
+                                       : std::string()));
+  }
+  const size_t n = static_cast<size_t>(requests.shape(0));
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(n));
+  const int64_t* in = requests.data();
+  int64_t* gears = out.mutable_data();
+  {
+    py::gil_scoped_release no_gil;  // plain lookups over memory this call holds
+    for (size_t r = 0; r < n; ++r) gears[r] = d.find_cover(in + r * width);
+  }
+  return out;
+}
+
 void bind_layout(py::module_& m) {
   py::class_<BoundLayout>(m, "Layout", "Staging layout of every gear; built by plan_layout().")
       .def_property_readonly("gear_count", &Layout::gear_count)
@@ -270,6 +302,52 @@ void bind_layout(py::module_& m) {
         py::arg("fusion_size") = kDefaultFusionSize, py::arg("alignment") = kDefaultAlignment,
         py::arg("tail_padding") = 0,
         "Plan the staging layout of every gear (rules: csrc/layout.h).");
+}
+
+void bind_dispatch(py::module_& m) {
+  using D = BoundDispatch;
+  py::class_<D>(m, "GearDispatch", "Which gear: exact match and the cheapest cover, O(1).")
+      .def(py::init([](const std::vector<std::string>& names, const std::vector<Ints>& shapes,
+                       const std::vector<Ints>& positions, const std::vector<Ints>& gears,
+                       const std::optional<std::vector<double>>& costs) {
+             return make_bound<GearDispatch>(names, shapes, positions, gears, costs);
+           }),
+           py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
+           py::arg("gears"), py::arg("costs") = py::none())
+      .def_property_readonly("gear_count", &GearDispatch::gear_count)
+      .def_property_readonly("values_per_gear", &GearDispatch::values_per_gear)
+      .def_property_readonly("costs", [](const D& d) { return float_tuple(d.costs()); })
+      .def(
+          "match", [](const D& d, const Ints& v) { return d.match(values_of(v)); },
+          py::arg("values"))
+      .def(
+          "cover", [](const D& d, const Ints& v) { return d.cover(values_of(v)); },
+          py::arg("values"))
+      .def("cover_many", &cover_many, py::arg("requests"))
+      .def(
+          "nearest",
+          [](const D& d, const Ints& v, int64_t k) {
+            py::list out;
+            for (const Ints& gear : d.nearest(values_of(v), k)) out.append(tuple_of(gear));
+            return out;
+          },
+          py::arg("values"), py::arg("k") = 5)
+      .def(
+          "values_from_full_dims",
+          [](const D& d, const Ints& full) {
+            return tuple_of(d.values_from_full_dims(values_of(full)));
+          },
+          py::arg("full_dims"))
+      .def(
+          "extract",
+          [](const D& d, const py::sequence& arrays) {
+            const Request request(arrays, nullptr);
+            return tuple_of(d.extract(request.data(), request.size()));
+          },
+          py::arg("arrays"))
+      .def(
+          "elements", [](const D& d, const Ints& v) { return d.elements(values_of(v)); },
+          py::arg("values"));
 }
 
 void bind_executor_core(py::module_& m) {
@@ -325,5 +403,6 @@ PYBIND11_MODULE(_core, m) {
   m.attr("MAX_FUSION_SIZE") = kMaxFusionSize;
   m.attr("DEFAULT_ALIGNMENT") = kDefaultAlignment;
   bind_layout(m);
+  bind_dispatch(m);
   bind_executor_core(m);
 }

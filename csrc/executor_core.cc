@@ -18,38 +18,24 @@ std::string bytes_text(unsigned __int128 v) {
   return s;
 }
 
-std::vector<DynamicPosition> to_positions(const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<DynamicPosition> out(rows.size());
-  for (size_t p = 0; p < rows.size(); ++p) {
-    const std::string what = "dynamic_positions[" + str(p) + "]";
-    if (rows[p].size() != 3) {
-      throw_input(what + " must have 3 values (input, axis, value), got " + str(rows[p].size()));
-    }
-    for (int64_t v : rows[p]) {
-      if (v < 0) throw_input(what + " " + format_tuple(rows[p]) + " has a negative value");
-    }
-    out[p] = {static_cast<size_t>(rows[p][0]), static_cast<size_t>(rows[p][1]),
-              static_cast<size_t>(rows[p][2])};
-  }
-  return out;
-}
-
-DimsExtractor make_dims(const std::vector<InputSpec>& inputs,
-                        const std::vector<std::vector<int64_t>>& positions) {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
+// The inputs, each with an itemsize (checked before the dispatch's checks of the gears).
+std::vector<InputSpec> checked(std::vector<InputSpec> inputs) {
   for (const InputSpec& in : inputs) {
     if (in.itemsize == 0) throw_input("input '" + in.name + "' has an itemsize of 0");
-    names.push_back(in.name);
-    shapes.push_back(in.shape);
   }
-  return DimsExtractor(std::move(names), std::move(shapes), to_positions(positions));
+  return inputs;
 }
 
 std::vector<std::string> names_of(const std::vector<InputSpec>& inputs) {
   std::vector<std::string> names;
   for (const InputSpec& in : inputs) names.push_back(in.name);
   return names;
+}
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<InputSpec>& inputs) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const InputSpec& in : inputs) shapes.push_back(in.shape);
+  return shapes;
 }
 
 }  // namespace
@@ -90,29 +76,22 @@ ExecutorCore::ExecutorCore(std::vector<InputSpec> inputs,
                            const std::vector<std::vector<int64_t>>& positions,
                            const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
                            uint8_t* staging, size_t staging_size)
-    : inputs_(std::move(inputs)),
+    : inputs_(checked(std::move(inputs))),
       names_(names_of(inputs_)),
-      dims_(make_dims(inputs_, positions)),
-      table_(gears, dims_.values_per_gear()),
+      dispatch_(names_, shapes_of(inputs_), positions, gears),
       stager_((check_layout(layout), layout), staging, staging_size) {
-  const size_t n = inputs_.size();
-  gear_shapes_.resize(table_.gear_count());
-  for (size_t g = 0; g < table_.gear_count(); ++g) {
-    for (size_t i = 0; i < n; ++i) gear_shapes_[g].push_back(dims_.gear_shape(i, table_.gear(g)));
-  }
   pads_ = default_pads();
-  cover_ = Coverer(table_, element_costs());
-  last_values_.reserve(table_.values_per_gear());
-  last_request_.reserve(table_.values_per_gear());
+  last_values_.reserve(dispatch_.values_per_gear());
+  last_request_.reserve(dispatch_.values_per_gear());
 }
 
 // The layout fits the model: its gears, inputs, dims buffer and every slot (exact sizes).
 void ExecutorCore::check_layout(const Layout& layout) const {
   const size_t n = inputs_.size();
-  const size_t width = table_.values_per_gear();
-  if (layout.gear_count() != table_.gear_count()) {
+  const size_t width = dispatch_.values_per_gear();
+  if (layout.gear_count() != dispatch_.gear_count()) {
     throw_input("layout has " + str(layout.gear_count()) + " gears, the model has " +
-                str(table_.gear_count()));
+                str(dispatch_.gear_count()));
   }
   if (layout.input_count() != n) {
     throw_input("layout has " + str(layout.input_count()) + " inputs, the model has " + str(n));
@@ -122,9 +101,9 @@ void ExecutorCore::check_layout(const Layout& layout) const {
                 " bytes, the model's gears have " + str(width) + " values (" + str(4 * width) +
                 " bytes as int32)");
   }
-  for (size_t g = 0; g < table_.gear_count(); ++g) {
+  for (size_t g = 0; g < dispatch_.gear_count(); ++g) {
     for (size_t i = 0; i < n; ++i) {
-      const std::vector<int64_t> shape = dims_.gear_shape(i, table_.gear(g));
+      const std::vector<int64_t>& shape = dispatch_.gear_shape(g, i);
       unsigned __int128 need = inputs_[i].itemsize;
       for (int64_t d : shape) need *= static_cast<uint64_t>(d);
       if (need > layout.nbytes_unchecked(g, i)) {
@@ -135,14 +114,6 @@ void ExecutorCore::check_layout(const Layout& layout) const {
       }
     }
   }
-}
-
-std::vector<int64_t> ExecutorCore::gear(size_t g) const {
-  if (g >= table_.gear_count()) {
-    throw_input("gear index " + str(g) + " out of range: the model has " +
-                str(table_.gear_count()) + " gears");
-  }
-  return table_.gear_vector(g);
 }
 
 // ---- padding ---------------------------------------------------------------------------------
@@ -165,14 +136,7 @@ void ExecutorCore::set_padding(const std::optional<PadValues>& pad_values,
       pads[i] = *given;
     }
   }
-  std::vector<double> cost = element_costs();
-  if (costs) {
-    if (costs->size() != cost.size()) {
-      throw_input(str(costs->size()) + " gear costs for " + str(cost.size()) + " gears");
-    }
-    cost = *costs;
-  }
-  cover_ = Coverer(table_, cost);  // validates the costs before anything changes
+  dispatch_.set_costs(costs);  // validates the costs before anything changes
   pads_ = std::move(pads);
 }
 
@@ -182,115 +146,17 @@ std::vector<std::vector<uint8_t>> ExecutorCore::default_pads() const {
   return pads;
 }
 
-// Each gear's total input elements: the cost of a gear when none is measured.
-std::vector<double> ExecutorCore::element_costs() const {
-  std::vector<double> costs(table_.gear_count(), 0.0);
-  for (size_t g = 0; g < costs.size(); ++g) {
-    for (const std::vector<int64_t>& shape : gear_shapes_[g]) {
-      double elements = 1.0;
-      for (int64_t d : shape) elements *= static_cast<double>(d);
-      costs[g] += elements;
-    }
-  }
-  return costs;
-}
-
-// ---- lookups ---------------------------------------------------------------------------------
-
-// `values` into out (values_per_gear() of them): 145012 for a wrong count.
-void ExecutorCore::read_values(Values values, const char* what, int64_t* out) const {
-  const size_t width = table_.values_per_gear();
-  if (values.size != width) {
-    throw_length(std::string(what) + " have " + str(values.size) +
-                 " values, the model's gears have " + str(width));
-  }
-  if (width > 0) std::memcpy(out, values.data, width * sizeof(int64_t));
-}
-
-size_t ExecutorCore::match(Values values) const {
-  int64_t buf[kMaxValues];
-  read_values(values, "dynamic dims", buf);
-  return find_or_throw(buf);
-}
-
-size_t ExecutorCore::cover(Values values) const {
-  int64_t buf[kMaxValues];
-  read_values(values, "dynamic dims", buf);
-  return cover_or_throw(buf);
-}
-
-std::vector<std::vector<int64_t>> ExecutorCore::nearest(Values values, int64_t k) const {
-  int64_t buf[kMaxValues];
-  read_values(values, "dynamic dims", buf);
-  if (k < 0) throw_input("k must be >= 0, got " + std::to_string(k));
-  std::vector<std::vector<int64_t>> out;
-  const size_t width = table_.values_per_gear();
-  for (size_t g : table_.nearest(buf, width, static_cast<size_t>(k))) {
-    out.push_back(table_.gear_vector(g));
-  }
-  return out;
-}
-
-size_t ExecutorCore::find_or_throw(const int64_t* values) const {
-  const size_t n = table_.values_per_gear();
-  const int64_t gear = table_.find(values, n);
-  if (gear < 0) throw_mismatch(table_.mismatch_message(values, n, dims_.dynamic_axes_text()));
-  return static_cast<size_t>(gear);
-}
-
-size_t ExecutorCore::cover_or_throw(const int64_t* values) const {
-  const size_t n = table_.values_per_gear();
-  int64_t gear = table_.find(values, n);  // an exact hit is always itself
-  if (gear < 0) gear = cover_.find(values, n);
-  if (gear < 0) {
-    throw_mismatch("dynamic dims " + format_tuple(values, n) + " fit in no gear of the model " +
-                   "(inputs: " + dims_.dynamic_axes_text() + "): padding needs a gear at " +
-                   "least as large in every value; the largest gear is " +
-                   format_tuple(table_.gear(cover_.largest()), n) +
-                   "; legal gears, nearest first: " + table_.legal_gears_text(values, n));
-  }
-  return static_cast<size_t>(gear);
-}
-
-// ---- dims ------------------------------------------------------------------------------------
-
-std::vector<int64_t> ExecutorCore::values_from_full_dims(Values full_dims) const {
-  std::vector<int64_t> out(table_.values_per_gear());
-  dims_.from_full_dims(full_dims.data, full_dims.size, out.data());
-  return out;
-}
-
-// Count, then every item an array, in input order; their shapes into out.
-void ExecutorCore::read_shapes(const ArrayView* arrays, size_t n, ShapeRef* out) const {
-  dims_.check_count(n);  // before writing n entries into out
-  for (size_t i = 0; i < n; ++i) {
-    if (!arrays[i].is_array) {
-      throw_input("input '" + inputs_[i].name + "' must be a numpy.ndarray, got " +
-                  std::string(arrays[i].type));
-    }
-    out[i] = {arrays[i].shape, arrays[i].ndim};
-  }
-}
-
-std::vector<int64_t> ExecutorCore::extract(const ArrayView* arrays, size_t n) const {
-  std::vector<ShapeRef> shapes(n);
-  read_shapes(arrays, n, shapes.data());
-  std::vector<int64_t> out(table_.values_per_gear());
-  dims_.extract(shapes.data(), n, out.data());
-  return out;
-}
-
 // ---- stage -----------------------------------------------------------------------------------
 
 // The gear the preset names when it differs from the inputs' values: with pad, a gear that
 // covers the values; otherwise (or when it does not cover them) 145012. -1 when the preset
 // equals the values (the normal lookup follows).
 int64_t ExecutorCore::preset_gear(const Values& preset, const int64_t* values, bool pad) const {
-  const size_t width = table_.values_per_gear();
+  const size_t width = dispatch_.values_per_gear();
   int64_t set[kMaxValues];
-  read_values(preset, "preset dims", set);
+  dispatch_.read_values(preset, "preset dims", set);
   if (std::memcmp(set, values, width * sizeof(int64_t)) == 0) return -1;
-  const int64_t gear = pad ? table_.find(set, width) : -1;
+  const int64_t gear = pad ? dispatch_.table().find(set, width) : -1;
   bool covers = gear >= 0;
   for (size_t v = 0; covers && v < width; ++v) covers = set[v] >= values[v];
   if (!covers) {
@@ -313,7 +179,7 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool pa
   for (size_t d = 0; d < a.ndim; ++d) nbytes *= static_cast<size_t>(a.shape[d]);
   src = StageSource{a.data, nbytes};
   if (!padded) return;
-  const std::vector<int64_t>& slot = gear_shapes_[gear][i];
+  const std::vector<int64_t>& slot = dispatch_.gear_shape(gear, i);
   if (std::memcmp(slot.data(), a.shape, slot.size() * sizeof(int64_t)) == 0) return;
   src.shape = a.shape;
   src.slot_shape = slot.data();
@@ -324,15 +190,16 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool pa
 
 size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
                              int64_t* values, Scratch& scratch) const {
-  read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
-  dims_.extract(scratch.shapes, n, values);
+  dispatch_.read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
+  dispatch_.dims().extract(scratch.shapes, n, values);
   int64_t chosen = preset != nullptr ? preset_gear(*preset, values, pad) : -1;
   if (chosen < 0) {
-    chosen = static_cast<int64_t>(pad ? cover_or_throw(values) : find_or_throw(values));
+    chosen = static_cast<int64_t>(pad ? dispatch_.cover_or_throw(values)
+                                      : dispatch_.match_or_throw(values));
   }
   const size_t gear = static_cast<size_t>(chosen);
-  const size_t width = table_.values_per_gear();
-  const int64_t* gear_values = table_.gear(gear);
+  const size_t width = dispatch_.values_per_gear();
+  const int64_t* gear_values = dispatch_.table().gear(gear);
   const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
   for (size_t i = 0; i < n; ++i) set_source(gear, i, arrays[i], padded, scratch.sources[i]);
   stager_.check(gear, scratch.sources, n, gear_values, width, names_.data());
@@ -341,13 +208,14 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
 
 void ExecutorCore::copy_prepared(size_t gear, const StageSource* sources,
                                  size_t n) const noexcept {
-  stager_.copy(gear, sources, n, table_.gear(gear), table_.values_per_gear());
+  stager_.copy(gear, sources, n, dispatch_.table().gear(gear), dispatch_.values_per_gear());
 }
 
 void ExecutorCore::finish(size_t gear, const int64_t* values) {
-  const int64_t* gear_values = table_.gear(gear);
-  last_values_.assign(gear_values, gear_values + table_.values_per_gear());
-  last_request_.assign(values, values + table_.values_per_gear());
+  const size_t width = dispatch_.values_per_gear();
+  const int64_t* gear_values = dispatch_.table().gear(gear);
+  last_values_.assign(gear_values, gear_values + width);
+  last_request_.assign(values, values + width);
 }
 
 }  // namespace gear_runtime

@@ -13,25 +13,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "dims.h"
-#include "gear_table.h"
+#include "dispatch.h"
 #include "layout.h"
 #include "staging.h"
 
 namespace gear_runtime {
-
-// GE allows at most ACL_MAX_DIM_CNT = 128 dynamic values (DimsExtractor enforces it), so the
-// hot path keeps values on the stack.
-inline constexpr size_t kMaxValues = 128;
-
-// A read-only run of int64 values (dynamic dims, full dims, a preset).
-struct Values {
-  const int64_t* data = nullptr;
-  size_t size = 0;
-};
 
 // Pad values per input (itemsize bytes each; nullopt: zeros).
 using PadValues = std::vector<std::optional<std::vector<uint8_t>>>;
@@ -44,44 +33,34 @@ struct InputSpec {
   std::string dtype;           // the dtype's name, for messages ("float32")
 };
 
-// One array of a request, as the caller found it.
-struct ArrayView {
-  // Not an array at all: `type` names what it is, nothing else is read.
-  bool is_array = true;
-  std::string_view type;
-  // An array: C-contiguous bytes and its shape.
-  const void* data = nullptr;
-  const int64_t* shape = nullptr;
-  size_t ndim = 0;
-  // Whether its dtype is the model's; when not, `type` is the array's dtype name.
-  bool dtype_ok = true;
-};
-
 // The "input" errors of plan_layout's arguments (negative sizes, alignment, padding), then
 // Layout::plan. `dims_count`, `alignment` and `tail_padding` as the caller gave them.
 Layout plan_layout_checked(const std::vector<std::vector<int64_t>>& input_nbytes,
                            int64_t dims_count, int64_t fusion_size, int64_t alignment,
                            int64_t tail_padding);
 
+// Which gear is its GearDispatch's answer (a copy of its own); the core adds the request
+// side: array views, the preset dims, pad values, and the staging copy.
 class ExecutorCore {
  public:
-  // `positions` rows are (input, axis, value index), each >= 0 (else Error kind "input");
-  // then DimsExtractor's and GearTable's checks (kind "spec"). The layout must have the
-  // model's gears and inputs, a dims buffer of 4 bytes per value and slots large enough for
-  // every gear's shapes; [staging, staging + size) must hold the layout (kind "input"). The
-  // core does not own the staging buffer.
+  // Every input needs an itemsize > 0 (else Error kind "input"); then GearDispatch's checks
+  // of `positions` and `gears`. The layout must have the model's gears and inputs, a dims
+  // buffer of 4 bytes per value and slots large enough for every gear's shapes; [staging,
+  // staging + size) must hold the layout (kind "input"). The core does not own the staging
+  // buffer.
   ExecutorCore(std::vector<InputSpec> inputs,
                const std::vector<std::vector<int64_t>>& positions,
                const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
                uint8_t* staging, size_t staging_size);
 
-  size_t gear_count() const noexcept { return table_.gear_count(); }
-  size_t values_per_gear() const noexcept { return table_.values_per_gear(); }
+  size_t gear_count() const noexcept { return dispatch_.gear_count(); }
+  size_t values_per_gear() const noexcept { return dispatch_.values_per_gear(); }
   size_t input_count() const noexcept { return inputs_.size(); }
   const InputSpec& input(size_t i) const { return inputs_.at(i); }
   const Layout& layout() const noexcept { return stager_.layout(); }
+  const GearDispatch& dispatch() const noexcept { return dispatch_; }
   // Gear g's values (kind "input" unless g < gear_count()).
-  std::vector<int64_t> gear(size_t g) const;
+  std::vector<int64_t> gear(size_t g) const { return dispatch_.gear(g); }
 
   // Pad values per input (nullopt: all zeros) and per-gear costs (nullopt: each gear's total
   // input elements; else finite and >= 0) for stage(pad = true). Nothing
@@ -89,21 +68,19 @@ class ExecutorCore {
   void set_padding(const std::optional<PadValues>& pads,
                    const std::optional<std::vector<double>>& costs);
 
-  // The gear equal to `values`: 145012 for a wrong count, 145013 naming the inputs' dynamic
-  // axes and the legal gears, nearest first.
-  size_t match(Values values) const;
-  // The cheapest gear covering `values` (an exact gear is itself): 145012 / 145013.
-  size_t cover(Values values) const;
-  // Up to k gears by L1 distance to `values`, ties to the lower index (145012 on a wrong
-  // count).
-  std::vector<std::vector<int64_t>> nearest(Values values, int64_t k) const;
-
-  // aclmdlSetInputDynamicDims' full dims (every input's shape flattened) -> gear values,
-  // with GE's 145012 checks; not matched.
-  std::vector<int64_t> values_from_full_dims(Values full_dims) const;
-  // GetCurDynamicDims: the gear values from the arrays' shapes (count and array types:
-  // kind "input"; ranks, static dims, agreement: 145012); not matched.
-  std::vector<int64_t> extract(const ArrayView* arrays, size_t n) const;
+  // GearDispatch's answers (match, cover, nearest, values_from_full_dims, extract), with
+  // this core's costs.
+  size_t match(Values values) const { return dispatch_.match(values); }
+  size_t cover(Values values) const { return dispatch_.cover(values); }
+  std::vector<std::vector<int64_t>> nearest(Values values, int64_t k) const {
+    return dispatch_.nearest(values, k);
+  }
+  std::vector<int64_t> values_from_full_dims(Values full_dims) const {
+    return dispatch_.values_from_full_dims(full_dims);
+  }
+  std::vector<int64_t> extract(const ArrayView* arrays, size_t n) const {
+    return dispatch_.extract(arrays, n);
+  }
 
   // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
   // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
@@ -145,25 +122,17 @@ class ExecutorCore {
   void copy_prepared(size_t gear, const StageSource* sources, size_t n) const noexcept;
   void finish(size_t gear, const int64_t* values);
 
-  void read_shapes(const ArrayView* arrays, size_t n, ShapeRef* out) const;
-  void read_values(Values values, const char* what, int64_t* out) const;
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
-  size_t find_or_throw(const int64_t* values) const;
-  size_t cover_or_throw(const int64_t* values) const;
   void set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
                   StageSource& src) const;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
-  std::vector<double> element_costs() const;
 
   std::vector<InputSpec> inputs_;
   std::vector<std::string> names_;  // inputs_[i].name, contiguous for Stager's messages
-  DimsExtractor dims_;
-  GearTable table_;
+  GearDispatch dispatch_;
   Stager stager_;
-  std::vector<std::vector<std::vector<int64_t>>> gear_shapes_;  // [gear][input] shape
-  std::vector<std::vector<uint8_t>> pads_;                      // [input] pad value bytes
-  Coverer cover_;
+  std::vector<std::vector<uint8_t>> pads_;  // [input] pad value bytes
   std::vector<int64_t> last_values_;
   std::vector<int64_t> last_request_;
 };

@@ -10,7 +10,6 @@ and other errors' messages are not the core's.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -229,7 +228,6 @@ class ExecutorCore:
         self.layout, self._flat = layout, staging.reshape(-1)
         self.last_values: tuple[int, ...] = ()
         self.last_request: tuple[int, ...] = ()
-        self._busy = threading.Lock()
         self.set_padding()
 
     def _check_gears(self) -> None:
@@ -346,12 +344,8 @@ class ExecutorCore:
     # ---- stage -------------------------------------------------------------------------------
     def stage(self, arrays: Sequence[Any], preset: Sequence[int] | None = None,
               pad: bool = False) -> int:
-        if not self._busy.acquire(blocking=False):
-            raise _input("ExecutorCore.stage is already running in another thread")
-        try:
-            return self._stage(arrays, preset, pad)
-        finally:
-            self._busy.release()
+        """One caller at a time, as the core (the executor's lock guarantees it)."""
+        return self._stage(arrays, preset, pad)
 
     def _gear_for(self, values: tuple[int, ...], preset: Sequence[int] | None,
                   pad: bool) -> int:

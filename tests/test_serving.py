@@ -44,6 +44,7 @@ from serving_support import (  # noqa: E402
 
 import gear_runtime as gr  # noqa: E402
 from gear_runtime.examples import prefill  # noqa: E402
+from gear_runtime.runtime.dispatch import GearDispatcher  # noqa: E402
 from gear_runtime.serving import ServeOptions, build_server  # noqa: E402
 from gear_runtime.serving.batcher import BatchPlan, run_batch  # noqa: E402
 from gear_runtime.serving.protocol import decode_request  # noqa: E402
@@ -190,6 +191,22 @@ def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference
     assert sum(batches.values()) <= 128 / 2, batches  # requests really were gathered
     assert batches.get("8", 0) >= 1, batches
     assert padding == sum(int(g) * n for g, n in batches.items()) - 128
+    # every batch ran on the smallest gear holding its rows (more than the next smaller
+    # gear's): at most g/2 - 1 padding rows in a batch of gear g
+    assert padding <= sum(n * max(0, int(g) // 2 - 1) for g, n in batches.items()), batches
+
+
+def test_a_batch_runs_on_the_smallest_gear_holding_it(files) -> None:
+    """One request of 3 rows: gear 4, one padding row (the batch table of the model's
+    dispatcher), never the largest gear."""
+    server = build_server([str(files["conv"])],
+                          options=ServeOptions(executors=1, max_batch_delay_ms=1))
+    with live(server) as p:
+        (got,) = infer(client(p.port), "conv", {"data": conv_input(3, 5)}, ["logits"], True)
+        m = metrics(p.port)
+    batches = {dict(k[1])["gear"]: v for k, v in m.items() if k[0] == "gear_batches_total"}
+    padding = sum(v for k, v in m.items() if k[0] == "gear_padding_rows_total")
+    assert got.shape == (3, 10) and batches == {"4": 1} and padding == 1
 
 
 def test_a_full_gear_goes_at_once(files) -> None:
@@ -206,7 +223,7 @@ def test_a_full_gear_goes_at_once(files) -> None:
 
 def test_run_batch_pads_to_the_smallest_gear_and_splits_back() -> None:
     spec = gr.GearSpec.from_atc(**CONV_SPEC)
-    plan, why = BatchPlan.for_model(spec, [((b, 10),) for b in CONV_GEARS])
+    plan, why = BatchPlan.for_model(GearDispatcher(spec), [((b, 10),) for b in CONV_GEARS])
     assert why == "" and plan.table == (0, 0, 1, 2, 2, 3, 3, 3, 3)
     seen = []
 
@@ -223,10 +240,10 @@ def test_run_batch_pads_to_the_smallest_gear_and_splits_back() -> None:
 
 def test_models_that_cannot_be_batched_say_why() -> None:
     spec = gr.GearSpec.from_atc(input_shape="x:1,-1", dynamic_dims="4;8")
-    assert BatchPlan.for_model(spec, [((1, 4),), ((1, 8),)]) == (None, "mode is 'dims', "
-                                                                 "not batch")
+    assert BatchPlan.for_model(GearDispatcher(spec), [((1, 4),), ((1, 8),)]) == (
+        None, "mode is 'dims', not batch")
     spec = gr.GearSpec.from_atc(**CONV_SPEC)
-    plan, why = BatchPlan.for_model(spec, [((10,),)] * 4)
+    plan, why = BatchPlan.for_model(GearDispatcher(spec), [((10,),)] * 4)
     assert plan is None and "output 0" in why
 
 

@@ -86,7 +86,8 @@ class Executor:
         self._pad_values = self._pad_bytes(pad_values or {})
         # Per output, the (axis, value index) pairs a padded run's outputs are trimmed along.
         self._trim_axes = [sorted(axes.items()) for axes in model.output_dynamic_axes]
-        self._core.set_padding(self._pad_values, model.gear_costs())
+        # which gear: the model's dispatcher's configuration (its costs), answered in C++
+        self._core.set_padding(self._pad_values, list(model.dispatcher.costs))
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.backends import BackendModel, open_model
-from gear_runtime.errors import ClosedError, GearFileError, GearMismatchError, InputError
+from gear_runtime.errors import ClosedError, GearFileError, InputError
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
 from gear_runtime.runtime import core
+from gear_runtime.runtime.dispatch import GearDispatcher
 from gear_runtime.runtime.executor import Executor
 from gear_runtime.spec import GearSpec
 
@@ -98,6 +99,7 @@ class GearModel:
             self.max_buffer_bytes = buffer_limit(max_buffer_bytes)
             self.layout = self._plan_layout(input_fusion_size)
             self._output_axes = self._find_output_axes()
+            self._dispatcher = GearDispatcher(self.spec)
         except BaseException:
             backend_model.close()
             raise
@@ -196,11 +198,7 @@ class GearModel:
         if isinstance(gear, str | bytes) or not isinstance(gear, Sequence | np.ndarray):
             raise InputError(f"gear must be an index or a tuple of dynamic values, got "
                              f"{gear!r}")
-        index = self.spec.gear_index(gear)  # integers only: 40.7 is no gear 40
-        if index is None:
-            raise GearMismatchError(f"dynamic dims {tuple(gear)} are not a gear of the model; "
-                                    f"gears: {', '.join(map(str, self.spec.gears))}")
-        return index
+        return self._dispatcher.match(gear)  # integers only: 40.7 is no gear 40
 
     def output_shape(self, gear: int | Sequence[int], index: int) -> tuple[int, ...]:
         """Output ``index``'s shape in ``gear`` (GE's gear -> output shape map; never empty)."""
@@ -217,16 +215,24 @@ class GearModel:
         are trimmed along. An output with ``{}`` follows no value and is returned whole."""
         return [dict(a) for a in self._output_axes]
 
-    # ---- gear costs (padding picks the cheapest covering gear) ----------------------------
+    # ---- which gear (the dispatcher) and its costs ------------------------------------------
+    @property
+    def dispatcher(self) -> GearDispatcher:
+        """THE answer to "which gear" for this model (:mod:`gear_runtime.runtime.dispatch`):
+        exact match, the cheapest covering gear by :meth:`gear_costs`, the batch table the
+        server batches to. Executors are configured from the dispatcher current when they
+        are created."""
+        return self._dispatcher
+
     def attach_profile(self, latencies: Any) -> None:
         """Measured latency per gear, used as the gear cost by executors created after
-        this call: a :class:`gear_runtime.bench.BenchReport` (its ``execute`` p50), a
-        sequence with one latency per gear, or a mapping gear (index or values) -> latency.
-        Every gear needs a finite latency >= 0 (InputError otherwise). ``None`` detaches."""
-        if latencies is None:
-            self._profile = None
-            return
-        self._profile = self._latencies(latencies)
+        this call (and by the server's batch table): a :class:`gear_runtime.bench.BenchReport`
+        (its ``execute`` p50), a sequence with one latency per gear, or a mapping gear
+        (index or values) -> latency. Every gear needs a finite latency >= 0 (InputError
+        otherwise). ``None`` detaches. Each call makes a new :attr:`dispatcher`."""
+        profile = None if latencies is None else self._latencies(latencies)
+        self._dispatcher = GearDispatcher(self.spec, profile)
+        self._profile = profile
 
     def _latencies(self, latencies: Any) -> tuple[float, ...]:
         if hasattr(latencies, "gears") and not isinstance(latencies, Mapping):  # BenchReport
@@ -251,13 +257,10 @@ class GearModel:
         return self._profile
 
     def gear_costs(self) -> list[float]:
-        """Each gear's cost when padding chooses among covering gears: its measured latency
-        when a profile is attached (:meth:`attach_profile`), else its total input
-        elements."""
-        if self._profile is not None:
-            return list(self._profile)
-        return [float(sum(math.prod(s) for s in self.spec.shapes(g).values()))
-                for g in range(self.gear_count)]
+        """Each gear's cost when padding chooses among covering gears (the dispatcher's):
+        its measured latency when a profile is attached (:meth:`attach_profile`), else its
+        total input elements."""
+        return list(self._dispatcher.costs)
 
     # ---- ACL-style queries (acl_mdl.h, docs/ge-notes.md section 8)----------------------------
     def get_input_dynamic_gear_count(self) -> int:

@@ -1,7 +1,8 @@
 """Gear-aware dynamic batching for batch-mode models.
 
 Requests that arrive within ``max_delay`` of the first waiting one are gathered (first come,
-first served) into the smallest batch gear that holds them; a batch as large as the largest
+first served) into the batch gear the model's dispatcher picks for their rows (the smallest
+that holds them; with an attached profile, the fastest that does); a batch as large as the largest
 gear goes at once, and so does whatever waits when no batch is running (an idle batcher has
 nothing to wait for: a lone request never pays the delay, unless ``wait_when_idle``). The
 batch's rows are concatenated, padded with zero rows up to the gear, run ONCE on one
@@ -26,39 +27,48 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.spec import GearSpec
+from gear_runtime.runtime.dispatch import GearDispatcher
 
 logger = logging.getLogger("gear_runtime.serving")
 
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How a batch-mode model batches: its gear sizes, the size -> gear table, and the axis
-    of every output that follows the batch."""
+    """How a batch-mode model batches: the model's dispatcher (its batch table: rows -> the
+    cheapest batch gear holding them) and the axis of every output that follows the batch."""
 
-    sizes: tuple[int, ...]
-    #: ``table[rows]``: index of the smallest gear holding ``rows`` rows (index 0 unused);
-    #: built once so that choosing the gear costs one lookup
-    table: tuple[int, ...]
+    dispatcher: GearDispatcher
     output_axes: tuple[int, ...]
 
     @property
+    def sizes(self) -> tuple[int, ...]:
+        """The batch gears' sizes, in gear order."""
+        return self.dispatcher.batch_sizes or ()
+
+    @property
     def max_rows(self) -> int:
-        return max(self.sizes)
+        return self.dispatcher.max_batch_rows
+
+    @property
+    def table(self) -> tuple[int, ...]:
+        """``table[rows]``: the gear :meth:`gear_for` gives (index 0 unused)."""
+        return self.dispatcher.batch_table()
 
     def gear_for(self, rows: int) -> int:
-        """The smallest gear with at least ``rows`` rows (1 <= rows <= max_rows)."""
-        return self.table[rows]
+        """The dispatcher's batch gear for ``rows`` rows (1 <= rows <= max_rows): the
+        smallest holding them, or by an attached profile the fastest."""
+        return self.dispatcher.batch_gear(rows)
 
     @classmethod
-    def for_model(cls, spec: GearSpec, output_shapes: Sequence[Sequence[Sequence[int]]]
-                  ) -> tuple[BatchPlan | None, str]:
+    def for_model(cls, dispatcher: GearDispatcher,
+                  output_shapes: Sequence[Sequence[Sequence[int]]]) -> tuple[BatchPlan | None, str]:
         """(plan, "") for a model the batcher can serve, else (None, why not).
 
         Needs batch mode with every input dynamic on axis 0 only (a static input would have
         to be equal across the gathered requests) and every output with one axis that is the
         gear's batch size in every gear.
         """
+        spec = dispatcher.spec
         if spec.mode != "batch":
             return None, f"mode is {spec.mode!r}, not batch"
         for name, shape in zip(spec.input_names, spec.input_shapes, strict=True):
@@ -71,10 +81,7 @@ class BatchPlan:
             if axis is None:
                 return None, f"output {k} has no axis that follows the batch size"
             axes.append(axis)
-        table = [0] * (max(sizes) + 1)
-        for rows in range(1, max(sizes) + 1):
-            table[rows] = min((s, g) for g, s in enumerate(sizes) if s >= rows)[1]
-        return cls(sizes, tuple(table), tuple(axes)), ""
+        return cls(dispatcher, tuple(axes)), ""
 
 
 def _batch_axis(shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> int | None:
@@ -88,9 +95,10 @@ def _batch_axis(shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> int | 
 
 def run_batch(execute: Callable[[list[np.ndarray]], list[np.ndarray]], plan: BatchPlan,
               requests: Sequence[Sequence[np.ndarray]]) -> tuple[int, list[list[np.ndarray]]]:
-    """Concatenate ``requests`` (each: its inputs, batch on axis 0), pad to the smallest gear,
-    ``execute`` once, split back. Returns (gear index, every request's outputs). Runs on an
-    executor's thread: the copies stay off the event loop."""
+    """Concatenate ``requests`` (each: its inputs, batch on axis 0), pad to the plan's gear
+    for their rows (:meth:`BatchPlan.gear_for`), ``execute`` once, split back. Returns (gear
+    index, every request's outputs). Runs on an executor's thread: the copies stay off the
+    event loop."""
     rows = [r[0].shape[0] for r in requests]
     gear = plan.gear_for(sum(rows))
     pad = plan.sizes[gear] - sum(rows)

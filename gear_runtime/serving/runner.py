@@ -29,7 +29,6 @@ import numpy as np
 
 from gear_runtime.errors import (
     ClosedError,
-    DynamicInputLengthError,
     GearFileError,
     GearMismatchError,
     InputError,
@@ -199,7 +198,7 @@ class ServedModel:
         self.max_request_bytes = options.max_body_bytes or request_limit(model)
         self.stats = ModelStats(name, "1")
         self.pool = ExecutorPool(model, options.executors, name)
-        self.plan, why = BatchPlan.for_model(spec, model.info.output_shapes)
+        self.plan, why = BatchPlan.for_model(model.dispatcher, model.info.output_shapes)
         self.batcher: Batcher | None = None
         self.no_batching_reason = "batching is off" if self.plan else why
         if options.batching and self.plan is not None:
@@ -363,19 +362,12 @@ class ServedModel:
         return dims
 
     def _check_batch(self, arrays: Sequence[np.ndarray]) -> None:
-        """What the executor would check, done before the request joins a batch: ranks,
-        static dims (145012), one batch size for all inputs within the gears (145013)."""
+        """The executor's checks, made before the request joins a batch (a bad request
+        never spoils one): the dispatcher's GetCurDynamicDims (ranks, static dims, one batch
+        size for all inputs: 145012, the core's rule), then rows the batch table serves
+        (145013)."""
+        (n,) = self.model.dispatcher.extract(arrays)
         plan = self.batcher.plan
-        for name, array, shape in zip(self._names, arrays, self._shapes, strict=True):
-            if array.ndim != len(shape) or any(
-                    d != s for d, s in zip(array.shape[1:], shape[1:], strict=True)):
-                raise DynamicInputLengthError(
-                    f"input {name!r} has shape {list(array.shape)}; model {self.name!r} takes "
-                    f"{list(shape)} (-1: the batch)")
-        rows = {a.shape[0] for a in arrays}
-        if len(rows) != 1:
-            raise DynamicInputLengthError(f"the inputs disagree on the batch size: {sorted(rows)}")
-        (n,) = rows
         if not 1 <= n <= plan.max_rows:
             raise GearMismatchError(
                 f"batch size {n} fits no gear of model {self.name!r}: requests are batched "
