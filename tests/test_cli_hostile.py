@@ -168,12 +168,68 @@ ROWS: list[Row] = [
     # ---- demo
     row("demo-workdir-is-file", "--workdir", "demo", "--workdir", "{garbage}"),
     row("demo-iterations-zero", "must be >= 1", "demo", "--iterations", "0"),
-    # ---- check-padding, plan (helper llm adds its rows here)
+    # ---- check-padding: samples are checked before anything is allocated or run
     row("check-padding-missing-gear", "does not exist", "check-padding", "{tmp}/nope.gear.onnx",
         "{conv}"),
     row("check-padding-gear-fifo", "fifo", "check-padding", "{fifo}", "{conv}"),
+    row("check-padding-sample-huge", "[145013] sample (99999999, 99999999, 99999999, 16) is",
+        "check-padding", "{gear}", "{prefill}", "--samples", "99999999"),
+    row("check-padding-sample-negative", "'-3' is not a request size", "check-padding",
+        "{gear}", "{prefill}", "--samples", "1,-3"),
+    row("check-padding-sample-float", "'1.5' is not a request size", "check-padding",
+        "{gear}", "{prefill}", "--samples", "1.5"),
+    row("check-padding-samples-empty", "--samples '' is empty", "check-padding", "{gear}",
+        "{prefill}", "--samples", ""),
+    row("check-padding-sample-width", "has 2 values", "check-padding", "{gear}", "{prefill}",
+        "--samples", "5,5"),
+    row("check-padding-source-other-inputs", "the source model does not match the gear file",
+        "check-padding", "{gear}", "{conv}"),
+    row("check-padding-source-other-sizes", "the source model does not match the gear file",
+        "check-padding", "{gear}", "{other_prefill}", "--samples", "5"),
+    row("check-padding-source-garbage", "cannot be loaded by ONNX Runtime", "check-padding",
+        "{gear}", "{garbage}"),
+    row("check-padding-rtol-negative", "--rtol", "check-padding", "{gear}", "{prefill}",
+        "--rtol", "-1"),
+    row("check-padding-json-dir", "--json", "check-padding", "{gear}", "{prefill}",
+        "--json", "{tmp}"),
+    # ---- plan: every trace line is validated and named; bounded time and memory
     row("plan-missing-trace", "does not exist", "plan", "{conv}", "--input-shape",
         "data:-1,3,32,32", "--trace", "{tmp}/nope.csv", "--max-gears", "2"),
+    row("plan-trace-fifo", "fifo", "plan", "{prefill}", "--input-shape", "{prefill_shape}",
+        "--trace", "{fifo}", "--max-gears", "2"),
+    *[row(f"plan-trace-{name}", fragment, "plan", "{prefill}", "--input-shape",
+          "{prefill_shape}", "--trace", "{trace:" + name + "}", "--max-gears", "2")
+      for name, fragment in [
+        ("deep-json", "line 1: longer than 4096 characters"),
+        ("nested", "line 2: nested deeper than a request"),
+        ("inf", "line 2: inf is not an integer"),
+        ("float", "line 2: 1.7 is not an integer"),
+        ("bool", "line 2: true is not an integer"),
+        ("nan", "line 2: NaN is not a request value"),
+        ("zero", "line 2: 0 is out of range"),
+        ("too-big", "line 2: 2147483648 is out of range"),
+        ("widths", "line 2: 2 values; expected 1 value (seq_len)"),
+        ("semicolon", "line 2: '1985;1986' is not a number"),
+        ("unknown-name", "unknown 'seq'"),
+        ("empty", "holds no requests"),
+        ("garbage-bytes", "line 2:"),
+    ]],
+    row("plan-current-letters", "--current gear 'a,b'", "plan", "{prefill}", "--input-shape",
+        "{prefill_shape}", "--trace", "{trace:good}", "--max-gears", "2", "--current", "a,b"),
+    row("plan-current-zero", "gear values are >= 1", "plan", "{prefill}", "--input-shape",
+        "{prefill_shape}", "--trace", "{trace:good}", "--max-gears", "2", "--current", "0"),
+    row("plan-current-width", "--current gear '5,5'", "plan", "{prefill}", "--input-shape",
+        "{prefill_shape}", "--trace", "{trace:good}", "--max-gears", "2", "--current", "5,5"),
+    row("plan-input-not-in-model", "the model's inputs are", "plan", "{prefill}",
+        "--input-shape", "tokens:1,-1", "--trace", "{trace:good}", "--max-gears", "2"),
+    row("plan-input-shape-static", "no dynamic axis", "plan", "{prefill}", "--input-shape",
+        "input_ids:1,5", "--trace", "{trace:good}", "--max-gears", "2"),
+    row("plan-max-gears-zero", "must be >= 1", "plan", "{prefill}", "--input-shape",
+        "{prefill_shape}", "--trace", "{trace:good}", "--max-gears", "0"),
+    row("plan-dp-too-large", "DP cells", "plan", "{prefill}", "--input-shape",
+        "{prefill_shape}", "--trace", "{trace:many}", "--max-gears", "200"),
+    row("plan-json-dir", "--json", "plan", "{prefill}", "--input-shape", "{prefill_shape}",
+        "--trace", "{trace:good}", "--max-gears", "2", "--json", "{tmp}"),
     # ---- serve (helper serve adds its rows here)
     row("serve-missing-file", "does not exist", "serve", "{tmp}/nope.gear.onnx"),
     row("serve-port-out-of-range", "not in 0..65535", "serve", "{gear}", "--port", "70000"),
@@ -273,6 +329,27 @@ def paths(tmp_path_factory) -> dict[str, str]:
     out["huge_json"] = str(huge)
     (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="ascii")
     out["deep_json"] = str(d / "deep.json")
+    out.update(_plan_files(d, model_path))
+    return out
+
+
+def _plan_files(d: Path, model_path: Path) -> dict[str, str]:
+    """``{prefill}`` (the example's source), ``{prefill_shape}`` (its input shape with the
+    image tokens fixed: one tied value, seq_len) and ``{trace:<name>}`` trace files, each
+    with one hostile line after a good one."""
+    out = {"prefill": str(model_path), "prefill_shape": "input_ids:1,-1;attention_mask:1,-1;"
+           "position_ids:4,1,-1;image_embeds:16,64"}
+    second = {"nested": "[" * 1000 + "]" * 1000, "inf": "[1e999]", "float": "[1.7]",
+              "bool": "[true]", "nan": "[NaN]", "zero": "0", "too-big": "2147483648",
+              "widths": "5,6", "semicolon": "1985;1986", "unknown-name": '{"seq": 79}'}
+    texts = {name: f"7\n{line}\n" for name, line in second.items()}
+    texts.update({"deep-json": "[" * 100_000 + "]" * 100_000 + "\n", "empty": "\n\n",
+                  "good": "5\n9\n17\n", "many": "".join(f"{v}\n" for v in range(1, 200_001))})
+    for name, text in texts.items():
+        (d / f"trace-{name}.txt").write_text(text, encoding="utf-8")
+    (d / "trace-garbage-bytes.txt").write_bytes(b"7\n" + bytes(range(256)) * 4)
+    for name in [*texts, "garbage-bytes"]:
+        out[f"trace:{name}"] = str(d / f"trace-{name}.txt")
     return out
 
 

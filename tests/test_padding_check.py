@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 import gear_runtime as gr
@@ -81,3 +84,116 @@ def test_prefill_is_safe_with_the_mask_padded_with_zero(tmp_path) -> None:
                               inputs=lambda shapes: prefill.inputs_for_shapes(shapes))
     assert report.safe, report.table()
     assert np.isfinite(report.outputs[0].max_abs)
+
+
+# ---- hostile inputs, JSON, memory ---------------------------------------------------------------
+def test_a_source_model_that_does_not_match_is_named(tmp_path) -> None:
+    """(The CLI's one-line errors for these: tests/test_cli_hostile.py.)"""
+    _, gear = compiled(tmp_path, mean=False)
+    other = tmp_path / "other.onnx"
+    model = seq_model(mean=False)
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 8  # x [1, S, 8]
+    onnx.save(model, str(other))
+    with pytest.raises(gr.InputError, match=r"does not match the gear file \(inputs x \(1, 3, 4\)"):
+        gr.check_padding(gear, str(other), samples=[3])
+    with pytest.raises(gr.GearMismatchError, match="covered by no gear"):
+        gr.check_padding(gear, str(other), samples=[10**8])  # refused before any run
+    renamed = seq_model(mean=False)
+    renamed.graph.input[0].name = "tokens"
+    renamed.graph.node[0].input[0] = "tokens"
+    onnx.save(renamed, str(other))
+    with pytest.raises(gr.InputError, match="x missing .* tokens is not an input"):
+        gr.check_padding(gear, str(other))
+
+
+def test_cli_json(tmp_path, capsys) -> None:
+    source, gear = compiled(tmp_path, mean=True)
+    out = tmp_path / "padding.json"
+    assert main(["check-padding", gear, source, "--samples", "3;5", "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["schema"] == "gear-runtime.check-padding/1" and data["safe"] is False
+    assert data["samples"] == [[3], [5]]
+    y, m = data["outputs"]
+    assert y["safe"] and not m["safe"] and m["failed_samples"] == [[3], [5]]
+    capsys.readouterr()
+    assert main(["check-padding", gear, source, "--samples", "3", "--json", "-"]) == 1
+    assert json.loads(capsys.readouterr().out)["outputs"][1]["name"] == "m"
+
+
+def test_integer_outputs_must_be_equal_and_chunks_change_nothing(monkeypatch) -> None:
+    from gear_runtime.tools import padding
+
+    check = padding.OutputCheck("ids")
+    got = np.full(10, 1_000_000, np.int64)
+    want = got.copy()
+    want[7] += 1  # allclose(rtol=1e-4) would call this equal
+    padding._compare(check, (10,), got, want, 1e-4, 1e-5)
+    assert check.failed == [(10,)] and check.max_abs == 1.0
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((3, 1000)).astype(np.float32)
+    w = g + rng.standard_normal((3, 1000)).astype(np.float32) * 1e-3
+    whole = padding.OutputCheck("f")
+    padding._compare(whole, (3,), g, w, 1e-4, 1e-5)
+    monkeypatch.setattr(padding, "CHUNK_ELEMENTS", 7)
+    chunked = padding.OutputCheck("f")
+    padding._compare(chunked, (3,), g, w, 1e-4, 1e-5)
+    assert (chunked.max_abs, chunked.max_rel, chunked.failed) == (
+        whole.max_abs, whole.max_rel, whole.failed)
+    nan = padding.OutputCheck("nan")
+    padding._compare(nan, (1,), np.array([np.nan, 1.0, np.inf]),
+                     np.array([np.nan, 1.0, np.inf]), 1e-4, 1e-5)
+    assert nan.safe and nan.max_abs == 0.0
+
+
+_PEAK = r"""
+import json, sys
+import numpy as np, onnxruntime as ort
+import gear_runtime as gr
+from gear_runtime.tools import padding  # noqa: F401  (modules imported before the baseline)
+from gear_runtime.tools.bench import engine  # noqa: F401
+what, gear, source = sys.argv[1:4]
+def hwm():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
+base = hwm()
+if what == "check":
+    report = gr.check_padding(gear, source, samples=[200, 255])
+    assert report.safe, report.table()
+else:  # the gear model and the source, each run once at the largest gear
+    x = {"x": np.ones((1, 256, 16), np.float32)}
+    with gr.load(gear) as model:
+        out = model.create_executor().execute(x)
+        s = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+        ref = s.run(None, x)
+print(json.dumps({"peak": hwm() - base}))
+"""
+
+
+def test_check_padding_peak_memory_on_large_outputs(tmp_path) -> None:
+    """Outputs of 64 MiB at the largest gear: check-padding's peak stays within 1.3x of
+    running the gear model and the source once each (float64 copies of both outputs and
+    full-size difference arrays made it ~4x)."""
+    import subprocess
+    import sys
+
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal(
+        (16, 65536)).astype(np.float32) * 0.1, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "S", 65536])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    source = str(tmp_path / "big.onnx")
+    onnx.save(model, source)
+    gear = str(tmp_path / "big.gear.onnx")
+    gr.compile(source, gr.GearSpec.from_atc(input_shape="x:1,-1,16", dynamic_dims="128;256"),
+               gear, progress=False)
+    peaks = {}
+    for what in ("once", "check"):
+        out = subprocess.run([sys.executable, "-c", _PEAK, what, gear, source],
+                             capture_output=True, text=True, check=True, timeout=300)
+        peaks[what] = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    assert peaks["check"] <= 1.3 * peaks["once"], peaks

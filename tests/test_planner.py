@@ -17,16 +17,18 @@ from gear_runtime.tools.plan import search as planner
 
 def brute_force(requests: np.ndarray, max_gears: int, cost) -> float:
     """The least total cost over every gear set of at most max_gears gears drawn from the grid
-    of request values (an optimal gear takes each value from some request)."""
+    of request values (an optimal gear takes each value from some request): each request on
+    its cheapest covering gear, a set that leaves one uncovered costs inf."""
     width = requests.shape[1]
-    grid = [tuple(g) for g in itertools.product(*[np.unique(requests[:, v]).tolist()
-                                                  for v in range(width)])]
+    grid = np.array(list(itertools.product(*[np.unique(requests[:, v]).tolist()
+                                             for v in range(width)])))
+    gear_cost = np.array([cost(tuple(int(x) for x in g)) for g in grid])
+    covers = (grid[:, None, :] >= requests[None, :, :]).all(axis=2)  # [gear, request]
+    weighted = np.where(covers, gear_cost[:, None], np.inf)
     best = np.inf
     for k in range(1, max_gears + 1):
-        for gears in itertools.combinations(grid, k):
-            plan = evaluate(gears, requests, cost)
-            if plan.uncovered == 0:
-                best = min(best, plan.mean_cost * len(requests))
+        for gears in itertools.combinations(range(len(grid)), k):
+            best = min(best, float(weighted[list(gears)].min(axis=0).sum()))
     return best
 
 
@@ -109,3 +111,110 @@ def test_plan_cli(tmp_path, capsys) -> None:
                  "--iterations", "2"]) == 0
     assert "latency curve" in capsys.readouterr().out
     assert gr.plan_gears is plan_gears
+
+
+# ---- coverage: every request counts ---------------------------------------------------------
+def test_uncovered_requests_are_counted_at_their_own_size_and_shown() -> None:
+    requests = [10] * 50 + [100] * 45 + [600] * 5  # 5% above the largest current gear
+    now = evaluate([(32,), (128,)], requests, lambda g: float(g[0]), "elements")
+    assert now.uncovered_count == 5 and now.coverage == pytest.approx(0.95)
+    assert now.mean_cost == pytest.approx((50 * 32 + 45 * 128 + 5 * 600) / 100)
+    assert now.covered_mean_cost == pytest.approx((50 * 32 + 45 * 128) / 95)
+    assert now.p99_cost == pytest.approx(600)
+    text = now.summary()
+    assert "coverage 95.00%" in text and "5 uncovered counted at their own size" in text
+    plan = plan_gears(requests, 2, "elements")
+    assert plan.coverage == 1.0 and plan.uncovered_count == 0 and "coverage 100.00%" in (
+        plan.summary())
+    capped = plan_gears(requests, 2, "elements", max_gear=128)
+    assert capped.uncovered_count == 5 and capped.mean_cost > capped.covered_mean_cost
+
+
+def test_the_dp_stays_fast_with_thousands_of_sizes_and_gears() -> None:
+    import time
+
+    sizes = list(range(1, 3001))
+    start = time.perf_counter()
+    every = plan_gears(sizes, 3000, "elements")  # a gear per size: nothing to search
+    assert len(every.gears) == 3000 and every.waste == 0
+    some = plan_gears(sizes, 400, "elements")  # divide and conquer per DP row
+    assert len(some.gears) == 400 and some.exact
+    assert time.perf_counter() - start < 60  # was O(K m^2): about 82 s for the first alone
+    with pytest.raises(InputError, match="DP cells"):
+        plan_gears(list(range(1, 200_001)), 200, "elements")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_divide_and_conquer_rows_equal_the_plain_recurrence(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(20, 120))
+    c = np.sort(rng.uniform(1, 100, m))  # a cost that never falls
+    prefix = np.concatenate([[0], np.cumsum(rng.integers(1, 9, m))]).astype(float)
+    row_plain = row_dc = np.concatenate([[0.0], np.full(m, np.inf)])
+    for k in range(1, 6):
+        row_plain, _ = planner._row_plain(row_plain, c, prefix, k)
+        row_dc, _ = planner._row_dc(row_dc, c, prefix, k)
+        np.testing.assert_allclose(row_dc[k:], row_plain[k:])
+
+
+def test_a_cost_that_falls_is_planned_but_not_called_exact() -> None:
+    dips = lambda g: 10.0 if g[0] == 64 else float(g[0])  # noqa: E731 (64 cheaper than 63)
+    plan = plan_gears([1, 30, 63, 64, 100], 2, dips)
+    assert not plan.exact and plan.uncovered == 0
+
+
+def test_several_values_with_more_gears_than_candidates_is_bounded() -> None:
+    import time
+
+    rng = np.random.default_rng(3)
+    requests = np.stack([rng.integers(1, 30, 400), rng.integers(1, 30, 400)], axis=1)
+    start = time.perf_counter()
+    plan = plan_gears(requests, 3000, "elements")
+    assert plan.uncovered == 0 and plan.waste == 0  # a gear per distinct request
+    assert all(n > 0 for n in plan.served)  # no idle gear is reported
+    assert time.perf_counter() - start < 60
+
+
+# ---- the command line ---------------------------------------------------------------------------
+def _hf_trace(tmp_path, lines) -> tuple[str, str, str]:
+    import onnx
+    from test_plan_trace import HF_SHAPE, hf_prefill
+
+    model = tmp_path / "hf.onnx"
+    onnx.save(hf_prefill(), str(model))
+    trace = tmp_path / "trace.txt"
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(model), str(trace), HF_SHAPE
+
+
+def test_plan_json_carries_the_schema_and_both_plans(tmp_path, capsys) -> None:
+    model, trace, shape = _hf_trace(tmp_path, [str(v) for v in [10] * 50 + [100] * 45 + [600] * 5])
+    out = tmp_path / "plan.json"
+    assert main(["plan", model, "--input-shape", shape, "--trace", trace, "--max-gears", "3",
+                 "--current", "32;128", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "current: gears 32,32,32; 128,128,128: coverage 95.00%" in text
+    data = json.loads(out.read_text())
+    assert data["schema"] == "gear-runtime.plan/1" and data["requests"] == 100
+    assert data["planned"]["coverage"] == 1.0 and data["current"]["uncovered_requests"] == 5
+    assert data["planned"]["gears"][-1] == [600, 600, 600]
+    assert data["dynamic_values"] == ["input_ids[1]", "attention_mask[1]", "position_ids[1]"]
+    assert main(["plan", model, "--input-shape", shape, "--trace", trace, "--max-gears", "2",
+                 "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["current"] is None  # stdout: the JSON alone
+
+
+def test_plan_without_matplotlib_still_prints_the_plan(tmp_path, capsys, monkeypatch) -> None:
+    from gear_runtime.errors import BackendUnavailableError
+    from gear_runtime.tools.bench import plot
+
+    def missing() -> None:
+        raise BackendUnavailableError("plots need matplotlib: pip install 'gear_runtime[plot]'")
+
+    monkeypatch.setattr(plot, "check_plotting", missing)
+    model, trace, shape = _hf_trace(tmp_path, ["5", "9", "17"])
+    assert main(["plan", model, "--input-shape", shape, "--trace", trace, "--max-gears", "2",
+                 "--plot", str(tmp_path / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert "planned (exact)" in captured.out and not (tmp_path / "p.png").exists()
+    assert captured.err.count("\n") == 1 and "--plot: plots need matplotlib" in captured.err

@@ -108,6 +108,23 @@ def check_output_file(flag: str, path: str) -> None:
         raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
 
 
+# ---- JSON output ------------------------------------------------------------------------------
+def write_json(flag: str, path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path``, or to stdout for ``-``; InputError naming ``flag``
+    when the file cannot be written (the directory is checked up front by
+    :func:`check_output_file`)."""
+    import json
+
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
+
+
 # ---- the error line ---------------------------------------------------------------------------
 def error(message: str, code: str = "") -> None:
     """Print the one error line: ``gear-runtime: error: [code] message`` on stderr."""
@@ -118,4 +135,4 @@ def error(message: str, code: str = "") -> None:
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "PROG", "Parser", "UsageError",
            "backends_help", "check_output_file", "error", "existing_file", "float_at_least",
-           "int_at_least", "int_list", "make_dir"]
+           "int_at_least", "int_list", "make_dir", "write_json"]

@@ -8,10 +8,12 @@ from gear_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,
+    check_output_file,
     existing_file,
     float_at_least,
-    int_list,
+    write_json,
 )
+from gear_runtime.errors import InputError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,20 +23,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "file padded, compare the trimmed outputs; exit 1 when they differ.")
     p.add_argument("file", metavar="GEAR", help="the gear file")
     p.add_argument("source", metavar="SOURCE.onnx", help="the model it was compiled from")
-    p.add_argument("--samples", metavar="V", help='request sizes, e.g. "5;17;100" or '
-                   '"5,5,5,16;17,17,17,16" (default: inside and between the gears)')
+    p.add_argument("--samples", metavar="V", help='request sizes, e.g. "5;17;100" (one value '
+                   'for every value that varies between the gears) or "5,5,5,16;17,17,17,16" '
+                   "(every dynamic value); each must fit in some gear (default: inside and "
+                   "between the gears)")
     p.add_argument("--pad-value", action="append", default=[], metavar="NAME=V",
                    help="pad value of an input (default 0), repeatable")
-    p.add_argument("--rtol", type=float_at_least(0.0), default=1e-4, metavar="R")
-    p.add_argument("--atol", type=float_at_least(0.0), default=1e-5, metavar="A")
+    p.add_argument("--rtol", type=float_at_least(0.0), default=1e-4, metavar="R",
+                   help="relative tolerance of a float output: |padded - exact| <= atol + "
+                   "rtol * |exact| (default 1e-4); integer outputs must be equal")
+    p.add_argument("--atol", type=float_at_least(0.0), default=1e-5, metavar="A",
+                   help="absolute tolerance of a float output (default 1e-5)")
+    p.add_argument("--json", metavar="PATH", help='write the report as JSON (schema '
+                   '"gear-runtime.check-padding/1", see docs/json.md); "-" for stdout (then '
+                   "the table is not printed)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_check_padding)
 
 
 def cmd_check_padding(args: argparse.Namespace) -> int:
-    from gear_runtime.tools.padding import check_padding
+    from gear_runtime.tools.padding import MAX_SAMPLES, check_padding
 
     existing_file(args.file, "gear file")
     existing_file(args.source, "source model")
+    if args.json is not None and args.json != "-":
+        check_output_file("--json", args.json)
     pads = {}
     for item in args.pad_value:
         name, sep, value = item.partition("=")
@@ -47,10 +60,31 @@ def cmd_check_padding(args: argparse.Namespace) -> int:
                 pads[name] = float(value)
             except ValueError:
                 raise UsageError(f"--pad-value {item!r}: {value!r} is not a number") from None
-    samples = None
-    if args.samples:
-        samples = [int_list(s, "--samples") for s in args.samples.split(";")]
+    samples = _samples(args.samples, MAX_SAMPLES) if args.samples is not None else None
     report = check_padding(args.file, args.source, samples=samples, pad_values=pads,
-                           rtol=args.rtol, atol=args.atol)
-    print(report.table())
+                           rtol=args.rtol, atol=args.atol, progress=not args.no_progress)
+    if args.json != "-":
+        print(report.table())
+    if args.json is not None:
+        write_json("--json", args.json, report.to_json())
     return EXIT_OK if report.safe else EXIT_FAILED
+
+
+def _samples(text: str, limit: int) -> list[list[int]]:
+    """``--samples``: request sizes separated by ';', values by ','; each an integer >= 1."""
+    pieces = [p for p in text.split(";") if p.strip()]
+    if not pieces:
+        raise InputError(f"--samples {text!r} is empty; give sizes such as \"5;17;100\"")
+    if len(pieces) > limit:
+        raise InputError(f"--samples: {len(pieces)} samples; at most {limit} per check")
+    out = []
+    for piece in pieces:
+        values = []
+        for token in piece.split(","):
+            token = token.strip()
+            if not token.isdigit() or len(token) > 10 or int(token) < 1:
+                raise InputError(f"--samples {piece.strip()!r}: {token!r} is not a request "
+                                 "size (an integer >= 1)")
+            values.append(int(token))
+        out.append(values)
+    return out

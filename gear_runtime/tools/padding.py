@@ -7,6 +7,23 @@ safe; a mean over the padded axis, or non-causal attention without a mask, is no
 static analysis can promise it in general, so this module measures it: for request sizes
 between and inside the gears, it runs the SOURCE model at the exact size and the gear model
 padded, and compares the trimmed outputs.
+
+Lean on a multi-GB model: every output is compared in chunks of ``CHUNK_ELEMENTS`` (floats
+with ``allclose``, integers and booleans exactly), so no full-size temporary is built; the
+padded run's outputs are views of the executor's own buffers and the source run's are
+dropped before the next request: the peak is the two sessions and one output set of each.
+Requests are checked against the gears (and the source model against the gear file) before
+anything is run.
+
+The JSON of a report (``check-padding --json``, :meth:`PaddingReport.to_json`), schema
+``"gear-runtime.check-padding/1"``::
+
+    {"schema": "gear-runtime.check-padding/1", "safe": true, "rtol": 1e-4, "atol": 1e-5,
+     "pad_values": {"attention_mask": 0, ...}, "samples": [[5, 5, 5, 16], ...],
+     "outputs": [{"name": "logits", "safe": true, "verdict": "safe",
+                  "max_abs_diff": 0.0, "max_rel_diff": 0.0, "failed_samples": [],
+                  "shape_mismatch": null | {"sample": [...], "padded": [...],
+                                            "exact": [...]}}, ...]}
 """
 
 from __future__ import annotations
@@ -18,10 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.errors import InputError
+from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.spec import GearSpec
 
 InputsFn = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, np.ndarray]]
+
+SCHEMA = "gear-runtime.check-padding/1"
+#: Elements compared at a time (2 MB per float64 temporary of a chunk).
+CHUNK_ELEMENTS = 1 << 18
+#: The most request sizes one check runs.
+MAX_SAMPLES = 10_000
 
 
 @dataclass
@@ -48,6 +71,15 @@ class OutputCheck:
             return f"UNSAFE: differs in {len(self.failed)} sample(s), first {self.failed[0]}"
         return "safe"
 
+    def to_json(self) -> dict[str, Any]:
+        mismatch = None
+        if self.shape_mismatch is not None:
+            sample, got, want = self.shape_mismatch
+            mismatch = {"sample": list(sample), "padded": list(got), "exact": list(want)}
+        return {"name": self.name, "safe": self.safe, "verdict": self.verdict,
+                "max_abs_diff": _finite(self.max_abs), "max_rel_diff": _finite(self.max_rel),
+                "failed_samples": [list(s) for s in self.failed], "shape_mismatch": mismatch}
+
 
 @dataclass
 class PaddingReport:
@@ -73,6 +105,17 @@ class PaddingReport:
         rows.append(f"{len(self.samples)} request sizes, pad values {pads}; rtol {self.rtol:g},"
                     f" atol {self.atol:g}: padding is {'SAFE' if self.safe else 'UNSAFE'}")
         return "\n".join(rows)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON values (schema in the module doc; inf / NaN as null)."""
+        return {"schema": SCHEMA, "safe": self.safe, "rtol": self.rtol, "atol": self.atol,
+                "pad_values": dict(self.pad_values),
+                "samples": [list(s) for s in self.samples],
+                "outputs": [o.to_json() for o in self.outputs]}
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
 
 
 def default_samples(spec: GearSpec) -> list[tuple[int, ...]]:
@@ -121,56 +164,141 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                   samples: Sequence[Sequence[int] | int] | None = None,
                   pad_values: Mapping[str, Any] | None = None,
                   inputs: InputsFn | None = None, rtol: float = 1e-4, atol: float = 1e-5,
-                  seed: int = 0) -> PaddingReport:
+                  seed: int = 0, progress: bool = False) -> PaddingReport:
     """Compare ``execute(pad=True)`` of ``gear_file`` with ``source_model`` (a path or an
     onnx.ModelProto: the dynamic model it was compiled from) run at each request's exact size.
 
     ``samples``: request sizes as dynamic-value tuples (ints for one-value models; default
     :func:`default_samples`). ``pad_values`` as for ``create_executor``. ``inputs(shapes)``
-    makes the inputs of one request (default :func:`default_inputs`). An output agrees when
-    the trimmed padded output has the source's shape and ``allclose(rtol, atol)`` holds.
-    Returns a :class:`PaddingReport` (``.safe``, ``.table()``). A request no gear covers is
-    GearMismatchError (145013).
+    makes the inputs of one request (default :func:`default_inputs`). A float output agrees
+    when the trimmed padded output has the source's shape and ``allclose(rtol, atol)`` holds
+    (NaN equal to NaN); an integer or boolean output when it is equal. Returns a
+    :class:`PaddingReport` (``.safe``, ``.table()``, ``.to_json()``). A request no gear
+    covers is GearMismatchError (145013), raised before anything runs; a source model whose
+    inputs or outputs are not the gear file's is InputError. ``progress``: a bar on stderr
+    (a terminal only) while the samples run.
     """
     import onnxruntime as ort
 
     from gear_runtime.runtime.model import load
+    from gear_runtime.tools.bench.engine import progress_bar
 
     with load(os.fspath(gear_file)) as model:
-        ex = model.create_executor(pad_values=pad_values)
         spec = model.spec
         requests = _requests(spec, samples)
+        ex = model.create_executor(pad_values=pad_values)
         dtypes = dict(zip(spec.input_names, model.info.input_dtypes, strict=True))
         make = inputs or default_inputs(dtypes, seed)
         source = source_model.SerializeToString() if hasattr(source_model,
                                                              "SerializeToString") else \
             os.fspath(source_model)
-        session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+        session = _source_session(ort, source, model)
         checks = [OutputCheck(n) for n in model.output_names]
-        for request in requests:
-            feeds = dict(make(spec.shapes_for(request)))
-            got = ex.execute(feeds, pad=True)
-            want = session.run(model.output_names, feeds)
-            for check, g, w in zip(checks, got, want, strict=True):
-                _compare(check, request, np.asarray(g), np.asarray(w), rtol, atol)
+        with progress_bar(len(requests), "check-padding", progress) as bar:
+            for request in requests:
+                _check_request(ex, session, model, checks, request,
+                               make(spec.shapes_for(request)), rtol, atol)
+                bar.update(1)
         return PaddingReport(requests, checks, rtol, atol,
                              {n: v.item() for n, v in ex.pad_values.items()})
 
 
+def _check_request(ex: Any, session: Any, model: Any, checks: list[OutputCheck],
+                   request: tuple[int, ...], feeds: Mapping[str, np.ndarray], rtol: float,
+                   atol: float) -> None:
+    """Run one request both ways and fold it into ``checks``; its outputs die on return
+    (one output set of each side alive at a time)."""
+    got = ex.execute(dict(feeds), pad=True, copy=False)  # views: compared at once
+    want = _run_source(session, model, feeds)
+    for check, g, w in zip(checks, got, want, strict=True):
+        _compare(check, request, np.asarray(g), np.asarray(w), rtol, atol)
+
+
+def _source_session(ort: Any, source: Any, model: Any) -> Any:
+    """The source model's CPU session, checked against the gear file: the same input names,
+    dtypes and ranks, and its outputs (by name); InputError naming what differs."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # errors reach the caller as InputError, not on stderr
+    # No arena: outputs of several request sizes would each grow it (its chunks are kept);
+    # without it each run's outputs are freed when dropped, so one set is alive at a time.
+    so.enable_cpu_mem_arena = False
+    try:
+        session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT's own types: not a model it can load
+        raise InputError(f"the source model cannot be loaded by ONNX Runtime: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+    spec, info = model.spec, model.info
+    want = {n: (np.dtype(dt), len(s)) for n, dt, s in zip(
+        spec.input_names, info.input_dtypes, spec.input_shapes, strict=True)}
+    have = {}
+    for i in session.get_inputs():
+        dtype = _ORT_TYPES.get(i.type)
+        have[i.name] = (dtype, len(i.shape) if i.shape is not None else -1)
+    diffs = [f"{n} {_describe(have.get(n))} (the gear file's: {_describe(w)})"
+             for n, w in want.items() if have.get(n) != w]
+    diffs += [f"{n} is not an input of the gear file" for n in have if n not in want]
+    outputs = {o.name for o in session.get_outputs()}
+    missing = [n for n in model.output_names if n not in outputs]
+    if diffs or missing:
+        what = "; ".join(diffs + ([f"outputs {', '.join(missing)} missing"] if missing else []))
+        raise InputError(f"the source model does not match the gear file (inputs {what}); "
+                         "give the model the gear file was compiled from")
+    return session
+
+
+def _describe(entry: tuple[Any, int] | None) -> str:
+    if entry is None:
+        return "missing"
+    dtype, rank = entry
+    return f"{dtype if dtype is not None else 'of another type'} rank {rank}"
+
+
+_ORT_TYPES = {f"tensor({n})": np.dtype(d) for n, d in (
+    ("float", "float32"), ("double", "float64"), ("float16", "float16"), ("int64", "int64"),
+    ("int32", "int32"), ("int16", "int16"), ("int8", "int8"), ("uint64", "uint64"),
+    ("uint32", "uint32"), ("uint16", "uint16"), ("uint8", "uint8"), ("bool", "bool"))}
+
+
+def _run_source(session: Any, model: Any, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+    try:
+        return session.run(model.output_names, dict(feeds))
+    except Exception as exc:  # the inputs fit the gear file but not this model
+        raise InputError(f"the source model does not match the gear file (inputs "
+                         f"{', '.join(f'{n} {tuple(a.shape)}' for n, a in feeds.items())} "
+                         f"fail on it: {str(exc).splitlines()[0][:300]})") from None
+
+
 def _requests(spec: GearSpec, samples: Sequence[Sequence[int] | int] | None
               ) -> list[tuple[int, ...]]:
+    """The samples as full value tuples, each checked (values >= 1, covered by a gear)
+    before anything is allocated for it."""
     if samples is None:
         return default_samples(spec)
+    if len(samples) > MAX_SAMPLES:
+        raise InputError(f"{len(samples)} samples; at most {MAX_SAMPLES} per check")
     out = []
     for s in samples:
-        t = (s,) if isinstance(s, int | np.integer) else tuple(int(v) for v in s)
+        t = _sample(s)
         if len(t) == 1 and spec.values_per_gear > 1:  # one size for every varying value
             t = _widen(spec, t[0])
         if len(t) != spec.values_per_gear:
             raise InputError(f"sample {s!r} has {len(t)} values, the model's gears have "
                              f"{spec.values_per_gear}")
+        if not any(all(g >= v for g, v in zip(gear, t, strict=True)) for gear in spec.gears):
+            raise GearMismatchError(f"sample {t} is covered by no gear (the gears: "
+                                    f"{'; '.join(','.join(map(str, g)) for g in spec.gears)})"
+                                    "; a sample must fit in some gear")
         out.append(t)
     return out
+
+
+def _sample(s: Sequence[int] | int) -> tuple[int, ...]:
+    """One sample as ints >= 1 (no bool, no float): InputError naming it otherwise."""
+    values = (s,) if isinstance(s, int | np.integer) else tuple(s)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise InputError(f"sample {s!r}: request values are integers >= 1")
+    return tuple(int(v) for v in values)
 
 
 def _widen(spec: GearSpec, size: int) -> tuple[int, ...]:
@@ -183,17 +311,38 @@ def _widen(spec: GearSpec, size: int) -> tuple[int, ...]:
 
 def _compare(check: OutputCheck, request: tuple[int, ...], got: np.ndarray, want: np.ndarray,
              rtol: float, atol: float) -> None:
+    """Fold one sample's output into ``check``, chunk by chunk in the outputs' dtypes."""
     if got.shape != want.shape:
         if check.shape_mismatch is None:
             check.shape_mismatch = (request, got.shape, want.shape)
         return
     if got.size == 0:
         return
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    diff = np.abs(g - w)
-    check.max_abs = max(check.max_abs, float(np.nanmax(diff)))
-    rel = diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)
-    check.max_rel = max(check.max_rel, float(np.nanmax(rel)))
-    if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True):
+    exact = got.dtype.kind in "biu" and want.dtype.kind in "biu"
+    g_flat, w_flat = got.reshape(-1), want.reshape(-1)  # views where contiguous
+    agree = True
+    for start in range(0, g_flat.size, CHUNK_ELEMENTS):
+        g = g_flat[start:start + CHUNK_ELEMENTS]
+        w = w_flat[start:start + CHUNK_ELEMENTS]
+        diff, rel = _differences(g, w)
+        check.max_abs = max(check.max_abs, diff)
+        check.max_rel = max(check.max_rel, rel)
+        if exact:
+            agree &= bool(np.array_equal(g, w))
+        else:
+            agree &= bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    if not agree:
         check.failed.append(request)
 
+
+def _differences(g: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """The largest absolute and relative difference of one chunk (NaN against NaN is no
+    difference; NaN against a number an infinite one)."""
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf: handled below
+        diff = np.abs(g64 - w64)
+    diff[(g64 == w64) | (np.isnan(g64) & np.isnan(w64))] = 0.0  # inf == inf, NaN vs NaN
+    diff[np.isnan(diff)] = np.inf
+    rel = diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny)
+    rel[diff == 0] = 0.0
+    return float(diff.max()), float(rel.max())

@@ -21,8 +21,8 @@ from gear_runtime.tools.plan.evaluate import GearPlan, evaluate
 from gear_runtime.tools.plan.measure import ladder_sizes, measure_latency
 from gear_runtime.tools.plan.requests import Structure, as_requests, structure_of
 from gear_runtime.tools.plan.search import plan_gears
-from gear_runtime.tools.plan.trace import read_trace
+from gear_runtime.tools.plan.trace import TraceLayout, layout_of, read_trace
 
-__all__ = ["CostFn", "GearPlan", "LatencyCurve", "Structure", "as_requests", "elements_cost",
-           "evaluate", "ladder_sizes", "measure_latency", "plan_gears", "read_trace",
-           "structure_of"]
+__all__ = ["CostFn", "GearPlan", "LatencyCurve", "Structure", "TraceLayout", "as_requests",
+           "elements_cost", "evaluate", "ladder_sizes", "layout_of", "measure_latency",
+           "plan_gears", "read_trace", "structure_of"]

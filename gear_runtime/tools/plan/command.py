@@ -1,64 +1,166 @@
-"""``gear-runtime plan``: read a trace, plan, evaluate the current gears, print."""
+"""``gear-runtime plan``: read a trace, plan, evaluate the current gears; text and JSON.
+
+The JSON (``--json PATH|-``) is one object, schema ``"gear-runtime.plan/1"``::
+
+    {"schema": "gear-runtime.plan/1",
+     "requests": 10000,                      # requests in the trace
+     "cost": "elements" | "measured", "cost_unit": "elements" | "ms",
+     "uncovered_cost": "...",                # how uncovered requests are counted
+     "dynamic_values": ["input_ids[1]", ...],  # GE dims order: what a gear's values are
+     "planned": PLAN, "current": PLAN | null,
+     "atc": "--dynamic_dims=...", "config": ["ge.dynamicDims=...", ...],
+     "latency_curve": {"sizes": [...], "latency_ms": [...]} | null,
+     "plot": "plan.png" | null}
+
+    PLAN = {"gears": [[32, 32, 32], ...], "exact": true, "coverage": 0.953,
+            "uncovered_requests": 470, "mean": 1641.2, "p99": 2048.0,
+            "covered_mean": 1500.3, "padding_waste": 0.123, "served": [5000, ...]}
+
+``mean`` and ``p99`` are over every request (uncovered ones at their own size, as the
+hybrid fallback runs them); ``covered_mean`` over the covered ones; null where undefined. A
+later version adds fields and bumps the number only when a field changes meaning.
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from typing import Any
+
 from gear_runtime.errors import InputError
 from gear_runtime.spec import GearSpec
-from gear_runtime.tools.plan.costs import cost_fn, elements_cost
-from gear_runtime.tools.plan.evaluate import evaluate
+from gear_runtime.tools.plan.costs import LatencyCurve, cost_fn, elements_cost
+from gear_runtime.tools.plan.evaluate import GearPlan, evaluate
 from gear_runtime.tools.plan.measure import ladder_sizes, measure_latency
-from gear_runtime.tools.plan.plot import plot_plan
 from gear_runtime.tools.plan.requests import Structure, as_requests, structure_of
 from gear_runtime.tools.plan.search import plan_gears
-from gear_runtime.tools.plan.trace import read_trace
+from gear_runtime.tools.plan.trace import TraceLayout, layout_of, read_trace
+
+SCHEMA = "gear-runtime.plan/1"
+#: GE accepts at most this many gears (E10036; 256 on 950-series chips).
+GE_MAX_GEARS = 100
+UNCOVERED_COST = ("requests no gear covers are counted at the cost of their own size (what "
+                  "a hybrid gear file's dynamic-shape fallback runs); a plain gear file "
+                  "refuses them (145013)")
+
+
+@dataclass
+class PlanRun:
+    """What ``gear-runtime plan`` found: the plan, the current gears' report, the curve."""
+
+    requests: int
+    cost: str
+    planned: GearPlan
+    current: GearPlan | None
+    layout: TraceLayout
+    curve: LatencyCurve | None = None
+    plot: str | None = None
+
+    def text(self) -> str:
+        plan = self.planned
+        lines = [f"{self.requests:,} requests; planned "
+                 f"({'exact' if plan.exact else 'heuristic'}): " + plan.summary(),
+                 "  " + plan.to_atc(), *("  " + c for c in plan.to_config())]
+        if len(plan.gears) > GE_MAX_GEARS:
+            lines.append(f"  note: {len(plan.gears)} gears; GE accepts at most {GE_MAX_GEARS} "
+                         "(E10036): ask for fewer with --max-gears")
+        if self.current is not None:
+            lines.append("current: " + self.current.summary())
+        if any(p.uncovered_count for p in (plan, self.current) if p is not None):
+            lines.append("  (" + UNCOVERED_COST + ")")
+        if self.curve is not None:
+            lines.append("latency curve (size: ms): " + ", ".join(
+                f"{s}: {v:.3f}" for s, v in zip(self.curve.sizes, self.curve.latency_ms,
+                                                strict=True)))
+        if self.plot:
+            lines.append(f"plot: {self.plot}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "requests": self.requests, "cost": self.cost,
+                "cost_unit": self.planned.cost_unit, "uncovered_cost": UNCOVERED_COST,
+                "dynamic_values": list(self.layout.labels),
+                "planned": self.planned.to_json(),
+                "current": None if self.current is None else self.current.to_json(),
+                "atc": self.planned.to_atc(), "config": self.planned.to_config(),
+                "latency_curve": None if self.curve is None else {
+                    "sizes": list(self.curve.sizes), "latency_ms": list(self.curve.latency_ms)},
+                "plot": self.plot}
 
 
 def run_plan(model: str, input_shape: str, trace: str, max_gears: int, *,
              cost: str = "elements", current: str | None = None, max_gear: int | None = None,
-             ladder: int = 8, iterations: int = 20, plot: str | None = None) -> str:
-    """``gear-runtime plan``: the plan (and the current gears) as text."""
-    requests = as_requests(read_trace(trace))
+             ladder: int = 8, iterations: int = 20, plot: str | None = None,
+             progress: bool = False) -> PlanRun:
+    """``gear-runtime plan``: plan ``max_gears`` gears for the requests of ``trace`` (the
+    forms of :mod:`gear_runtime.tools.plan.trace`, tied by ``model``'s symbolic dim names),
+    evaluate ``current`` ("32;128;512", one value per tied group or per dynamic value), and
+    draw ``plot``. ``progress``: bars on a terminal for the long steps."""
+    spec = _spec(input_shape)
+    layout = layout_of(spec, model)
+    requests = as_requests(read_trace(trace, layout))
     structure = structure_of(requests)
-    top = tuple(int(v) for v in requests.max(axis=0))
-    # A spec needs two gears; only its inputs matter here (real sizes for "elements").
-    above = ",".join(str(v + 1) for v in top)
-    spec = GearSpec.from_atc(input_shape=input_shape,
-                             dynamic_dims=",".join(map(str, top)) + ";" + above)
-    if spec.values_per_gear != requests.shape[1]:
-        raise InputError(f"the trace's requests have {requests.shape[1]} values, "
-                         f"--input-shape has {spec.values_per_gear} dynamic dims")
     curve = None
     if cost == "measured":
-        if len(structure.groups) != 1:
-            raise InputError("--cost measured plans one (or tied) dynamic value")
-        rep = structure.groups[0][0]
-        largest = max_gear or top[rep]
-        gears = [structure.expand([s]) for s in ladder_sizes(largest, ladder)]
-        curve = measure_latency(model, spec, gears, rep, iterations=iterations)
-    plan = plan_gears(requests, max_gears, cost, spec=spec, curve=curve, max_gear=max_gear)
-    lines = [f"{len(requests)} requests; planned ({'exact' if plan.exact else 'heuristic'}): "
-             + plan.summary(), "  " + plan.to_atc(), *("  " + c for c in plan.to_config())]
-    plans = [plan]
+        curve = _measure(model, spec, structure, requests, max_gear, ladder, iterations,
+                         progress)
+    plan = plan_gears(requests, max_gears, cost, spec=spec, curve=curve, max_gear=max_gear,
+                      progress=progress)
+    now = None
     if current:
-        gears_now = [_widen_current(structure, g) for g in current.split(";") if g.strip()]
+        gears_now = [_widen_current(layout, structure, g) for g in current.split(";")
+                     if g.strip()]
         fn, unit = cost_fn(cost, spec, curve, structure)
         now = evaluate(gears_now, requests, fn, unit, spec.mode, True,
                        elements_cost(spec, structure))
-        lines.append("current: " + now.summary())
-        plans.append(now)
-    if curve is not None:
-        lines.append("latency curve (size: ms): " + ", ".join(
-            f"{s}: {v:.3f}" for s, v in zip(curve.sizes, curve.latency_ms, strict=True)))
+    run = PlanRun(len(requests), cost, plan, now, layout, curve)
     if plot:
-        lines.append(f"plot: {plot_plan(plot, requests, plans, curve)}")
-    return "\n".join(lines)
+        from gear_runtime.tools.plan.plot import plot_plan
+
+        run.plot = os.fspath(plot_plan(plot, requests, [p for p in (plan, now) if p], curve,
+                                       layout))
+    return run
 
 
-def _widen_current(structure: Structure, text: str) -> tuple[int, ...]:
-    values = [int(v) for v in text.split(",")]
-    if len(values) == structure.width:
-        return tuple(values)
-    if len(values) == len(structure.groups):
-        return structure.expand(values)
-    raise InputError(f"--current gear {text!r}: give {structure.width} values, or one per "
-                     f"independent value ({len(structure.groups)})")
+def _spec(input_shape: str) -> GearSpec:
+    """A spec of ``input_shape``'s inputs (two placeholder gears: only the inputs matter
+    here, for their real sizes and the dynamic values' order)."""
+    from gear_runtime.spec.parse import parse_input_shape
+
+    _, shapes = parse_input_shape(input_shape)
+    width = sum(d == -1 for shape in shapes for d in shape)
+    if width == 0:
+        raise InputError(f"--input-shape {input_shape!r} has no dynamic axis (-1): nothing "
+                         "to plan")
+    return GearSpec.from_atc(input_shape=input_shape, dynamic_dims=";".join(
+        ",".join([str(v)] * width) for v in (1, 2)))
+
+
+def _measure(model: str, spec: GearSpec, structure: Structure, requests: Any,
+             max_gear: int | None, ladder: int, iterations: int, progress: bool
+             ) -> LatencyCurve:
+    if len(structure.groups) != 1:
+        raise InputError("--cost measured plans one (or tied) dynamic value; these requests "
+                         f"have {len(structure.groups)} independent values")
+    rep = structure.groups[0][0]
+    largest = max_gear or int(requests[:, rep].max())
+    gears = [structure.expand([s]) for s in ladder_sizes(largest, ladder)]
+    return measure_latency(model, spec, gears, rep, iterations=iterations, progress=progress)
+
+
+def _widen_current(layout: TraceLayout, structure: Structure, text: str) -> tuple[int, ...]:
+    """One --current gear as a full value tuple: per tied group or per dynamic value (the
+    trace's forms), or per independent value of the trace (its constant values filled in)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise InputError(f"--current gear {text!r}: expected integers separated by ',' "
+                         "(gears separated by ';')") from None
+    if any(v < 1 for v in values):
+        raise InputError(f"--current gear {text!r}: gear values are >= 1")
+    gear = layout.widen(values)
+    if gear is None and len(values) == len(structure.groups):
+        gear = structure.expand(values)
+    if gear is None:
+        raise InputError(f"--current gear {text!r}: expected {layout.form()}")
+    return gear

@@ -16,10 +16,11 @@ from gear_runtime.tools.plan.costs import LatencyCurve
 def measure_latency(model: str | os.PathLike[str], spec: GearSpec,
                     ladder: Sequence[Sequence[int]], key: int = 0, *, iterations: int = 20,
                     warmup: int = 3, threads: int | None = 1, inputs: Any = None,
-                    workdir: str | None = None) -> LatencyCurve:
+                    workdir: str | None = None, progress: bool = False) -> LatencyCurve:
     """Compile ``model`` (a dynamic ONNX model) under ``spec``'s inputs with the ``ladder``
     gears, benchmark every gear with the bench engine (``execute`` p50) and return latency
-    as a function of value ``key``. ``inputs(model, gear)`` as for ``bench_model``."""
+    as a function of value ``key``. ``inputs(model, gear)`` as for ``bench_model``.
+    ``progress``: the compile's and the benchmark's bars on a terminal (none on a log)."""
     import dataclasses
     import tempfile
 
@@ -30,9 +31,9 @@ def measure_latency(model: str | os.PathLike[str], spec: GearSpec,
     ladder_spec = dataclasses.replace(spec, gears=gears, hybrid=False)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = os.path.join(tmp, "ladder.gear.onnx")
-        compile_model(os.fspath(model), ladder_spec, path, progress=False)
+        compile_model(os.fspath(model), ladder_spec, path, progress=progress)
         report = bench_model(path, iterations=iterations, warmup=warmup, threads=threads,
-                             inputs=inputs, progress=False)
+                             inputs=inputs, progress=progress)
     return LatencyCurve(tuple(g[key] for g in gears), tuple(b.execute.p50 for b in report.gears))
 
 
