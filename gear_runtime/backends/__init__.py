@@ -5,6 +5,7 @@
 | onnxruntime      | gear files on ONNX Runtime (CPU, CUDA) | onnxruntime / onnxruntime-gpu |
 | acl              | .om models on Ascend through pyACL     | CANN toolkit (pyACL, `acl`)   |
 | mindspore_lite   | MindIR models on Ascend                | mindspore_lite                |
+| openvino         | gear files on OpenVINO (CPU; GPU, NPU) | openvino ([openvino] extra)   |
 | null             | nothing: records calls (tests)         | -                             |
 """
 
@@ -22,12 +23,13 @@ from gear_runtime.backends.base import (
 )
 from gear_runtime.errors import BackendUnavailableError, GearRuntimeError, InputError
 
-#: backend name -> module. acl and mindspore_lite import their runtime only when a model is
-#: opened (and say what to install then); onnxruntime is a dependency of the package.
+#: backend name -> module. acl, mindspore_lite and openvino import their runtime only when a
+#: model is opened (and say what to install then); onnxruntime is a dependency of the package.
 BACKENDS: dict[str, str] = {
     "onnxruntime": "gear_runtime.backends.onnxruntime",
     "acl": "gear_runtime.backends.acl",
     "mindspore_lite": "gear_runtime.backends.mindspore_lite",
+    "openvino": "gear_runtime.backends.openvino",
     "null": "gear_runtime.backends.null",
 }
 
