@@ -289,3 +289,25 @@ def test_naive_run_is_openvinos_dynamic_model(tmp_path: Path) -> None:
     assert backend.dynamic is not None
     assert not backend.dynamic.inputs[0].get_partial_shape().is_static
     np.testing.assert_allclose(out[0], run_model(source, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "per_gear"])
+def test_outputs_are_written_in_place(tmp_path: Path, share: bool) -> None:
+    """OpenVINO writes into the session's buffers (copy=False: views of them), and a big
+    output of execute(copy=True) straight into a fresh array the caller keeps."""
+    source = build_encoder_model(hidden=256, layers=1, heads=4, vocab=128)
+    spec_args = {"input_shape": "input_ids:1,-1;attention_mask:1,-1",
+                 "dynamic_dims": "8,8;64,64"}
+    spec, path = compiled(tmp_path, source, spec_args, "encoder")
+    ex = load(path, share_weights=share).create_executor()
+    buffers = ex.session._out_buffers
+    feeds = [encoder_inputs(spec.shapes(g), seed=g, vocab=128) for g in range(2)]
+    views = ex.execute(feeds[1], copy=False)
+    assert all(np.shares_memory(v, b) for v, b in zip(views, buffers, strict=True))
+    kept = ex.execute(feeds[1])  # last_hidden_state: 64 KiB, bound fresh for this run
+    assert kept[0].nbytes >= 64 * 2**10
+    assert not any(np.shares_memory(k, b) for k in kept for b in buffers)
+    want = run_model(source, feeds[1])
+    ex.execute(feeds[0])  # another gear into the same buffers: what was kept stays
+    for a, b in zip(kept, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

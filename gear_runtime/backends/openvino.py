@@ -56,6 +56,7 @@ from gear_runtime.backends.base import (
     check_layout_fits,
     import_runtime,
 )
+from gear_runtime.backends.onnxruntime import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
@@ -266,10 +267,14 @@ class OvModel(BackendModel):
         self.core = ov.Core()
         if cache_dir is not None:
             self.core.set_property({"CACHE_DIR": os.fspath(cache_dir)})
-        self.properties: dict[str, Any] = {"PERFORMANCE_HINT": performance_hint,
-                                           **({"INFERENCE_NUM_THREADS": num_threads}
-                                              if num_threads is not None else {}),
-                                           **dict(config or {})}
+        self.properties: dict[str, Any] = {"PERFORMANCE_HINT": performance_hint}
+        if num_threads is not None:
+            self.properties["INFERENCE_NUM_THREADS"] = num_threads
+        if device == "CPU":
+            # Pinned inference threads wait for their core when other processes run there:
+            # on a shared 2-core machine a pinned run took 2.5-5x as long (docs/openvino.md).
+            self.properties["ENABLE_CPU_PINNING"] = False
+        self.properties.update(config or {})
         self._maps = WeightMaps(gear_file)
         #: seconds each compile_model call took, and whether it came from the cache
         self.compile_seconds: list[float] = []
@@ -392,87 +397,122 @@ class OvModel(BackendModel):
 
 
 class OvSession(BackendSession):
-    """Per-executor infer requests, every gear's inputs bound to the staging buffer."""
+    """Per-executor infer requests: every gear's inputs bound to the staging buffer, its
+    outputs to the session's output buffers (both shared-memory tensors: OpenVINO reads and
+    writes them in place)."""
 
     def __init__(self, model: OvModel, layout: Any) -> None:
         self.model, self.layout = model, layout
         self.staging = aligned_buffer(max(int(layout.total_bytes), 1))
         info = model.info
-        self._outputs = len(info.output_names)
-        self._views: list[np.ndarray] = []  # what every bound tensor points at: kept alive
-        self._index = np.zeros((), np.int32)
+        gears = range(info.spec.gear_count)
+        # One buffer per output at its largest gear, viewed per gear (one gear runs at a time;
+        # in a shared-weights model the gears that do not run return empty outputs).
+        self._out_buffers = [
+            np.empty(max(info.output_size(g, k) for g in gears) // info.output_dtypes[k].itemsize
+                     or 1, dtype=info.output_dtypes[k])
+            for k in range(len(info.output_names))]
+        self._outputs = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
+            info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
+        self._big = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
+                     for outs in self._outputs]
+        self._index = np.zeros((), np.int32)  # the gear-index input of a shared model
         self._dynamic: Any = None
+        self._requests: list[Any] = []
+        self._ports: list[list[int]] = []  # [gear][output] -> output port of its request
         try:
-            if info.sink:
-                self._requests: list[Any] = []
-            elif model.share_weights:
-                request = model.gears.create_infer_request()
-                self._bind(request, GEAR_INDEX, self._index)
-                for g in range(info.spec.gear_count):
-                    for i, name in enumerate(info.spec.input_names):
-                        self._bind(request, f"{name}:g{g}", self._input_view(g, i))
-                self._requests = [request] * info.spec.gear_count
-            else:
-                self._requests = []
-                for g, compiled in enumerate(model.per_gear):
-                    request = compiled.create_infer_request()
-                    for i, name in enumerate(info.spec.input_names):
-                        self._bind(request, name, self._input_view(g, i))
-                    self._requests.append(request)
-        except BackendError:
-            raise
+            if not info.sink:
+                self._bind_gears()
         except Exception as exc:
             raise BackendError(f"OpenVINO could not create an infer request for "
                                f"{model.file.path}: {_first_line(exc)}") from exc
+        # What a run calls, looked up once: the C-level synchronous infer, in this thread (the
+        # Python wrapper adds its input dispatch; start_async + wait hop to OpenVINO's stream
+        # thread, which cost milliseconds on a loaded machine). It returns a dict of views of
+        # every output (about 4 us per output: G x K outputs in a shared-weights model).
+        self._infer = _pyov().InferRequest.infer
+
+    def _bind_gears(self) -> None:
+        model, info, k_out = self.model, self.model.info, len(self.model.info.output_names)
+        if model.share_weights:
+            request = model.gears.create_infer_request()
+            self._bind_input(request, GEAR_INDEX, self._index)
+        for g in range(info.spec.gear_count):
+            if not model.share_weights:
+                request = model.per_gear[g].create_infer_request()
+            ports = [g * k_out + k if model.share_weights else k for k in range(k_out)]
+            for i, name in enumerate(info.spec.input_names):
+                tag = f"{name}:g{g}" if model.share_weights else name
+                self._bind_input(request, tag, self._input_view(g, i))
+            for k, port in enumerate(ports):
+                request.set_output_tensor(port, self._tensor(self._outputs[g][k]))
+            self._requests.append(request)
+            self._ports.append(ports)
 
     def _input_view(self, g: int, i: int) -> np.ndarray:
         """Input i of gear g as the staging bytes it is staged into (shape and dtype)."""
         info, off, n = self.model.info, self.layout.offset(g, i), self.layout.nbytes(g, i)
-        shape = self.model.info.spec.shapes(g)[info.spec.input_names[i]]
+        shape = info.spec.shapes(g)[info.spec.input_names[i]]
         return self.staging[off:off + n].view(info.input_dtypes[i]).reshape(shape)
 
-    def _bind(self, request: Any, name: str, array: np.ndarray) -> None:
-        self._views.append(array)
-        request.set_tensor(name, self.model._ov.Tensor(array, shared_memory=True))
+    def _tensor(self, array: np.ndarray) -> Any:
+        """A tensor over ``array``'s memory. OpenVINO's tensor does not keep the array alive:
+        every array bound here is owned by this session (staging, output buffers)."""
+        return self.model._ov.Tensor(array, shared_memory=True)
 
-    def _infer(self, gear: int) -> Any:
-        request = self._requests[gear] if self._requests else None
-        if request is None:
-            raise BackendError(f"this executor's session of {self.model.file.path} is closed")
+    def _bind_input(self, request: Any, name: str, array: np.ndarray) -> None:
+        request.set_tensor(name, self._tensor(array))
+
+    def run_bound(self, gear: int) -> None:
+        """The bare run of gear ``gear`` on what is staged and bound (no copies around it)."""
+        try:
+            request = self._requests[gear]
+        except IndexError:
+            raise BackendError(f"this executor's session of {self.model.file.path} is "
+                               "closed") from None
         self._index[...] = gear
         try:
-            request.infer()
+            self._infer(request, {}, True, False)
         except Exception as exc:
             raise BackendError(f"OpenVINO run of gear {gear} "
                                f"{self.model.info.spec.gears[gear]} failed: "
                                f"{_first_line(exc)}") from exc
-        return request
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
-        request = self._infer(gear)
-        base = gear * self._outputs if self.model.share_weights else 0
-        outs = [request.get_output_tensor(base + k).data for k in range(self._outputs)]
-        expected = self.model.info.output_shapes[gear]
-        for k, (out, shape) in enumerate(zip(outs, expected, strict=True)):
-            if out.shape != shape:  # never a wrong shape, silently
-                raise BackendError(f"OpenVINO returned output "
-                                   f"{self.model.info.output_names[k]!r} of gear {gear} with "
-                                   f"shape {out.shape}, the gear map says {shape}")
-        return outs
+        """Gear ``gear``'s outputs, written by OpenVINO into this session's buffers (their
+        static shapes were checked against the gear maps at load)."""
+        self.run_bound(gear)
+        return self._outputs[gear]
 
-    def run_bound(self, gear: int) -> None:
-        """The bare ``infer`` of gear ``gear`` on what is staged and bound."""
-        self._infer(gear)
+    def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        """Big outputs are written by OpenVINO straight into fresh arrays bound for this one
+        run (no copy); small ones are copied out of the session's buffers."""
+        big = self._big[gear]
+        if not big or not self._requests:
+            return super().run_gear_owned(gear)
+        request, ports, outs = self._requests[gear], self._ports[gear], self._outputs[gear]
+        fresh = {k: np.empty(outs[k].shape, outs[k].dtype) for k in big}
+        try:
+            for k, f in fresh.items():
+                request.set_output_tensor(ports[k], self._tensor(f))
+            self.run_bound(gear)
+        finally:  # outside this call the request only ever points at the session's buffers
+            for k in fresh:
+                request.set_output_tensor(ports[k], self._tensor(outs[k]))
+        return [fresh[k] if k in fresh else o.copy() for k, o in enumerate(outs)]
 
     @property
     def has_bare_run(self) -> bool:
         return bool(self._requests)
 
+    def output_nbytes(self) -> int | None:
+        """Bytes of the session's output buffers (each output at its largest gear)."""
+        return int(sum(b.nbytes for b in self._out_buffers))
+
     def _run_whole(self, what: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         model = self.model
         if self._dynamic is None:
-            compiled = model.dynamic_model()
-            self._dynamic = compiled.create_infer_request()
+            self._dynamic = model.dynamic_model().create_infer_request()
         feeds = dict(zip(model.info.spec.input_names, arrays, strict=True))
         try:
             result = self._dynamic.infer(feeds)
@@ -493,8 +533,14 @@ class OvSession(BackendSession):
         return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
 
     def close(self) -> None:
-        self._requests = []
-        self._dynamic = None
+        self._requests, self._ports, self._dynamic = [], [], None
+
+
+def _pyov() -> Any:
+    """OpenVINO's pybind module (the C-level InferRequest methods, without the wrappers)."""
+    import openvino._pyopenvino as pyov
+
+    return pyov
 
 
 def _progress_bar(total: int, desc: str, progress: bool) -> Any:
