@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 
 InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
 
+#: The load option that sets a backend's intra-op threads (``threads=`` of :func:`bench_model`).
+THREADS_OPTION = {"onnxruntime": "intra_op_num_threads", "openvino": "num_threads"}
+
 
 # ---- what the comparison columns run -----------------------------------------------------------
 @dataclass
@@ -215,8 +218,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
 
             path = os.fspath(model)
             options: dict[str, Any] = {}
-            if threads is not None and backend == "onnxruntime":
-                options["intra_op_num_threads"] = threads
+            if threads is not None and backend in THREADS_OPTION:
+                options[THREADS_OPTION[backend]] = threads
             model = owned.enter_context(load(path, backend=backend, **options))
         else:
             path = repr(model)

@@ -36,7 +36,7 @@ def format_table(report: BenchReport) -> str:
         "",
         f"model: {report.model} ({report.backend}, {report.mode} mode), "
         f"{report.iterations} iterations after {report.warmup} warm-up, threads: {threads}",
-        *column_notes(report.copy, report.reference),
+        *column_notes(report.copy, report.reference, report.backend),
         f"memory: process RSS after load {format_bytes(report.rss_after_load_bytes)}; executor "
         f"staging {format_bytes(report.staging_bytes)} + outputs "
         f"{format_bytes(report.output_buffer_bytes)}",
@@ -44,8 +44,9 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def column_notes(copy: bool, reference: str | None) -> list[str]:
-    """What each column of the table includes: the lines printed under it."""
+def column_notes(copy: bool, reference: str | None,
+                 backend: str = "onnxruntime") -> list[str]:
+    """What each column of the table includes (on ``backend``): the lines printed under it."""
     if copy:
         execute = ("execute(copy=True) = gear match + input staging + backend run + outputs "
                    "returned in arrays the caller keeps")
@@ -59,10 +60,16 @@ def column_notes(copy: bool, reference: str | None) -> list[str]:
         "bare = the backend's run of the same gear on the executor's pre-bound buffers "
         "(no staging, no copy)",
         f"overhead us = median over iterations of (execute - bare): {overhead}",
-        "naive = session.run(None, feeds) on the model's session; dynamic = ONNX Runtime on the "
+        f"naive = {NAIVE.get(backend, NAIVE['onnxruntime'])}; dynamic = ONNX Runtime on the "
         f"original dynamic model ({reference or 'not known: pass --reference'}); "
         "x = their p50 / execute p50",
     ]
+
+
+#: What the naive column runs on each backend (BackendModel.naive_run).
+NAIVE = {"onnxruntime": "session.run(None, feeds) on the model's session",
+         "openvino": "OpenVINO's own dynamic-shape model of the source graph (x naive: what "
+                     "the static gears gain)"}
 
 
 __all__ = ["column_notes", "format_table"]
