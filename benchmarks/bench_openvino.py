@@ -1,0 +1,250 @@
+"""gear_runtime on OpenVINO vs OpenVINO's own dynamic-shape model vs ONNX Runtime, per gear.
+
+    python benchmarks/bench_openvino.py [--quick] [--threads 1,2] [--seconds S] [--workdir DIR]
+
+The model: the BERT-like encoder of ``gear_runtime.examples.encoder`` at BERT-base's sizes
+(12 layers, hidden 768, 438 MB of float32 weights, built here with onnx.helper and saved with
+its weights in a data file; ``--quick``: 4 layers of hidden 512, 94 MB), compiled with the
+sequence gears 32 / 64 / 128 / 256 (batch 1, dims mode, as a text service would).
+
+Measured side by side in ONE process per thread count, the runners interleaved per iteration
+in a shuffled order (the machine is shared: repeat the script and read ranges):
+
+* ``ov gears``: ``Executor.execute`` on ``backend="openvino"`` (the default: one compiled
+  model, the source graph reshaped per gear, the weights packed once);
+* ``ov branches``: the same with ``graphs="branches"`` (the gear file's static branches);
+* ``ov per-gear``: ``share_weights=False`` (one compiled model per gear);
+* ``ov dynamic``: OpenVINO's compiled dynamic-shape model of the source ONNX file, fed
+  through one infer request (what a service on plain OpenVINO runs);
+* ``ort``: ONNX Runtime's session of the source file.
+
+Goal: ``ov gears`` <= 0.85x ``ov dynamic`` per gear.
+
+Load, each in a FRESH process that imported everything first: wall time, compile time, RSS
+increase after one run of every gear, and the peak (VmHWM), for the plain OpenVINO dynamic
+model, gear_runtime's shared gears and its per-gear compiled models. Goal: the shared gears'
+RSS at most 1.5x the dynamic model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SEQS = (32, 64, 128, 256)
+MAX_RATIO = 0.85
+MAX_RSS_RATIO = 1.5
+#: What the backend sets on CPU besides the threads (gear_runtime/backends/openvino.py): the
+#: reference model runs with the same properties.
+OV_PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
+SIZES = {"full": {"hidden": 768, "layers": 12, "heads": 12, "vocab": 30522},
+         "quick": {"hidden": 512, "layers": 4, "heads": 8, "vocab": 8000}}
+
+
+def build(workdir: Path, size: str) -> dict[str, Any]:
+    """The encoder saved with external weights, and its gear file (compiled once)."""
+    import onnx
+
+    import gear_runtime as gr
+    from gear_runtime.examples.encoder import build_encoder_model
+
+    src = workdir / f"encoder_{size}.onnx"
+    if not src.exists():
+        model = build_encoder_model(**SIZES[size], max_positions=512)
+        onnx.save(model, str(src), save_as_external_data=True, location=src.name + ".data",
+                  size_threshold=1024)
+    spec = gr.GearSpec.from_atc(input_shape="input_ids:1,-1;attention_mask:1,-1",
+                                dynamic_dims=";".join(f"{s},{s}" for s in SEQS))
+    gear = workdir / f"encoder_{size}.gear.onnx"
+    if not gear.exists():
+        gr.compile(str(src), spec, str(gear), progress=False)
+    return {"source": src, "gear": gear, "spec": spec,
+            "weights": os.path.getsize(str(src) + ".data"), "vocab": SIZES[size]["vocab"]}
+
+
+def interleaved(runs: Sequence[Callable[[], Any]], budget_s: float, min_iter: int = 3,
+                warmup: int = 1) -> list[list[float]]:
+    """Every callable once per iteration, shuffled, until ``budget_s`` (at least
+    ``min_iter`` iterations after ``warmup``); seconds per call, per callable."""
+    rng = np.random.default_rng(0)
+    out: list[list[float]] = [[] for _ in runs]
+    for run in list(runs) * warmup:
+        run()
+    start, i = time.perf_counter(), 0
+    while i < min_iter or time.perf_counter() - start < budget_s:
+        for k in rng.permutation(len(runs)):
+            t0 = time.perf_counter()
+            runs[k]()
+            out[k].append(time.perf_counter() - t0)
+        i += 1
+    return out
+
+
+def ov_dynamic(source: Path, threads: int) -> Any:
+    """OpenVINO's compiled dynamic-shape model and one infer request on it."""
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(source)), "CPU",
+                                  {**OV_PROPERTIES, "INFERENCE_NUM_THREADS": threads})
+    return compiled, compiled.create_infer_request()
+
+
+def latency(m: dict[str, Any], threads: int, budget_s: float) -> list[dict[str, Any]]:
+    import onnxruntime as ort
+
+    import gear_runtime as gr
+    from gear_runtime.examples.encoder import encoder_inputs
+
+    spec = m["spec"]
+    common = {"backend": "openvino", "num_threads": threads, "progress": False}
+    ours = {"ov gears": gr.load(str(m["gear"]), **common),
+            "ov branches": gr.load(str(m["gear"]), graphs="branches", **common),
+            "ov per-gear": gr.load(str(m["gear"]), share_weights=False, **common)}
+    executors = {k: v.create_executor() for k, v in ours.items()}
+    _, request = ov_dynamic(m["source"], threads)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(m["source"]), so, providers=["CPUExecutionProvider"])
+    rows = []
+    for g in range(spec.gear_count):
+        feeds = encoder_inputs(spec.shapes(g), seed=g, vocab=m["vocab"])
+        want = session.run(None, feeds)[0]
+        runs: dict[str, Callable[[], Any]] = {
+            k: (lambda ex=ex, feeds=feeds: ex.execute(feeds)) for k, ex in executors.items()}
+        runs["ov dynamic"] = lambda feeds=feeds: request.infer(feeds)
+        runs["ort"] = lambda feeds=feeds: session.run(None, feeds)
+        for name, ex in executors.items():  # every runner computes the same thing
+            got = ex.execute(feeds)[0]
+            assert np.abs(got - want).max() < 1e-3, (name, np.abs(got - want).max())
+        times = interleaved(list(runs.values()), budget_s)
+        p50 = {k: float(np.median(t)) * 1e3 for k, t in zip(runs, times, strict=True)}
+        rows.append({"threads": threads, "gear": g, "seq": spec.gears[g][0], **p50,
+                     "iterations": len(times[0])})
+    for model in ours.values():
+        model.close()
+    return rows
+
+
+_CHILD = r"""
+import json, sys, time
+import numpy as np
+import openvino as ov
+import gear_runtime as gr
+from gear_runtime.backends import openvino as _ovb  # noqa: F401 (imports paid before)
+what, gear, source, shapes = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+def status(key):
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith(key + ":")).split()[1]) * 1024
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset VmHWM: the peak from here on is the load's
+rss0 = status("VmRSS")
+t0 = time.perf_counter()
+if what == "ov dynamic":
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(source), "CPU", {
+        "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
+    request = compiled.create_infer_request()
+    run = lambda feeds: request.infer(feeds)
+    compile_s = time.perf_counter() - t0
+else:
+    model = gr.load(gear, backend="openvino", num_threads=1, progress=False,
+                    share_weights=what == "ov gears")
+    ex = model.create_executor()
+    run = lambda feeds: ex.execute(feeds, copy=False)
+    compile_s = sum(model.backend_model.compile_seconds)
+seconds = time.perf_counter() - t0
+for shape in shapes:
+    run({n: np.ones(s, np.int64) for n, s in shape.items()})
+print(json.dumps({"seconds": seconds, "compile_s": compile_s, "rss": status("VmRSS") - rss0,
+                  "anon": status("RssAnon"), "peak": status("VmHWM") - rss0}))
+"""
+
+
+def load(m: dict[str, Any], repeats: int) -> dict[str, dict[str, float]]:
+    spec = m["spec"]
+    shapes = [{n: list(s) for n, s in spec.shapes(g).items()} for g in range(spec.gear_count)]
+    runs: dict[str, list[dict[str, float]]] = {"ov dynamic": [], "ov gears": [],
+                                                "ov per-gear": []}
+    for _ in range(repeats):  # alternate; best of repeats (least disturbed)
+        for what in runs:
+            out = subprocess.run([sys.executable, "-c", _CHILD, what, str(m["gear"]),
+                                  str(m["source"]), json.dumps(shapes)],
+                                 capture_output=True, text=True, check=True)
+            runs[what].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {k: {f: min(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
+
+
+def report(m: dict[str, Any], lat: list[dict[str, Any]], ld: dict[str, dict[str, float]],
+           size: str) -> int:
+    import onnxruntime as ort
+    import openvino as ov
+
+    from gear_runtime.tools.textfmt import format_table
+
+    print(f"\nmodel: BERT-like encoder ({size}), {m['weights'] / 2**20:.0f} MB of weights, "
+          f"seq gears {', '.join(map(str, SEQS))} (batch 1); OpenVINO {ov.__version__}, "
+          f"ONNX Runtime {ort.__version__}; p50 ms, interleaved\n")
+    names = ["ov gears", "ov branches", "ov per-gear", "ov dynamic", "ort"]
+    rows = [["threads", "seq", *names, "gears/dyn", "branches/dyn", "per-gear/dyn", "gears/ort",
+             "iters"]]
+    failed = 0
+    for r in lat:
+        ratio = r["ov gears"] / r["ov dynamic"]
+        failed += ratio > MAX_RATIO
+        rows.append([str(r["threads"]), str(r["seq"]), *(f"{r[n]:.1f}" for n in names),
+                     f"{ratio:.2f}", f"{r['ov branches'] / r['ov dynamic']:.2f}",
+                     f"{r['ov per-gear'] / r['ov dynamic']:.2f}",
+                     f"{r['ov gears'] / r['ort']:.2f}", str(r["iterations"])])
+    print("\n".join(format_table(rows, right=lambda c: c >= 2, rule=True)))
+    print(f"goal: gears/dyn <= {MAX_RATIO} per gear")
+    if ld:
+        base = ld["ov dynamic"]["rss"]
+        rows = [["", "load s", "compile s", "RSS MB", "x dynamic", "peak MB"]]
+        for k, v in ld.items():
+            rows.append([k, f"{v['seconds']:.1f}", f"{v['compile_s']:.1f}",
+                         f"{v['rss'] / 2**20:.0f}", f"{v['rss'] / base:.2f}",
+                         f"{v['peak'] / 2**20:.0f}"])
+        print("\nload, fresh process each, 1 thread, RSS after one run of every gear:")
+        print("\n".join(format_table(rows, right=lambda c: c >= 1, rule=True)))
+        rss_ratio = ld["ov gears"]["rss"] / base
+        print(f"goal: ov gears RSS <= {MAX_RSS_RATIO}x ov dynamic: {rss_ratio:.2f}x")
+        failed += rss_ratio > MAX_RSS_RATIO
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the 94 MB encoder, short budgets")
+    p.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
+    p.add_argument("--seconds", type=float, default=None, help="budget per gear and count")
+    p.add_argument("--repeats", type=int, default=2, help="fresh-process loads per variant")
+    p.add_argument("--no-load", action="store_true", help="skip the load measurements")
+    p.add_argument("--workdir", default=None, help="where the models go (default: a temp dir)")
+    args = p.parse_args(argv)
+    size = "quick" if args.quick else "full"
+    budget = args.seconds if args.seconds is not None else (3.0 if args.quick else 20.0)
+    with tempfile.TemporaryDirectory(prefix="bench_openvino_") as tmp:
+        workdir = Path(args.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        m = build(workdir, size)
+        lat = []
+        for t in (int(x) for x in args.threads.split(",")):
+            lat += latency(m, t, budget)
+        ld = {} if args.no_load else load(m, args.repeats)
+        return report(m, lat, ld, size)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
