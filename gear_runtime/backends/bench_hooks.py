@@ -1,7 +1,7 @@
 """Optional benchmark hooks: what ``gear-runtime bench`` compares ``execute`` with.
 
 They are not part of the backend interface (:mod:`gear_runtime.backends.base`): a backend
-implements them only where it has such runs to offer (today: ONNX Runtime). The bench
+implements them only where it has such runs to offer (today: ONNX Runtime and OpenVINO). The bench
 checks for them with ``isinstance`` (these protocols are ``runtime_checkable``) and leaves
 out the columns a backend does not offer.
 """
