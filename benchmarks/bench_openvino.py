@@ -34,12 +34,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from bench_scale import interleaved  # noqa: E402 (one interleaved loop for the benchmarks)
 
 SEQS = (32, 64, 128, 256)
 MAX_RATIO = 0.85
@@ -70,24 +74,6 @@ def build(workdir: Path, size: str) -> dict[str, Any]:
         gr.compile(str(src), spec, str(gear), progress=False)
     return {"source": src, "gear": gear, "spec": spec,
             "weights": os.path.getsize(str(src) + ".data"), "vocab": SIZES[size]["vocab"]}
-
-
-def interleaved(runs: Sequence[Callable[[], Any]], budget_s: float, min_iter: int = 3,
-                warmup: int = 1) -> list[list[float]]:
-    """Every callable once per iteration, shuffled, until ``budget_s`` (at least
-    ``min_iter`` iterations after ``warmup``); seconds per call, per callable."""
-    rng = np.random.default_rng(0)
-    out: list[list[float]] = [[] for _ in runs]
-    for run in list(runs) * warmup:
-        run()
-    start, i = time.perf_counter(), 0
-    while i < min_iter or time.perf_counter() - start < budget_s:
-        for k in rng.permutation(len(runs)):
-            t0 = time.perf_counter()
-            runs[k]()
-            out[k].append(time.perf_counter() - t0)
-        i += 1
-    return out
 
 
 def ov_dynamic(source: Path, threads: int) -> Any:
@@ -128,7 +114,7 @@ def latency(m: dict[str, Any], threads: int, budget_s: float) -> list[dict[str, 
         for name, ex in executors.items():  # every runner computes the same thing
             got = ex.execute(feeds)[0]
             assert np.abs(got - want).max() < 1e-3, (name, np.abs(got - want).max())
-        times = interleaved(list(runs.values()), budget_s)
+        times = interleaved(list(runs.values()), budget_s, min_iter=3, warmup=1)
         p50 = {k: float(np.median(t)) * 1e3 for k, t in zip(runs, times, strict=True)}
         rows.append({"threads": threads, "gear": g, "seq": spec.gears[g][0], **p50,
                      "iterations": len(times[0])})

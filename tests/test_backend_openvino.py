@@ -311,3 +311,64 @@ def test_outputs_are_written_in_place(tmp_path: Path, share: bool) -> None:
     ex.execute(feeds[0])  # another gear into the same buffers: what was kept stays
     for a, b in zip(kept, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_served_on_openvino_with_batching_equals_onnxruntime(tmp_path: Path) -> None:
+    """`gear-runtime serve --backend openvino`: tritonclient requests of batch 1 and 3,
+    batched into the batch gears on OpenVINO, answer what ONNX Runtime computes."""
+    from test_serving import CONV_SPEC, client, infer, live
+
+    from gear_runtime.serving.app import build_server
+    from gear_runtime.serving.runner import ServeOptions
+
+    source = CASES["conv_batch"][0]()
+    _, path = compiled(tmp_path, source, CONV_SPEC, "conv")
+    server = build_server([path], options=ServeOptions(backend="openvino", executors=2,
+                                                       max_batch_delay_ms=5))
+    rng = np.random.default_rng(0)
+    with live(server) as port:
+        c = client(port)
+        for batch in (1, 3, 8):
+            x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+            (got,) = infer(c, "conv", {"data": x}, ["logits"], binary=True)
+            np.testing.assert_allclose(got, run_model(source, {"data": x})[0],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_a_bench_profile_from_openvino_steers_padding(tmp_path: Path) -> None:
+    """bench on openvino gives a profile (with the OpenVINO-dynamic naive column); a profile
+    decides which covering gear execute(pad=True) runs."""
+    from gear_runtime.tools.bench.engine import bench_model
+
+    source = build_encoder_model(hidden=32, layers=1, heads=2, vocab=128)
+    spec, path = compiled(tmp_path, source, ENCODER_SEQ_SPEC, "encoder")
+    model = load(path, num_threads=1)
+    report = bench_model(model, iterations=3, warmup=1, progress=False,
+                         inputs=lambda m, g: encoder_inputs(m.spec.shapes(g), vocab=128))
+    assert report.backend == "openvino" and all(r.naive is not None for r in report.gears)
+    model.attach_profile(report)
+    assert model.profile == tuple(r.execute.p50 for r in report.gears)
+    model.attach_profile([5.0, 1.0, 9.0])  # gear (16, 16) the cheapest, whatever was timed
+    ex = model.create_executor()
+    ex.execute(encoder_inputs({"input_ids": (1, 5), "attention_mask": (1, 5)}, vocab=128),
+               pad=True)
+    assert ex.last_gear == 1
+
+
+def test_bench_threads_reach_openvino(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    from gear_runtime.tools.bench.engine import bench_model
+
+    _, path = compiled(tmp_path, heavy_model(), CASES["heavy"][1], "heavy")
+    seen: list[dict] = []
+    real = ovb.open_model
+
+    @functools.wraps(real)
+    def spy(*args: object, **kw: object) -> ovb.OvModel:
+        seen.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ovb, "open_model", spy)
+    bench_model(path, backend="openvino", threads=1, iterations=2, warmup=0, progress=False)
+    assert seen == [{"num_threads": 1}]

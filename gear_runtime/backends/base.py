@@ -116,6 +116,20 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     return np.ndarray((nbytes,), np.uint8, buffer=raw, offset=start)
 
 
+def output_buffers(info: ModelInfo, fresh_min_bytes: int
+                   ) -> tuple[list[np.ndarray], list[list[np.ndarray]], list[list[int]]]:
+    """A session's output memory: one buffer per output sized for its largest gear, the
+    per-gear views of them (``[gear][output]``, the gear's shapes) and, per gear, the
+    outputs of at least ``fresh_min_bytes`` (bound to fresh arrays by execute(copy=True))."""
+    gears = range(info.spec.gear_count)
+    buffers = [aligned_buffer(max(max(info.output_size(g, k) for g in gears), dt.itemsize))
+               .view(dt) for k, dt in enumerate(info.output_dtypes)]
+    views = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(info.output_shapes[g][k])
+              for k, buf in enumerate(buffers)] for g in gears]
+    big = [[k for k, o in enumerate(outs) if o.nbytes >= fresh_min_bytes] for outs in views]
+    return buffers, views, big
+
+
 # ---- checks every device backend makes -------------------------------------------------------
 def check_device_id(device_id: object) -> int:
     """``device_id`` when it is a non-negative int (not a bool); InputError otherwise."""

@@ -55,6 +55,7 @@ from gear_runtime.backends.base import (
     aligned_buffer,
     check_layout_fits,
     import_runtime,
+    output_buffers,
 )
 from gear_runtime.backends.onnxruntime import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, InputError
@@ -405,17 +406,10 @@ class OvSession(BackendSession):
         self.model, self.layout = model, layout
         self.staging = aligned_buffer(max(int(layout.total_bytes), 1))
         info = model.info
-        gears = range(info.spec.gear_count)
         # One buffer per output at its largest gear, viewed per gear (one gear runs at a time;
         # in a shared-weights model the gears that do not run return empty outputs).
-        self._out_buffers = [
-            np.empty(max(info.output_size(g, k) for g in gears) // info.output_dtypes[k].itemsize
-                     or 1, dtype=info.output_dtypes[k])
-            for k in range(len(info.output_names))]
-        self._outputs = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
-            info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
-        self._big = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
-                     for outs in self._outputs]
+        self._out_buffers, self._outputs, self._big = output_buffers(info,
+                                                                     FRESH_OUTPUT_MIN_BYTES)
         self._index = np.zeros((), np.int32)  # the gear-index input of a shared model
         self._dynamic: Any = None
         self._requests: list[Any] = []
