@@ -316,23 +316,27 @@ def test_outputs_are_written_in_place(tmp_path: Path, share: bool) -> None:
 def test_served_on_openvino_with_batching_equals_onnxruntime(tmp_path: Path) -> None:
     """`gear-runtime serve --backend openvino`: tritonclient requests of batch 1 and 3,
     batched into the batch gears on OpenVINO, answer what ONNX Runtime computes."""
-    from test_serving import CONV_SPEC, client, infer, live
+    pytest.importorskip("httptools")
+    triton = pytest.importorskip("tritonclient.http")
+    from serving_support import CONV_SPEC, HOST, live
 
-    from gear_runtime.serving.app import build_server
-    from gear_runtime.serving.runner import ServeOptions
+    from gear_runtime.serving import ServeOptions, build_server
 
     source = CASES["conv_batch"][0]()
     _, path = compiled(tmp_path, source, CONV_SPEC, "conv")
     server = build_server([path], options=ServeOptions(backend="openvino", executors=2,
                                                        max_batch_delay_ms=5))
     rng = np.random.default_rng(0)
-    with live(server) as port:
-        c = client(port)
+    with live(server) as running:
+        c = triton.InferenceServerClient(f"{HOST}:{running.port}", network_timeout=60)
         for batch in (1, 3, 8):
             x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
-            (got,) = infer(c, "conv", {"data": x}, ["logits"], binary=True)
-            np.testing.assert_allclose(got, run_model(source, {"data": x})[0],
-                                       rtol=1e-5, atol=1e-5)
+            given = triton.InferInput("data", list(x.shape), "FP32")
+            given.set_data_from_numpy(x, binary_data=True)
+            result = c.infer("conv", [given], outputs=[
+                triton.InferRequestedOutput("logits", binary_data=True)])
+            np.testing.assert_allclose(result.as_numpy("logits"),
+                                       run_model(source, {"data": x})[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_bench_profile_from_openvino_steers_padding(tmp_path: Path) -> None:
