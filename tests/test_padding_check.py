@@ -197,3 +197,16 @@ def test_check_padding_peak_memory_on_large_outputs(tmp_path) -> None:
                              capture_output=True, text=True, check=True, timeout=300)
         peaks[what] = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     assert peaks["check"] <= 1.3 * peaks["once"], peaks
+
+
+def test_progress_on_a_terminal_and_nothing_on_a_log(tmp_path, capsys, monkeypatch) -> None:
+    from gear_runtime.tools.bench import engine
+
+    source, gear = compiled(tmp_path, mean=False)
+    assert main(["check-padding", gear, source, "--samples", "3;5"]) == 0
+    assert capsys.readouterr().err == ""  # stderr is a file here: no bar in the log
+    monkeypatch.setattr(engine, "stderr_is_terminal", lambda: True)
+    assert main(["check-padding", gear, source, "--samples", "3;5"]) == 0
+    assert "check-padding" in capsys.readouterr().err  # the bar
+    assert main(["check-padding", gear, source, "--samples", "3;5", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
