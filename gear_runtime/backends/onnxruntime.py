@@ -429,7 +429,7 @@ class OrtSession(BackendSession, BenchSession):
         """Bytes of the preallocated output buffers (each output at its largest gear): host
         buffers on CPU, the device output arena on a device (host arrays are fresh per run)."""
         if self._device is not None:
-            return int(self._device.outputs.tensor_size_in_bytes())
+            return int(self._device.output_bytes)
         return int(sum(b.nbytes for b in self._out_buffers))
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:

@@ -184,6 +184,8 @@ class _Arena:
 
     def __init__(self, nbytes: int, device: tuple[str, int]) -> None:
         self.device, self._keep = device, []
+        #: device bytes held: the arena, plus the regions of their own when views fail
+        self.nbytes = max(int(nbytes), 1)
         self.value = _alloc(nbytes, device)
         self.base = int(self.value.data_ptr())
         self.shared = self._views_work()
@@ -200,6 +202,7 @@ class _Arena:
         """An OrtValue of ``nbytes`` (at least 1) at ``offset`` of the arena, or of its own."""
         if self.shared:
             return _view(self.base + offset, max(nbytes, 1), self.device, self._keep)
+        self.nbytes += max(int(nbytes), 1)
         return _alloc(nbytes, self.device)
 
 
@@ -244,7 +247,8 @@ class DeviceStaging:
         room = [max(info.output_size(g, k) for g in gears) for k in range(len(info.output_names))]
         self.output_offsets = [sum(_aligned(max(r, 1)) for r in room[:k])
                                for k in range(len(room))]
-        self.outputs = _alloc(sum(_aligned(max(r, 1)) for r in room), device)
+        self.output_bytes = sum(_aligned(max(r, 1)) for r in room)
+        self.outputs = _alloc(self.output_bytes, device)
         self.output_base = int(self.outputs.data_ptr())
         # per gear, per output: (shape, dtype), and whether it has any element to copy
         self._outs = [[(tuple(s), d, int(np.prod(s)) > 0) for s, d in zip(
@@ -257,11 +261,7 @@ class DeviceStaging:
     @property
     def nbytes(self) -> int:
         """Device bytes this executor holds for inputs and outputs (both arenas)."""
-        regions = 0 if self.inputs.shared else sum(
-            v.tensor_size_in_bytes() for v in [*filter(None, self.merged),
-                                               *(v for s in self.separate for v in s.values())])
-        return (self.inputs.value.tensor_size_in_bytes() + regions
-                + self.outputs.tensor_size_in_bytes())
+        return self.inputs.nbytes + self.output_bytes
 
     def input_ptr(self, g: int, i: int) -> tuple[str, int]:
         layout = self.layout
