@@ -1,15 +1,16 @@
-"""Per gear, on the built-in prefill example: the gear executor vs ONNX Runtime running the
-original dynamic-shape model vs the naive per-input ``session.run`` of the model's session.
+"""Per gear, on the built-in prefill example: the gear executor (ONE session over the source
+graph, bound at each gear's static shapes) vs ONNX Runtime running the original
+dynamic-shape model vs the naive per-input ``session.run`` of the model's session.
 
     python benchmarks/bench_gears.py [--iterations N] [--threads N]
 
 All columns are measured in the same run, interleaved per iteration in a shuffled order, on
 the same inputs and with the same number of ORT threads (gear_runtime.tools.bench.engine).
 The ratios are reported without a target: the project states none for them, and on ONNX
-Runtime's CPU provider a static-shape branch is not expected to beat the same graph run with
-dynamic shapes by much (ORT's CPU kernels are the same; only per-run shape work differs). The runtime's own
-overhead per call (execute minus the backend's bare run of the same pre-bound branch) is
-reported too. Realistic sizes (tens to hundreds of MB of weights) are in bench_scale.py.
+Runtime's CPU provider the graph at a gear's static shapes is not expected to beat the same
+graph run with dynamic shapes by much (ORT's CPU kernels are the same; only per-run shape
+work differs). The runtime's own overhead per call (execute minus the backend's bare run of
+the same pre-bound gear) is reported too. Realistic sizes (tens to hundreds of MB of weights) are in bench_scale.py.
 """
 
 from __future__ import annotations

@@ -96,10 +96,10 @@ void ExecutorCore::check_layout(const Layout& layout) const {
   if (layout.input_count() != n) {
     throw_input("layout has " + str(layout.input_count()) + " inputs, the model has " + str(n));
   }
-  if (layout.dims_nbytes() != 4 * width) {
+  if (layout.dims_nbytes() != 4 * width && layout.dims_nbytes() != 0) {
     throw_input("layout dims buffer has " + str(layout.dims_nbytes()) +
                 " bytes, the model's gears have " + str(width) + " values (" + str(4 * width) +
-                " bytes as int32)");
+                " bytes as int32; or 0: no dims buffer)");
   }
   for (size_t g = 0; g < dispatch_.gear_count(); ++g) {
     for (size_t i = 0; i < n; ++i) {
@@ -202,13 +202,13 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
   const int64_t* gear_values = dispatch_.table().gear(gear);
   const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
   for (size_t i = 0; i < n; ++i) set_source(gear, i, arrays[i], padded, scratch.sources[i]);
-  stager_.check(gear, scratch.sources, n, gear_values, width, names_.data());
+  stager_.check(gear, scratch.sources, n, gear_values, staged_values(), names_.data());
   return gear;
 }
 
 void ExecutorCore::copy_prepared(size_t gear, const StageSource* sources,
                                  size_t n) const noexcept {
-  stager_.copy(gear, sources, n, dispatch_.table().gear(gear), dispatch_.values_per_gear());
+  stager_.copy(gear, sources, n, dispatch_.table().gear(gear), staged_values());
 }
 
 void ExecutorCore::finish(size_t gear, const int64_t* values) {

@@ -1,6 +1,6 @@
 // ExecutorCore: one executor's hot path in plain C++ -- dims from the request, the gear (exact
 // O(1) match, or the cheapest covering gear when padding), every check, then one copy of all
-// inputs (padded where the gear is larger) and the int32 dims into the staging buffer.
+// inputs (padded where the gear is larger) and, where the layout has one, the int32 dims buffer.
 //
 // No Python here: requests come in as ArrayViews (pointers, shapes, a dtype verdict) and
 // values as spans. The binding converts Python objects into these and releases the GIL around
@@ -44,10 +44,11 @@ Layout plan_layout_checked(const std::vector<std::vector<int64_t>>& input_nbytes
 class ExecutorCore {
  public:
   // Every input needs an itemsize > 0 (else Error kind "input"); then GearDispatch's checks
-  // of `positions` and `gears`. The layout must have the model's gears and inputs, a dims
-  // buffer of 4 bytes per value and slots large enough for every gear's shapes; [staging,
-  // staging + size) must hold the layout (kind "input"). The core does not own the staging
-  // buffer.
+  // of `positions` and `gears`. The layout must have the model's gears and inputs, slots
+  // large enough for every gear's shapes, and a dims buffer of 4 bytes per value -- or none
+  // (dims_count 0), for a backend that never reads ascend_mbatch_shape_data: then stage()
+  // writes no dims; [staging, staging + size) must hold the layout (kind "input"). The core
+  // does not own the staging buffer.
   ExecutorCore(std::vector<InputSpec> inputs,
                const std::vector<std::vector<int64_t>>& positions,
                const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
@@ -85,8 +86,8 @@ class ExecutorCore {
   // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
   // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
   // or with `pad` cover); dtypes (kind "input"); every slot check of Stager::check. Then
-  // around(copy), where copy() moves every byte (padded inputs with their pad values) and
-  // must be called exactly once; the binding runs it with the GIL released. Returns the
+  // around(copy), where copy() moves every byte (padded inputs with their pad values, the
+  // dims where the layout has a dims buffer) and must be called exactly once; the binding runs it with the GIL released. Returns the
   // gear; last_values / last_request change only on success. Not thread-safe, like any
   // plain C++ object: one caller at a time (the Python Executor's ownership lock is the one
   // guard). Each call keeps its own scratch, so that even concurrent misuse through Python
@@ -127,6 +128,10 @@ class ExecutorCore {
                   StageSource& src) const;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
+  // The values stage() writes as the int32 dims buffer: all of them, or none without one.
+  size_t staged_values() const noexcept {
+    return stager_.layout().dims_nbytes() ? dispatch_.values_per_gear() : 0;
+  }
 
   std::vector<InputSpec> inputs_;
   std::vector<std::string> names_;  // inputs_[i].name, contiguous for Stager's messages

@@ -245,7 +245,7 @@ class ExecutorCore:
                    for i, (s, dt) in enumerate(zip(shapes, self._dtypes, strict=True))) \
             if layout.gear_count == len(self._gears) \
             and layout.input_count == len(self._names) else False
-        if not fits or layout.dims_nbytes != 4 * self._dims.width \
+        if not fits or layout.dims_nbytes not in (0, 4 * self._dims.width) \
                 or staging.dtype != np.uint8 or not staging.flags.c_contiguous \
                 or not staging.flags.writeable or staging.nbytes < layout.total_bytes:
             raise _input("the layout or staging buffer does not fit the model")
@@ -377,9 +377,10 @@ class ExecutorCore:
                 slot[tuple(slice(0, d) for d in src.shape)] = src
             elif src.nbytes and _address(src) != _address(self._flat) + start:
                 self._flat[start:start + src.nbytes] = src.reshape(-1).view(np.uint8)
-        start = self.layout.dims_offset(gear)
-        dims = np.asarray(self._gears[gear], dtype="<i4").view(np.uint8)
-        self._flat[start:start + dims.size] = dims
+        if self.layout.dims_nbytes:  # a layout without a dims buffer stages no dims
+            start = self.layout.dims_offset(gear)
+            dims = np.asarray(self._gears[gear], dtype="<i4").view(np.uint8)
+            self._flat[start:start + dims.size] = dims
         self.last_values, self.last_request = self._gears[gear], values
         return gear
 

@@ -395,7 +395,8 @@ def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
         (dict(layout=impl.plan_layout([[80, 16]], 2)), gr.InputError,
          "layout has 1 gears, the model has 2"),
         (dict(layout=impl.plan_layout([[80, 16], [160, 32]], 1)), gr.InputError,
-         "layout dims buffer has 4 bytes, the model's gears have 2 values (8 bytes as int32)"),
+         "layout dims buffer has 4 bytes, the model's gears have 2 values (8 bytes as int32; or "
+         "0: no dims buffer)"),
         (dict(staging=np.zeros(good.total_bytes - 1, np.uint8)), gr.InputError,
          f"staging buffer has {good.total_bytes - 1} bytes, the layout needs "
          f"{good.total_bytes}"),

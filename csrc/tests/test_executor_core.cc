@@ -159,6 +159,28 @@ TEST(core_stage_keeps_its_scratch_per_call) {
   CHECK_EQ(at<int32_t>(m, m.layout.dims_offset(0), 0), 2);
 }
 
+TEST(core_without_a_dims_buffer_writes_no_dims) {
+  // A backend that never reads ascend_mbatch_shape_data (ONNX Runtime) plans its layout with
+  // dims_count 0: the core stages the inputs and nothing after them.
+  const Layout layout = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 0, 131072, 64);
+  CHECK_EQ(layout.dims_nbytes(), 0u);
+  std::vector<uint8_t> staging(layout.total_bytes() + 64, 0xEE);
+  ExecutorCore core({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+                    {{0, 1, 0}, {1, 0, 0}}, {{2}, {4}, {8}}, layout, staging.data(),
+                    staging.size());
+  Request r(4);
+  CHECK_EQ(core.stage(r.views, 2, nullptr, false), 1u);
+  const size_t end = layout.offset(1, 1) + layout.nbytes(1, 1);
+  for (size_t b = end; b < staging.size(); ++b) CHECK_EQ(staging[b], 0xEE);
+  CHECK(core.last_values() == std::vector<int64_t>{4});
+  const Layout three = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 3, 131072, 64);
+  std::vector<uint8_t> big(three.total_bytes());
+  CHECK_THROWS_ERROR(ExecutorCore({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+                                  {{0, 1, 0}, {1, 0, 0}}, {{2}, {4}, {8}}, three, big.data(),
+                                  big.size()),
+                     "input", "145000", "layout dims buffer has 12 bytes");
+}
+
 TEST(core_stage_of_many_inputs_uses_heap_scratch) {
   // More inputs than the stack scratch holds: the same results, from the heap.
   const size_t n = 20;

@@ -76,6 +76,11 @@ class BackendModel(ABC):
     #: with them; ``fusion_size`` always comes from the user's ``input_fusion_size``. Empty:
     #: plan_layout's defaults (GE's packed staging). Read-only: never mutate it.
     layout_options: ClassVar[dict[str, int]] = {}
+    #: Whether the backend reads the int32 dims buffer (``ascend_mbatch_shape_data``) from
+    #: the staging layout, as GE's merged copy hands it to the device. Where it does not
+    #: (ONNX Runtime runs the source graph at the gear's shapes; MindSpore Lite takes the
+    #: inputs alone), the layout has no dims buffer and nothing is staged for it.
+    stages_dims: ClassVar[bool] = True
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:

@@ -166,6 +166,9 @@ class MsliteModel(BackendModel):
     """A MindIR built for Ascend, its gears (from the spec) and per-gear output shapes."""
 
     name = "mindspore_lite"
+    #: predict() takes the inputs alone (MindSpore Lite selects the gear from their shapes
+    #: after resize): no dims buffer is staged.
+    stages_dims = False
 
     def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0) -> None:
         check_model_file(path)

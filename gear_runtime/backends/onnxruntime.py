@@ -1,6 +1,6 @@
 """ONNX Runtime backend: gear files on CPU, and on CUDA with one CUDA graph per gear.
 
-Shape of the backend (docs/architecture.md has the measurements behind each choice):
+Shape of the backend (docs/architecture.md says why; the figures come from benchmarks/):
 
 * ONE ``InferenceSession`` per model, over the source graph the gear file keeps, with ORT's
   weight prepacking ON: the weights are loaded (or mapped, from the data file beside the gear
@@ -13,8 +13,10 @@ Shape of the backend (docs/architecture.md has the measurements behind each choi
   differs from a bound buffer's, so a wrong shape can never come back silently). A run is
   one ``run_with_iobinding`` through the C binding (the public Python wrapper adds tens of us
   of checks per call). On CPU the staging buffer is what the session reads: no further copy.
-* The per-gear static branches stay in the file (they give the gear -> output shape maps, as
-  in DavinciModel) and stay runnable: :meth:`GearFile.runnable`.
+* So a gear runs as the source graph at its static shapes. The per-gear ``Batch_<i>``
+  branches stay in the file (they give the gear -> output shape maps, as in DavinciModel;
+  the compiler's tests run them against the source) and are never run here; nor is the int32
+  dims buffer read (``stages_dims = False``: the layout has none).
 * CUDA: the merged span of the staging buffer goes to the device in ONE copy; inputs too large
   to merge are copied one by one (GE's CopyInputDataWithMergeH2D). With ``cuda_graph=True``
   every (executor, gear) pair gets its own graph id in the one session (run option
@@ -137,6 +139,9 @@ class OrtModel(BackendModel, BenchModel):
     benchmark hooks (:class:`~gear_runtime.backends.bench_hooks.BenchModel`)."""
 
     name = "onnxruntime"
+    #: The one session runs the source graph at the gear's static shapes (bound per gear):
+    #: no graph input reads ascend_mbatch_shape_data, so nothing is staged for it.
+    stages_dims = False
 
     def __init__(self, gear_file: GearFile, providers: Sequence[Any] | None, cuda_graph: bool,
                  device_id: int, intra_op_num_threads: int | None,

@@ -120,7 +120,8 @@ class GearModel:
         nbytes = self._input_nbytes()
         self._check_outputs()
         options = {**self._backend.layout_options, "fusion_size": input_fusion_size}
-        layout = core.plan_layout(nbytes, self.spec.values_per_gear, **options)
+        dims = self.spec.values_per_gear if self._backend.stages_dims else 0
+        layout = core.plan_layout(nbytes, dims, **options)
         for g in range(layout.gear_count):  # the staging buffer is as large as its largest gear
             ends = [layout.offset(g, i) + layout.nbytes(g, i) for i in range(layout.input_count)]
             end = max([*ends, layout.dims_offset(g) + layout.dims_nbytes])
