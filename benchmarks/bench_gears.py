@@ -10,7 +10,8 @@ The ratios are reported without a target: the project states none for them, and 
 Runtime's CPU provider the graph at a gear's static shapes is not expected to beat the same
 graph run with dynamic shapes by much (ORT's CPU kernels are the same; only per-run shape
 work differs). The runtime's own overhead per call (execute minus the backend's bare run of
-the same pre-bound gear) is reported too. Realistic sizes (tens to hundreds of MB of weights) are in bench_scale.py.
+the same pre-bound gear) is reported too. Realistic sizes (tens to hundreds of MB of
+weights) are in bench_scale.py.
 """
 
 from __future__ import annotations
