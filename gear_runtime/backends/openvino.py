@@ -253,6 +253,9 @@ class OvModel(BackendModel):
     plus the dynamic-shape graph of a hybrid file or the whole graph of a sink file."""
 
     name = "openvino"
+    #: The infer requests bind the inputs alone (the gear is the request's, one per gear):
+    #: no dims buffer is staged.
+    stages_dims = False
 
     def __init__(self, gear_file: GearFile, *, device: str, share_weights: bool | None,
                  graphs: str, num_threads: int | None, performance_hint: str,
