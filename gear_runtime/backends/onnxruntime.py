@@ -164,9 +164,6 @@ class OrtModel(BackendModel, BenchModel):
         #: asked, or it runs with them)
         self.cuda_graph_refused: str | None = None
         self._use_graphs(cuda_graph)
-        # The data file's digest is checked while ORT builds the session (both release the
-        # GIL); a mismatch fails the load and drops the session.
-        data_checked = gear_file.verify_data_in_background()
         if self.info.sink:
             assert gear_file.model_bytes is not None
             graph = gear_file.model_bytes  # runnable as it is; the dims come out last
@@ -181,12 +178,10 @@ class OrtModel(BackendModel, BenchModel):
             hazards = capture_hazards(proto.graph)
             if hazards:
                 self._without_graphs("; ".join(hazards))
-        try:
-            session = self._create(graph)
-        except BackendError:
-            data_checked()  # a corrupt data file is the cause to report, not ORT's symptom
-            raise
-        data_checked()
+        # ORT reads the data file by path: checked_load hashes it beside the session build
+        # (both release the GIL) and proves afterwards that the path still named the file
+        # hashed, unchanged; else the load fails and the session is dropped.
+        session = gear_file.checked_load(lambda: self._create(graph))
         self.session: ort.InferenceSession | None = session
         self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
 
@@ -227,7 +222,7 @@ class OrtModel(BackendModel, BenchModel):
         so.log_severity_level = 4
         if self._threads is not None:
             so.intra_op_num_threads = self._threads
-        so.add_session_config_entry(EXTERNAL_FOLDER_KEY, self.file.folder)
+        so.add_session_config_entry(EXTERNAL_FOLDER_KEY, self.file.data_folder)
         for key, val in self._config.items():
             so.add_session_config_entry(key, val)
         try:

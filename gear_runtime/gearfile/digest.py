@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -115,28 +117,46 @@ def parse_digest(text: str) -> tuple[str, str, dict[str, DataDigest]]:
 
 
 def hash_file(path: str) -> tuple[str, int]:
-    """(xxh3_128 hex, size) of the regular file ``path``, read in chunks into one buffer.
-    OSError when it cannot be read or is not a regular file."""
+    """(xxh3_128 hex, size) of the regular file ``path`` as it is when opened (bytes appended
+    meanwhile are not read). OSError when it cannot be read or is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return _hash_fd(fd, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _hash_fd(fd: int, limit: int) -> tuple[str, int]:
+    """(xxh3_128 hex, bytes read) of the open file ``fd`` from offset 0, reading at most
+    ``limit`` bytes (a file that grows meanwhile cannot keep the hash going), by positional
+    reads into one reusable buffer (the descriptor's own offset is not used)."""
     h = xxhash.xxh3_128()
     buf = bytearray(_HASH_CHUNK)
     view = memoryview(buf)
     size = 0
-    with open(path, "rb", buffering=0) as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        while n := f.readinto(view):
-            h.update(view[:n])
-            size += n
+    while size < limit:
+        want = min(_HASH_CHUNK, limit - size)
+        if _preadv is not None:
+            n = _preadv(fd, [view[:want]], size)
+            chunk = view[:n]
+        else:  # no preadv on this platform: pread allocates each chunk
+            chunk = memoryview(os.pread(fd, want, size))
+            n = len(chunk)
+        if not n:
+            break
+        h.update(chunk)
+        size += n
     return h.hexdigest(), size
 
 
-def verify_data_file(path: str, want: DataDigest) -> None:
-    """Hash ``path`` and compare with ``want``; GearFileError naming the file on a mismatch
-    or when it cannot be read."""
-    try:
-        digest, size = hash_file(path)
-    except OSError as exc:
-        raise GearFileError(f"data file {path!r} cannot be read: {exc.strerror or exc}") from None
+_preadv = getattr(os, "preadv", None)
+
+
+def _compare(path: str, want: DataDigest, digest: str, size: int) -> None:
+    """GearFileError naming ``path`` unless (``digest``, ``size``) is what compile recorded."""
     if size != want.size:
         raise GearFileError(f"data file {path!r} is corrupt: {size} bytes, compile wrote "
                             f"{want.size}; recompile the model or restore the file")
@@ -144,6 +164,113 @@ def verify_data_file(path: str, want: DataDigest) -> None:
         raise GearFileError(f"data file {path!r} is corrupt: its content changed since compile "
                             f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
                             "restore the file")
+
+
+#: Linux's CLOCK_REALTIME_COARSE (Python names no constant for it): the clock the kernel
+#: takes file times from, at its tick (1-10 ms).
+_CLOCK_REALTIME_COARSE = 5
+#: Retries (and the pause between them) while a just-changed data file settles: one tick.
+_SETTLE_TRIES = 5
+_SETTLE_PAUSE_S = 0.002
+#: A change time that is a whole number of microseconds is taken to come from a file system
+#: with coarse timestamps (whole seconds: FAT, some network file systems), whose granule
+#: may hide a second change within it.
+_COARSE_GRANULE_NS = 2 * 10**9
+
+
+def _clock_ns() -> int:
+    """A time no later than what the kernel would stamp a file change with right now."""
+    if sys.platform.startswith("linux"):
+        return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+    return time.time_ns() - 10**7  # elsewhere: the wall clock, less a margin for its tick
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What any change to a file alters: which file it is, its size, its modification time
+    and its change time (a write, a truncation, a rename, a link, an unlink or a chmod all set
+    the change time, and nobody can set it back)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class HeldDataFile:
+    """One data file, opened ONCE for a load, so that what a runtime reads BY PATH (ONNX
+    Runtime opens the data file itself) can be proven to be what was hashed.
+
+    Opening records the file's identity (:func:`_identity`) once its change time is older
+    than the clock's current tick ("settled"): every later change then stamps a different
+    change time. :meth:`verify` hashes the held file through its descriptor (a concurrent
+    rename cannot swap what it reads); :meth:`check_unchanged`, after the runtime has read
+    the file, requires the held file to be unchanged and the path to still name it. A file
+    that did not settle (changed again within one tick of the open, or on a file system with
+    coarse timestamps) is hashed a second time at the end.
+
+    Not covered: a process that already holds a writable shared mapping of the file (its
+    writes may not stamp times), a file system whose times do not follow these rules
+    (some network file systems cache them), and anything after the load (ONNX Runtime maps
+    the data file and reads some weights from it later).
+    """
+
+    def __init__(self, path: str, want: DataDigest) -> None:
+        self.path = path
+        self.want = want
+        try:
+            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise GearFileError(f"data file {path!r} cannot be read: "
+                                f"{exc.strerror or exc}") from None
+        try:
+            self.stat, self.settled = self._settle()
+            if not stat.S_ISREG(self.stat.st_mode):
+                raise GearFileError(f"data file {path!r} is not a regular file")
+        except BaseException:
+            self.close()
+            raise
+
+    def _settle(self) -> tuple[os.stat_result, bool]:
+        for _ in range(_SETTLE_TRIES):
+            now = _clock_ns()  # read BEFORE the stat: a change after the stat is stamped >= now
+            st = os.fstat(self.fd)
+            coarse = st.st_ctime_ns % 1000 == 0
+            if st.st_ctime_ns + (_COARSE_GRANULE_NS if coarse else 0) < now:
+                return st, True
+            if coarse:
+                break  # waiting a tick would not help; the end check hashes again
+            time.sleep(_SETTLE_PAUSE_S)
+        return st, False
+
+    def verify(self) -> None:
+        """Hash the held file; GearFileError naming it unless it is what compile recorded."""
+        try:
+            digest, size = _hash_fd(self.fd, self.want.size + 1)
+            if size > self.want.size:
+                size = os.fstat(self.fd).st_size
+        except OSError as exc:
+            raise GearFileError(f"data file {self.path!r} cannot be read: "
+                                f"{exc.strerror or exc}") from None
+        _compare(self.path, self.want, digest, size)
+
+    def check_unchanged(self, rehash: bool = True) -> None:
+        """GearFileError unless, since the open, the held file is unchanged and the path still
+        names it (so whatever opened the path meanwhile read the bytes :meth:`verify`
+        hashed); a file that did not settle is hashed again (unless not ``rehash``)."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            now = None
+        held = os.fstat(self.fd)
+        if (_identity(held) != _identity(self.stat) or now is None
+                or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)):
+            raise GearFileError(
+                f"data file {self.path!r} changed while the model was loading (replaced, "
+                "moved, linked or written meanwhile): nothing read from it is used; load "
+                "the model again once the file is in place")
+        if rehash and not self.settled:
+            self.verify()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def check_file(path: str, blob: bytes, model: onnx.ModelProto,

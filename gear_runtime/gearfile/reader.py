@@ -21,20 +21,21 @@ import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from gear_runtime.errors import GearFileError, GearSpecError
+from gear_runtime.gearfile import format as fmt
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.digest import (
     DataDigest,
+    HeldDataFile,
     check_file,
     digest_placeholder,
     seal_digest,
-    verify_data_file,
 )
 from gear_runtime.gearfile.digest import parse_digest as _parse_digest
 from gear_runtime.gearfile.external_data import (
@@ -42,15 +43,17 @@ from gear_runtime.gearfile.external_data import (
     ExternalSpan,
     check_external,
     is_external,
+    relocate,
 )
 from gear_runtime.gearfile.format import META_DIGEST
 from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
-from gear_runtime.gearfile import format as fmt
 from gear_runtime.spec import GearSpec
 
 #: META_DIGEST (home: gearformat), digest_placeholder, seal_digest and _parse_digest (home:
 #: digest) are re-exported because benchmarks/fuzz_gearfile.py reads them from here.
+T = TypeVar("T")
+
 __all__ = ["META_DIGEST", "GearFile", "_parse_digest", "digest_placeholder", "read_gear_file",
            "seal_digest"]
 
@@ -93,6 +96,9 @@ class GearFile:
     external: dict[str, ExternalSpan]
     dynamic: onnx.ModelProto | None
     model_bytes: bytes | None
+    #: the gear file's folder with every symlink resolved when the file was read: where a
+    #: runtime resolves the external data (a symlink flipped later cannot redirect it).
+    data_folder: str
     #: every data file (resolved path) -> the digest compile recorded; checked by
     #: :meth:`verify_data` (the gear file itself is checked by the reader).
     data_digests: Mapping[str, DataDigest] = field(default_factory=dict)
@@ -127,31 +133,35 @@ class GearFile:
     def verify_data(self) -> None:
         """Hash every data file and compare with the digest compile recorded; GearFileError
         naming the file that changed. Reads the files in chunks (no mapping, no copy kept)."""
-        for path, want in sorted(self.data_digests.items()):
-            verify_data_file(path, want)
+        self.checked_load(lambda: None)
 
-    def verify_data_in_background(self) -> Callable[[], None]:
-        """Start :meth:`verify_data` in a thread (the hash releases the GIL, so it runs beside
-        a runtime that loads the model meanwhile); the returned callable waits for it and
-        raises what it raised."""
-        errors: list[BaseException] = []
+    def checked_load(self, build: Callable[[], T]) -> T:
+        """Run ``build`` -- a runtime reading this file's data files BY PATH, as ONNX Runtime
+        does when it creates a session -- and return what it returned only when what it could
+        have read is what compile recorded.
 
-        def run() -> None:
+        Every data file is opened once before ``build`` starts and hashed through that
+        descriptor in a thread while ``build`` runs (the hash releases the GIL); afterwards
+        each must be unchanged and still be the file its path names
+        (:class:`~gear_runtime.gearfile.digest.HeldDataFile`). So a data file replaced,
+        moved, linked, truncated or written during the load ends in a GearFileError, never
+        in other weights. When ``build`` fails, a corrupt or changed data file is the error
+        raised (the cause, not the runtime's symptom); else ``build``'s own error."""
+        held: list[HeldDataFile] = []
+        try:
+            for path, want in sorted(self.data_digests.items()):
+                held.append(HeldDataFile(path, want))
+            wait = _in_thread([h.verify for h in held])
             try:
-                self.verify_data()
-            except BaseException as exc:  # handed to the waiting thread
-                errors.append(exc)
-
-        if not self.data_digests:
-            return lambda: None
-        thread = threading.Thread(target=run, name="gear-data-digest", daemon=True)
-        thread.start()
-
-        def wait() -> None:
-            thread.join()
-            if errors:
-                raise errors[0]
-        return wait
+                result = build()
+            except BaseException:
+                _verdict(held, wait)
+                raise
+            _verdict(held, wait)
+            return result
+        finally:
+            for h in held:
+                h.close()
 
     def weight_array(self, name: str) -> np.ndarray:
         """Weight ``name``'s values (read from the data file for an external one)."""
@@ -164,14 +174,18 @@ class GearFile:
 
     def runnable(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """A copy of ``model`` (a branch, or the dynamic model) with the weights it reads as
-        its own initializers, external ones still pointing to the data file: run it with the
-        data file's folder as ONNX Runtime's external-data folder
-        (``session.model_external_initializers_file_folder_path`` = :attr:`folder`)."""
+        its own initializers, external ones pointing to the data file as checked (relative to
+        :attr:`data_folder`, the resolved path the digest is checked on): run it with that
+        folder as ONNX Runtime's external-data folder
+        (``session.model_external_initializers_file_folder_path`` = :attr:`data_folder`)."""
         out = onnx.ModelProto()
         out.CopyFrom(model)
         declared = {t.name for t in out.graph.initializer}
-        out.graph.initializer.extend(self.weights[n] for n in self.weight_names_of(model)
-                                     if n not in declared)
+        added = [n for n in self.weight_names_of(model) if n not in declared]
+        out.graph.initializer.extend(self.weights[n] for n in added)
+        for t in out.graph.initializer[len(out.graph.initializer) - len(added):]:
+            if t.name in self.external:
+                relocate(t, os.path.relpath(self.external[t.name].path, self.data_folder))
         return out
 
     @property
@@ -200,6 +214,44 @@ class GearFile:
         """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
         return tuple(sorted(referenced_names(model.graph) & self.weights.keys()))
 
+
+
+def _verdict(held: Sequence[HeldDataFile], wait: Callable[[], None]) -> None:
+    """The held data files' verdict once a runtime has read them: a file that changed while
+    loading says so (a hash that failed because the file changed under it would only say
+    "corrupt"); else the hash's mismatch, if any; else each file's end check."""
+    try:
+        wait()
+    except GearFileError:
+        for h in held:
+            h.check_unchanged(rehash=False)
+        raise
+    for h in held:
+        h.check_unchanged()
+
+
+def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """Start ``calls`` one after the other in a thread; the returned callable waits for them
+    and raises the first error one raised (nothing to do: no thread)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for call in calls:
+                call()
+        except BaseException as exc:  # handed to the waiting thread
+            errors.append(exc)
+
+    if not calls:
+        return lambda: None
+    thread = threading.Thread(target=run, name="gear-data-digest", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+    return wait
 
 
 def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
@@ -285,6 +337,7 @@ class _Reader:
             raise self.fail(f"metadata {fmt.META_HYBRID!r} is {hybrid!r} but the spec says "
                             f"hybrid={spec.hybrid}")
         self.spec = spec
+        self.folder = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
         self.opsets = [o for o in self.model.opset_import if o.domain != fmt.DOMAIN]
         self.weights, self.external = self._weights()
         self.data_digests = self._data_digests(recorded)
@@ -319,8 +372,7 @@ class _Reader:
         """The recorded data-file digests by resolved path. Every external weight must be in
         a recorded file, every recorded file read by a weight and of the recorded size (a
         cheap check here; the content is hashed by :meth:`GearFile.verify_data`)."""
-        root = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
-        out = {os.path.realpath(os.path.join(root, n)): d for n, d in recorded.items()}
+        out = {os.path.realpath(os.path.join(self.folder, n)): d for n, d in recorded.items()}
         for name, span in self.external.items():
             if span.path not in out:
                 raise self.fail(f"weight {name!r} is in {span.path!r}, a data file without a "
@@ -339,7 +391,6 @@ class _Reader:
     def _weights(self) -> tuple[dict[str, onnx.TensorProto], dict[str, ExternalSpan]]:
         """The root weights, and the checked span of each external one. Inline weights are
         decoded once to check them, then dropped; external ones are checked, not read."""
-        folder = os.path.dirname(os.path.abspath(self.path))
         weights: dict[str, onnx.TensorProto] = {}
         external: dict[str, ExternalSpan] = {}
         for t in self.model.graph.initializer:
@@ -347,7 +398,7 @@ class _Reader:
                 continue
             if is_external(t):
                 try:
-                    external[t.name] = check_external(t, folder)
+                    external[t.name] = check_external(t, self.folder)
                 except ExternalDataError as exc:
                     raise self.fail(str(exc)) from None
             else:
@@ -446,7 +497,7 @@ class _Reader:
                         output_names=output_names, output_dtypes=output_dtypes,
                         output_shapes=shapes, branch_builder=build, weights=self.weights,
                         external=self.external, dynamic=dynamic, model_bytes=model_bytes,
-                        data_digests=self.data_digests)
+                        data_digests=self.data_digests, data_folder=self.folder)
 
     def _by_label(self, graphs: Sequence[onnx.GraphProto]) -> list[onnx.GraphProto]:
         """Order branch graphs by their Batch_<i> labels; each gear exactly once."""
