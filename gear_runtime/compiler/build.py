@@ -44,6 +44,7 @@ from gear_runtime.gearfile.external_data import (
     AUTO_EXTERNAL_BYTES,
     DataWriter,
     data_file_name,
+    escape_file_name,
     is_external,
     movable,
     relocate,
@@ -129,9 +130,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         raise CompileError(f"hybrid mode needs a dims spec (GE has it only with ge.inputShape "
                            f"+ ge.dynamicDims); this spec is in {spec.mode} mode",
                            code="E10001")
-    path = os.fspath(output)
     # everything that can be refused is refused before the first gear is compiled
-    _check_output_dir(path)
+    path = _check_output(output)
     loaded = load_model(model)
     source = loaded.model
     info = inspect_model(source)
@@ -206,10 +206,22 @@ def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
         model.metadata_props.add(key=key, value=value)
 
 
-def _check_output_dir(path: str) -> None:
+def _check_output(output: object) -> str:
+    """``output`` as a path to write the gear file to: a file name (not ``.``, ``..`` or a
+    folder) in an existing folder. CompileError naming the path and what is wrong."""
+    try:
+        path = os.fsdecode(os.fspath(output))  # type: ignore[arg-type]
+    except TypeError:
+        raise CompileError(f"output must be a file path, got {type(output).__name__}") from None
+    if "\0" in path:
+        raise CompileError(f"output {path!r} is not a file path: it holds a NUL character")
+    if os.path.basename(path) in ("", ".", "..") or os.path.isdir(path):
+        raise CompileError(f"cannot write {path!r}: it names a directory, not a file; give the "
+                           "gear file's own name (e.g. model.gear.onnx)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise CompileError(f"cannot write {path!r}: directory {directory!r} does not exist")
+    return path
 
 
 def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
@@ -235,7 +247,7 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
         data_bytes = 0
         digests: dict[str, DataDigest] = {}
         if external and tensors:
-            data_tmp = _new_file(folder, data_name, temps)
+            data_tmp = _new_file(folder, data_name, temps)  # its name is what the checker sees
             with open(data_tmp, "wb") as f:
                 writer = DataWriter(f, os.path.basename(data_tmp))
                 for t in tensors:
@@ -247,7 +259,7 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
                 if is_external(t):
                     source.inline(t)
         _check_size(model)
-        gear_tmp = _new_file(folder, os.path.basename(path), temps)
+        gear_tmp = _new_file(folder, escape_file_name(os.path.basename(path)), temps)
         _write_checked(model, gear_tmp, digests)
         if data_bytes:
             for t in tensors:  # the temporary name was what the checker saw
@@ -270,10 +282,13 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
 
 
 def _new_file(folder: str, name: str, temps: list[str]) -> str:
-    """Create an empty temporary file beside ``name`` with the mode the umask gives new
-    files (0644 under umask 022; mkstemp would force 0600) and record it in ``temps``."""
+    """Create an empty temporary file for ``name`` (escaped, :func:`escape_file_name`: a
+    data file's temporary name is the location onnx.checker checks, and the checker takes a
+    backslash in the gear file's name for a folder; ``.tmp-`` before it, not a bare dot, so
+    that ``.hidden`` gives no ``..``) with the mode the umask gives new files (0644 under umask
+    022; mkstemp would force 0600) and record it in ``temps``."""
     for _ in range(100):
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(folder, f".tmp-{name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:

@@ -3,10 +3,10 @@
 ONNX's convention: a tensor whose ``data_location`` is ``EXTERNAL`` carries ``external_data``
 entries ``location`` (a file name relative to the folder of the model file that holds the
 tensor), ``offset`` and ``length``. A gear file keeps its big weights in ONE file beside it,
-``<gear file name>.data`` (:func:`data_file_name`), every tensor at a page-aligned offset so a
-runtime can map it in place. Every branch, the source graph and the sink graph read the same
-root initializers, so the weights are on disk once whatever the number of gears, and a gear
-file has no size limit (protobuf's 2 GiB applies to the graph only).
+``<gear file name>.data`` (:func:`data_file_name`; a few characters escaped), every tensor
+at a page-aligned offset so a runtime can map it in place. Every branch, the source graph and
+the sink graph read the same root initializers, so the weights are on disk once whatever the
+number of gears, and a gear file has no size limit (protobuf's 2 GiB applies to the graph only).
 
 Writing (:class:`DataWriter`) streams: a tensor that the source model keeps in external data
 is copied file to file in chunks, never parsed. Reading (:func:`check_external`) resolves a
@@ -44,9 +44,28 @@ _CHUNK = 16 * 2**20
 _KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
 
 
+#: Characters a data file's name (its external-data location) may not hold as they are, and
+#: their escapes: ``:`` reads as a drive (``C:x``) and ``\\`` as a folder on Windows, and
+#: onnx.checker refuses any location containing ``..``; ``%`` is escaped so that the escape
+#: is reversible (two gear file names never share a data file name).
+_NAME_ESCAPES = {"%": "%25", ":": "%3A", "\\": "%5C"}
+
+
 def data_file_name(gear_file: str) -> str:
-    """Name (no folder) of the data file of ``gear_file``: its file name + ``.data``."""
-    return os.path.basename(gear_file) + ".data"
+    """Name (no folder) of the data file of ``gear_file``: its file name + ``.data``,
+    escaped (:func:`escape_file_name`: ``a..b.onnx`` -> ``a.%2Eb.onnx.data``), so that any
+    name a user gives the gear file yields a location that every reader (this one, ONNX
+    Runtime, onnx.checker) takes as a plain file name in the gear file's folder."""
+    return escape_file_name(os.path.basename(gear_file) + ".data")
+
+
+def escape_file_name(name: str) -> str:
+    """``name`` with ``%``, ``:``, ``\\`` and the second dot of every ``..`` percent-escaped
+    (reversibly: two names never escape alike)."""
+    out = "".join(_NAME_ESCAPES.get(c, c) for c in name)
+    while ".." in out:
+        out = out.replace("..", ".%2E")
+    return out
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -242,5 +261,6 @@ def movable(tensor: onnx.TensorProto) -> bool:
 
 __all__ = ["AUTO_EXTERNAL_BYTES", "DATA_ALIGNMENT", "DataWriter", "EXTERNAL_MIN_BYTES",
            "ExternalDataError", "ExternalSpan", "check_external", "data_file_name",
+           "escape_file_name",
            "external_entries", "is_external", "movable", "read_inline", "relocate",
            "tensor_nbytes"]
