@@ -99,7 +99,7 @@ def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
     width = len(gears[0]) if gears else 0
     for axis in range(rank):
         sizes = [s[axis] for s in shapes]
-        fits = [v for v in range(width) if all(sizes[g] == gears[g][v] for g in range(len(gears)))]
+        fits = [v for v in range(width) if _misfit(gears, shapes, axis, v) is None]
         if not fits:
             continue
         if len(gears) > 1 and len(set(sizes)) > 1:
@@ -108,3 +108,33 @@ def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
             # One gear cannot tell a coincidence from a dependency: inference must name it.
             axes[axis] = named[axis]
     return axes
+
+
+def _misfit(gears: Sequence[Sequence[int]], shapes: Sequence[Sequence[int]], axis: int,
+            value: int) -> int | None:
+    """The first gear in which ``axis`` of an output (shape ``shapes[g]`` in gear ``g``) does
+    NOT follow dynamic value ``value`` (the axis is missing, or its size is not the gear's
+    value); None when it follows it in every gear. The one rule of "an axis follows a value"."""
+    for g, (gear, shape) in enumerate(zip(gears, shapes, strict=True)):
+        if not (0 <= axis < len(shape) and 0 <= value < len(gear) and shape[axis] == gear[value]):
+            return g
+    return None
+
+
+def check_output_axes(gears: Sequence[Sequence[int]],
+                      output_shapes: Sequence[Sequence[Sequence[int]]],
+                      output_names: Sequence[str], axes: OutputAxes) -> None:
+    """ValueError naming the first output of ``axes`` (per output ``{axis: value index}``, as
+    recorded in a file) with an axis that does not follow its value in every gear: padding
+    would trim it wrongly (or index past the output's rank)."""
+    for k, (name, recorded) in enumerate(zip(output_names, axes, strict=True)):
+        shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
+        for axis, value in sorted(recorded.items()):
+            g = _misfit(gears, shapes, axis, value)
+            if g is not None:
+                size = (f"its axis {axis} is {shapes[g][axis]}" if 0 <= axis < len(shapes[g])
+                        else f"it has no axis {axis}")
+                raise ValueError(
+                    f"output {name!r}: axis {axis} is recorded to follow dynamic value "
+                    f"{value}, but in gear {g} {tuple(gears[g])} its shape is {shapes[g]}: "
+                    f"{size}, not the gear's value")

@@ -46,7 +46,7 @@ from gear_runtime.gearfile.external_data import (
     relocate,
 )
 from gear_runtime.gearfile.format import META_DIGEST
-from gear_runtime.gearfile.info import ModelInfo
+from gear_runtime.gearfile.info import ModelInfo, check_output_axes
 from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
 from gear_runtime.spec import GearSpec
 
@@ -349,8 +349,11 @@ class _Reader:
         if fmt.META_OUTPUT_AXES not in meta:
             return None
         try:
-            return fmt.axes_from_json(json.loads(meta[fmt.META_OUTPUT_AXES]),
+            axes = fmt.axes_from_json(json.loads(meta[fmt.META_OUTPUT_AXES]),
                                       len(read.output_names), self.spec.values_per_gear)
+            # a (resealed) record that contradicts the gear shapes would trim outputs wrongly
+            check_output_axes(self.spec.gears, read.output_shapes, read.output_names, axes)
+            return axes
         except (ValueError, TypeError, RecursionError) as exc:  # bad JSON, bad shapes of it
             raise self.fail(f"metadata {fmt.META_OUTPUT_AXES!r}: {exc}") from exc
 
