@@ -258,7 +258,10 @@ def test_executor_close_waits_for_the_call_in_flight() -> None:
     closer = threading.Thread(target=ex.close)
     closer.start()
     closer.join(0.2)
-    assert closer.is_alive() and not ex.closed, "close did not wait for the call in flight"
+    assert closer.is_alive(), "close did not wait for the call in flight"
+    assert ex.closed  # close has begun: every later call is refused as closed, not busy
+    with pytest.raises(ClosedError):
+        ex.execute([np.ones((1, 4), np.float32)])
     ex._session.release.set()
     closer.join(10)
     inflight.join(10)

@@ -11,8 +11,9 @@ Ownership: one executor serves one thread at a time. ``execute``, ``set_*`` and
 the output buffers, the ``last_*`` fields); a second thread entering meanwhile gets
 :class:`~gear_runtime.errors.ExecutorBusyError` at once -- it never waits, never gets another
 call's outputs, and the call in flight is not disturbed. The hold is one non-blocking lock
-acquire and release per call. ``close`` is the exception: it waits for a call in flight, then
-every later use raises :class:`~gear_runtime.errors.ClosedError`.
+acquire and release per call. ``close`` is the exception: from the moment it begins every
+later call, from any thread, raises :class:`~gear_runtime.errors.ClosedError`, and it waits
+for the call in flight (at most one: no new call can take the executor any more).
 
 Differences from GE, on purpose: a miss is an error (GE silently keeps gear 0), an output
 shape is never empty (GE returns an empty shape on a miss), and dims are per executor (ACL's
@@ -91,11 +92,11 @@ class Executor:
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:
-        self._enter("set_dynamic_dims")
+        owner = self._enter("set_dynamic_dims")
         try:
             self._set_dynamic_dims(dims)
         finally:
-            self._owner.release()
+            owner.release()
 
     def _set_dynamic_dims(self, dims: Sequence[int]) -> None:
         """aclmdlSetInputDynamicDims: the FULL shapes of all inputs flattened, in input order.
@@ -118,11 +119,11 @@ class Executor:
 
     def set_dynamic_batch_size(self, batch: int) -> None:
         """aclmdlSetDynamicBatchSize: dynamic batch mode only; 0 is rejected as ACL does."""
-        self._enter("set_dynamic_batch_size")
+        owner = self._enter("set_dynamic_batch_size")
         try:
             self._set_batch(batch)
         finally:
-            self._owner.release()
+            owner.release()
 
     def _set_batch(self, batch: int) -> None:
         self._require_mode("batch", "set_dynamic_batch_size")
@@ -134,11 +135,11 @@ class Executor:
 
     def set_dynamic_image_size(self, height: int, width: int) -> None:
         """aclmdlSetDynamicHWSize: dynamic image size mode only; 0 is rejected as ACL does."""
-        self._enter("set_dynamic_image_size")
+        owner = self._enter("set_dynamic_image_size")
         try:
             self._set_hw(height, width)
         finally:
-            self._owner.release()
+            owner.release()
 
     def _set_hw(self, height: int, width: int) -> None:
         self._require_mode("image_size", "set_dynamic_image_size")
@@ -149,9 +150,9 @@ class Executor:
 
     def clear_dynamic_dims(self) -> None:
         """Forget set dims: the next execute derives them from the input shapes again."""
-        self._enter("clear_dynamic_dims")
+        owner = self._enter("clear_dynamic_dims")
         self._preset = None
-        self._owner.release()
+        owner.release()
 
     @property
     def dynamic_dims(self) -> tuple[int, ...] | None:
@@ -233,8 +234,9 @@ class Executor:
         after :meth:`close`, ClosedError (145003).
         """
         # The whole call runs owned (inline, not a helper: a call frame costs as much as the
-        # lock itself on this path).
-        if not self._owner.acquire(False):
+        # lock itself on this path). The lock is read once: close() swaps it for _CLOSED.
+        owner = self._owner
+        if not owner.acquire(False):
             self._refuse("execute")
         try:
             arrays = self._arrays(inputs)
@@ -268,7 +270,7 @@ class Executor:
                     return outputs
             return [o.copy() for o in outputs] if copy else list(outputs)
         finally:
-            self._owner.release()
+            owner.release()
 
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
         """Inputs as a list of arrays in input order; clear errors for missing/unknown names."""
@@ -357,14 +359,19 @@ class Executor:
                                  f"{np.dtype(dt)}")
 
     # ---- ownership -----------------------------------------------------------------------
-    def _enter(self, call: str) -> None:
-        """Own the executor for ``call`` or raise at once (never wait): see the module doc."""
-        if not self._owner.acquire(False):
+    def _enter(self, call: str) -> threading.Lock:
+        """Own the executor for ``call`` or raise at once (never wait): see the module doc.
+        Returns the lock taken, which the caller releases (not ``self._owner``, which close()
+        may have swapped meanwhile)."""
+        owner = self._owner
+        if not owner.acquire(False):
             self._refuse(call)
+        return owner
 
     def _refuse(self, call: str) -> None:
-        """Why ``call`` could not own the executor: it is closed, or another thread is in it."""
-        if self._closed:
+        """Why ``call`` could not own the executor: it is closed (or closing), or another
+        thread is in it."""
+        if self._owner is _CLOSED:
             raise ClosedError(f"{call} on a closed executor: create a new one with "
                               "model.create_executor() (on a model that is still open)")
         raise ExecutorBusyError(
@@ -374,22 +381,27 @@ class Executor:
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` ran (directly, or through the model's close)."""
-        return self._closed
+        """True once :meth:`close` has begun (directly, or through the model's close): every
+        call from then on raises ClosedError."""
+        return self._owner is _CLOSED
 
     def close(self) -> None:
         """Free the executor's backend session; idempotent.
 
-        Waits for a call in flight in another thread to end (unlike execute, which refuses at
-        once: a service shutting down should not have to retry), then keeps the executor
-        owned for good, so that every later ``execute`` / ``set_*`` raises ClosedError.
+        From the moment close begins, every call that has not yet taken the executor, from any
+        thread, raises ClosedError (never ExecutorBusyError): the executor's lock is swapped
+        for :data:`_CLOSED`, which no call can take. Then close waits for the call in flight,
+        if any (unlike execute, which refuses at once: a service shutting down should not
+        have to retry); as no new call can take the old lock, that is at most one call's time
+        however hard other threads keep calling.
         """
         if self._closed:
             return
         with self._closing:  # a second closer waits here, then finds the work done
             if self._closed:
                 return
-            self._owner.acquire()  # never released: a closed executor stays owned
+            owner, self._owner = self._owner, _CLOSED
+            owner.acquire()  # the call in flight ends; nobody else can take this lock now
             self._closed = True
             self._session.close()
 
@@ -406,5 +418,11 @@ class Executor:
         floor under ``execute``; running it directly bypasses the executor."""
         return self._session
 
+
+#: What an executor's lock becomes when its close() begins: a lock held for good, shared by
+#: every closed executor, so a later call's non-blocking acquire fails and it raises
+#: ClosedError (the hot path pays nothing for the closed check).
+_CLOSED = threading.Lock()
+_CLOSED.acquire()
 
 _NDARRAY = frozenset({np.ndarray})
