@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from gear_runtime import arguments
 from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.backends.capture_check import capture_hazards
@@ -53,7 +54,7 @@ from gear_runtime.backends.onnxruntime_cuda import (
     provider_list,
 )
 from gear_runtime.backends.output_pool import OutputPool
-from gear_runtime.errors import BackendError, BackendUnavailableError
+from gear_runtime.errors import BackendError, BackendUnavailableError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
 
@@ -89,9 +90,49 @@ def open_model(path: str, providers: Sequence[Any] | None = None, *,
     ever computed by a graph that froze a value. ``session_config``: extra ORT session config
     entries. BackendUnavailableError when the installed onnxruntime is older than ORT_FLOOR.
     """
-    return OrtModel(read_gear_file(path), providers=providers, cuda_graph=cuda_graph,
-                    device_id=device_id, intra_op_num_threads=intra_op_num_threads,
-                    session_config=session_config, cuda_graph_fallback=cuda_graph_fallback)
+    providers = provider_items(providers)
+    if intra_op_num_threads is not None:
+        intra_op_num_threads = arguments.integer("intra_op_num_threads", intra_op_num_threads,
+                                                 0, MAX_THREADS, unit=" (0: ORT's default)")
+    config = None if session_config is None else arguments.text_mapping("session_config",
+                                                                         session_config)
+    return OrtModel(read_gear_file(path), providers=providers,
+                    cuda_graph=arguments.flag("cuda_graph", cuda_graph),
+                    device_id=arguments.integer("device_id", device_id, 0, arguments.INT32_MAX),
+                    intra_op_num_threads=intra_op_num_threads, session_config=config,
+                    cuda_graph_fallback=arguments.flag("cuda_graph_fallback",
+                                                       cuda_graph_fallback))
+
+
+#: Most ORT threads one session may ask for: far above any host's cores, far below what a
+#: typo (2**40) would try to start.
+MAX_THREADS = 4096
+
+
+def provider_items(providers: object) -> list[str | tuple[str, dict[str, str]]] | None:
+    """``providers`` as ORT takes them -- a list of provider names or (name, options)
+    pairs, options a dict whose values ORT reads as strings -- or None (the default, CPU).
+    InputError naming the item otherwise: a bare string (it would read as a list of its
+    letters), a number, a pair of anything else."""
+    if providers is None:
+        return None
+    if isinstance(providers, str | bytes) or not isinstance(providers, Sequence):
+        raise InputError(f"providers must be a list of provider names or (name, options) "
+                         f"pairs, e.g. ['CPUExecutionProvider'], got {arguments.shown(providers)}")
+    out: list[str | tuple[str, dict[str, str]]] = []
+    for item in providers:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], Mapping)
+                and all(isinstance(k, str) and isinstance(v, str | int | float | bool)
+                        for k, v in item[1].items())):
+            out.append((item[0], {k: str(v) for k, v in item[1].items()}))
+            continue
+        raise InputError(f"providers: {arguments.shown(item)} is neither a provider name nor "
+                         "a (name, {option: value}) pair")
+    return out
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

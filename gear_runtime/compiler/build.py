@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 from tqdm import tqdm
 
+from gear_runtime import arguments
 from gear_runtime.compiler.axes import output_dynamic_axes
 from gear_runtime.compiler.branch import (
     build_branch,
@@ -125,6 +126,12 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     start = time.perf_counter()
     if not isinstance(spec, GearSpec):
         raise CompileError(f"spec must be a GearSpec, got {type(spec).__name__}")
+    if not isinstance(model, onnx.ModelProto):
+        model = arguments.path("model", model, CompileError)
+    hybrid, sink, progress = (arguments.flag(name, value, CompileError) for name, value in (
+        ("hybrid", hybrid), ("sink", sink), ("progress", progress)))
+    if external_data is not None:
+        external_data = arguments.flag("external_data", external_data, CompileError)
     if (hybrid or spec.hybrid) and spec.mode != "dims":
         # GE builds the hybrid (gear + dynamic-shape) graph only from ge.dynamicDims
         raise CompileError(f"hybrid mode needs a dims spec (GE has it only with ge.inputShape "
@@ -209,12 +216,7 @@ def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
 def _check_output(output: object) -> str:
     """``output`` as a path to write the gear file to: a file name (not ``.``, ``..`` or a
     folder) in an existing folder. CompileError naming the path and what is wrong."""
-    try:
-        path = os.fsdecode(os.fspath(output))  # type: ignore[arg-type]
-    except TypeError:
-        raise CompileError(f"output must be a file path, got {type(output).__name__}") from None
-    if "\0" in path:
-        raise CompileError(f"output {path!r} is not a file path: it holds a NUL character")
+    path = arguments.path("output", output, CompileError)
     if os.path.basename(path) in ("", ".", "..") or os.path.isdir(path):
         raise CompileError(f"cannot write {path!r}: it names a directory, not a file; give the "
                            "gear file's own name (e.g. model.gear.onnx)")

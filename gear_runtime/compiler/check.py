@@ -113,7 +113,8 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> Source:
     else:
         path = os.fspath(model)
         if not os.path.isfile(path):
-            raise CompileError(f"model file {path!r} does not exist")
+            raise CompileError(f"model file {path!r} " + ("is not a regular file"
+                               if os.path.exists(path) else "does not exist"))
         try:
             out = onnx.load(path, load_external_data=False)
         except Exception as exc:

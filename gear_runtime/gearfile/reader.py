@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import json
 import os
-import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gear_runtime.errors import GearFileError, GearSpecError
+from gear_runtime.files import FileTooLargeError, read_regular_file, reason
 from gear_runtime.gearfile import format as fmt
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.digest import (
@@ -272,31 +272,17 @@ def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
 
 
 def _read_regular_file(path: str) -> bytes:
-    """The bytes of ``path``, which must be a regular file of at most
-    :data:`fmt.MAX_GEAR_FILE_BYTES` (a FIFO, a device or a huge file is refused before any read:
-    /dev/zero would never end, a FIFO would block)."""
+    """The bytes of ``path``, a regular file of at most :data:`fmt.MAX_GEAR_FILE_BYTES`
+    (:func:`gear_runtime.files.read_regular_file`: a FIFO, a device or a huge file is refused
+    before any read; its weights beyond the limit belong in its data file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular_file(path, fmt.MAX_GEAR_FILE_BYTES)
+    except FileTooLargeError as exc:
+        raise GearFileError(f"gear file {path!r} is {exc.size} bytes; a gear file is at most "
+                            f"{fmt.MAX_GEAR_FILE_BYTES} bytes (its weights beyond that are in "
+                            "its data file)") from None
     except OSError as exc:
-        raise GearFileError(f"gear file {path!r} cannot be read: {exc.strerror or exc}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise GearFileError(f"gear file {path!r} cannot be read: it is {what}")
-        if st.st_size > fmt.MAX_GEAR_FILE_BYTES:
-            raise GearFileError(f"gear file {path!r} is {st.st_size} bytes; a gear file is at "
-                                f"most {fmt.MAX_GEAR_FILE_BYTES} bytes (its weights beyond that "
-                                f"are in its data file)")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(fmt.MAX_GEAR_FILE_BYTES + 1)
-    except OSError as exc:
-        raise GearFileError(f"gear file {path!r} cannot be read: {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
-    if len(data) > fmt.MAX_GEAR_FILE_BYTES:  # grew while read
-        raise GearFileError(f"gear file {path!r} is larger than {fmt.MAX_GEAR_FILE_BYTES} bytes")
-    return data
+        raise GearFileError(f"gear file {path!r} cannot be read: {reason(exc)}") from None
 
 
 class _Reader:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gear_runtime import arguments
 from gear_runtime.backends.base import BackendSession
 from gear_runtime.errors import (
     BackendError,
@@ -172,11 +173,18 @@ class Executor:
 
     @staticmethod
     def _to_ints(what: str, values: Any) -> tuple[int, ...]:
-        """Integers only (Python or numpy): no silent truncation of 2.5, no "3" strings."""
+        """Integers only (Python or numpy): no silent truncation of 2.5, no "3" strings, none
+        beyond int64 (no tensor dimension is; the C++ core takes int64)."""
         try:
-            return tuple(operator.index(v) for v in values)
+            ints = tuple(operator.index(v) for v in values)
         except TypeError:
-            raise InputError(f"{what} must be a sequence of integers, got {values!r}") from None
+            raise InputError(f"{what} must be a sequence of integers, got "
+                             f"{arguments.shown(values)}") from None
+        for v in ints:
+            if not arguments.INT64_MIN <= v <= arguments.INT64_MAX:
+                raise InputError(f"{what} holds {v}, beyond any tensor dimension (int64: "
+                                 f"{arguments.INT64_MIN}..{arguments.INT64_MAX})")
+        return ints
 
     def _pad_bytes(self, pad_values: Mapping[str, Any]) -> list[bytes | None]:
         """Each input's pad value as one element of its dtype (None: 0), under the rules list
@@ -233,6 +241,8 @@ class Executor:
         execute / set_* meanwhile raises ExecutorBusyError at once (this call is unaffected);
         after :meth:`close`, ClosedError (145003).
         """
+        if (pad is not False and pad is not True) or (copy is not True and copy is not False):
+            pad, copy = arguments.flag("pad", pad), arguments.flag("copy", copy)  # no "yes"
         # The whole call runs owned (inline, not a helper: a call frame costs as much as the
         # lock itself on this path). The lock is read once: close() swaps it for _CLOSED.
         owner = self._owner

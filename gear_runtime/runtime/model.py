@@ -12,11 +12,12 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from gear_runtime import arguments
 from gear_runtime.backends import BackendModel, open_model
 from gear_runtime.errors import ClosedError, GearFileError, InputError
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
@@ -55,12 +56,11 @@ def load(path: str, backend: str = "onnxruntime", *,
     largest buffer one gear may ask for (default :data:`MAX_GEAR_BUFFER_BYTES`, or the
     environment variable :data:`MAX_BUFFER_BYTES_ENV`); more is a GearFileError.
     """
-    try:
-        path = os.fsdecode(os.fspath(path))
-    except TypeError:
-        raise InputError(f"path must be a file path, got {type(path).__name__}") from None
+    path = arguments.path("path", path)
+    fusion = arguments.integer("input_fusion_size", input_fusion_size, arguments.INT64_MIN,
+                               arguments.INT64_MAX, unit=" of bytes (negative: no merging)")
     limit = buffer_limit(max_buffer_bytes)  # a bad limit fails before the file is opened
-    return GearModel(open_model(path, backend, **options), input_fusion_size=input_fusion_size,
+    return GearModel(open_model(path, backend, **options), input_fusion_size=fusion,
                      max_buffer_bytes=limit)
 
 
@@ -245,12 +245,15 @@ class GearModel:
                 raise InputError(f"the profile has no latency for gear(s) "
                                  f"{', '.join(map(str, missing))}")
             latencies = [by_gear[g] for g in range(self.gear_count)]
-        values = [float(v) for v in latencies]
-        if len(values) != self.gear_count or not all(math.isfinite(v) and v >= 0
-                                                      for v in values):
+        if isinstance(latencies, str | bytes) or not isinstance(latencies, Iterable):
+            raise InputError(f"a profile is a BenchReport, a sequence with one latency per "
+                             f"gear or a mapping gear -> latency, got {arguments.shown(latencies)}")
+        values = list(latencies)
+        if len(values) != self.gear_count:
             raise InputError(f"a profile needs one finite latency >= 0 per gear "
-                             f"({self.gear_count}), got {latencies!r}")
-        return tuple(values)
+                             f"({self.gear_count}), got {len(values)}: {arguments.shown(values)}")
+        return tuple(arguments.real(f"the latency of gear {g} {self.spec.gears[g]}", v)
+                     for g, v in enumerate(values))
 
     @property
     def profile(self) -> tuple[float, ...] | None:

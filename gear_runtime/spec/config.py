@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gear_runtime.errors import GearSpecError
+from gear_runtime.files import read_regular_file, reason
 from gear_runtime.spec.parse import (
     _HW_AXES,
     _OPTION_OF_MODE,
@@ -86,6 +87,9 @@ _GEAR_KEYS = frozenset(k for k, v in _GE_KEYS.items()
                        if v in ("ge.inputShape", "ge.dynamicDims", "ge.dynamicBatchSize",
                                 "ge.dynamicImageSize"))
 
+#: Largest config file read (they are a few hundred bytes; /dev/zero would never end).
+MAX_CONFIG_BYTES = 2**20
+
 _NO_DEFAULT_SECTION = "\x00gear_runtime: no DEFAULT section\x00"  # makes [DEFAULT] ordinary
 _GROUPS = re.compile(r"\s*\[[^\[\]]*\]\s*(?:,\s*\[[^\[\]]*\]\s*)*")
 
@@ -99,12 +103,11 @@ def _read(path: object) -> tuple[str, configparser.ConfigParser]:
         _fail("E10001", f"config path must be a str or os.PathLike, got {_q(path)}")
     name = os.fsdecode(fspath)
     try:
-        with open(fspath, "rb") as f:
-            raw = f.read()
+        raw = read_regular_file(fspath, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         _fail("E10001", f"config file {_q(name)} does not exist")
-    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
-        _fail("E10001", f"config file {_q(name)} cannot be read: {e}")
+    except OSError as e:  # a FIFO, a device, a folder, a huge file, a NUL in the path
+        _fail("E10001", f"config file {_q(name)} cannot be read: {reason(e)}")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
