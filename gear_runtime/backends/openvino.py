@@ -286,11 +286,9 @@ class OvModel(BackendModel):
         self.gears: Any = None            # shared: ONE compiled model of every gear
         self.per_gear: list[Any] = []     # not shared: one compiled model per gear
         self.dynamic: Any = None          # hybrid misses / sink runs / naive runs
-        data_checked = gear_file.verify_data_in_background()
-        try:
-            self._load(progress)
-        finally:
-            data_checked()  # a changed data file fails the load, whatever OpenVINO said
+        # OpenVINO maps the data file by path: checked_load hashes it beside the build and
+        # fails the load when the path no longer names the file that was checked
+        gear_file.checked_load(lambda: self._load(progress))
 
     # ---- load ------------------------------------------------------------------------------
     def _load(self, progress: bool) -> None:
