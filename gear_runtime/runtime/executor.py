@@ -26,7 +26,7 @@ import logging
 import operator
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,22 +40,43 @@ from gear_runtime.errors import (
     GearMismatchError,
     InputError,
 )
+from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.runtime import core
 from gear_runtime.runtime import inputs as inputs_rules
-
-if TYPE_CHECKING:
-    from gear_runtime.runtime.model import GearModel
+from gear_runtime.runtime.dispatch import GearDispatcher
+from gear_runtime.spec import GearSpec
 
 logger = logging.getLogger("gear_runtime")
 
 Inputs = Mapping[str, Any] | Sequence[Any]
 
 
+class ExecutorModel(Protocol):
+    """What an executor reads of its model (a :class:`~gear_runtime.runtime.model.GearModel`,
+    which creates it: typed here, not imported, so that the two modules do not import each
+    other)."""
+
+    spec: GearSpec
+    info: ModelInfo
+    layout: Any
+
+    @property
+    def dispatcher(self) -> GearDispatcher: ...
+    @property
+    def output_dynamic_axes(self) -> list[dict[int, int]]: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def gears(self) -> list[tuple[int, ...]]: ...
+    @property
+    def output_names(self) -> list[str]: ...
+
+
 class Executor:
     """Runs one gear model; created by :meth:`GearModel.create_executor`. One thread at a
     time: a second thread entering gets ExecutorBusyError (see the module doc)."""
 
-    def __init__(self, model: GearModel, session: BackendSession,
+    def __init__(self, model: ExecutorModel, session: BackendSession,
                  pad_values: Mapping[str, Any] | None = None) -> None:
         spec, info = model.spec, model.info
         self.model = model

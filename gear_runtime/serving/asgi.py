@@ -6,18 +6,26 @@ server; the timeouts, connection limits and drain are then the hosting server's.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gear_runtime.serving.http import HttpReply, HttpRequest
 
-if TYPE_CHECKING:
-    from gear_runtime.serving.app import GearServer
+
+class Routes(Protocol):
+    """What the ASGI adapter needs of its server (``GearServer``, which creates it: typed
+    here, not imported, so that the two modules do not import each other)."""
+
+    def body_limit(self, request: HttpRequest) -> int: ...
+    def refuse(self, request: HttpRequest | None, status: int, message: str) -> HttpReply: ...
+    async def handle(self, request: HttpRequest) -> HttpReply: ...
+    def disconnected(self, request: HttpRequest | None) -> None: ...
+    async def close(self) -> None: ...
 
 
 class AsgiApp:
     """An ASGI 3 application over ``server`` (lifespan: its shutdown closes the models)."""
 
-    def __init__(self, server: GearServer) -> None:
+    def __init__(self, server: Routes) -> None:
         self.server = server
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

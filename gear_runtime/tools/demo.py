@@ -132,9 +132,12 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
            threads: int | None, checks: _Checks) -> None:
     import onnxruntime as ort
 
-    import gear_runtime as gr
+    from gear_runtime.compiler import compile_model
     from gear_runtime.examples import prefill
+    from gear_runtime.runtime.model import load
+    from gear_runtime.spec import GearSpec
     from gear_runtime.tools.bench.engine import bench_model
+    from gear_runtime.tools.padding import check_padding
 
     with _section(out, "1. Build the example model"):
         model_path, config_path = prefill.write_example(workdir)
@@ -145,7 +148,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
             out.write(f"    | {line}\n")
 
     with _section(out, "2. Parse the gear spec from the config"):
-        spec = gr.GearSpec.from_config(str(config_path))
+        spec = GearSpec.from_config(str(config_path))
         out.write(f"  mode {spec.mode}; inputs (user_designate_shape_order): "
                   f"{', '.join(spec.input_names)}\n")
         for i in range(spec.gear_count):
@@ -159,8 +162,8 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
 
     with _section(out, "3. Compile: a gear file and a hybrid gear file"):
         gear_path, hybrid_path = workdir / "prefill.gear.onnx", workdir / "prefill.hybrid.onnx"
-        gr.compile(str(model_path), spec, str(gear_path), progress=progress)
-        gr.compile(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
+        compile_model(str(model_path), spec, str(gear_path), progress=progress)
+        compile_model(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
         for p in (gear_path, hybrid_path):
             out.write(f"  wrote {p} ({p.stat().st_size / 1024:.0f} KiB)\n")
         from gear_runtime.tools.inspect import describe
@@ -176,7 +179,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         return original.run(None, feeds)
 
     with _section(out, "4. Run every gear; check against the original dynamic model on ORT"):
-        model = gr.load(str(gear_path))
+        model = load(str(gear_path))
         ex = model.create_executor()
         out.write(f"  loaded: {model!r}\n")
         for g in range(model.gear_count):
@@ -200,7 +203,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
                         lambda: ex.set_dynamic_dims(off_dims))
 
     with _section(out, "6. Hybrid gear file: a gear runs as that gear, a miss on the source graph"):
-        hmodel = gr.load(str(hybrid_path))
+        hmodel = load(str(hybrid_path))
         hex_ = hmodel.create_executor()
         got = hex_.execute(off_feeds)
         ok, detail = compare_outputs(got, reference(off_feeds), hmodel.output_names)
@@ -224,7 +227,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
                      [r.gear for r in report.gears] == list(range(model.gear_count)))
 
     with _section(out, "8. check-padding: any seq_len padded to its gear, vs the original"):
-        padding = gr.check_padding(str(gear_path), str(model_path),
+        padding = check_padding(str(gear_path), str(model_path),
                                    pad_values={"attention_mask": 0},
                                    inputs=lambda shapes: prefill.inputs_for_shapes(shapes))
         out.write("".join(f"  {line}\n" for line in padding.table().splitlines()))

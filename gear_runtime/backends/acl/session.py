@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,14 +20,13 @@ from gear_runtime.backends.acl.calls import (
 from gear_runtime.backends.base import BackendSession, check_layout_fits
 from gear_runtime.errors import BackendError
 
-if TYPE_CHECKING:
-    from gear_runtime.backends.acl.model import AclModel
-
 
 class AclSession(BackendSession):
     """One executor's buffers and datasets on the NPU (see the module docstring's picture)."""
 
-    def __init__(self, model: AclModel, layout: Any) -> None:
+    def __init__(self, model: Any, layout: Any) -> None:
+        """``model``: the :class:`~gear_runtime.backends.acl.model.AclModel` creating this
+        session (not imported here: model.py imports this module)."""
         self._model, self._acl, self._layout = model, model.acl, layout
         self._mem = Scratch(model.acl)
         self._closed = False

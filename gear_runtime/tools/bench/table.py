@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gear_runtime.tools.textfmt import format_bytes
 from gear_runtime.tools.textfmt import format_table as text_table
-
-if TYPE_CHECKING:
-    from gear_runtime.tools.bench.report import BenchReport
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_table(report: BenchReport) -> str:
-    """Fixed-width table: latency percentiles, throughput, overhead, comparison columns."""
+def format_table(report: Any) -> str:
+    """Fixed-width table of ``report`` (a :class:`~gear_runtime.tools.bench.report.BenchReport`,
+    whose ``table()`` calls this; not imported here, so the two modules do not import each
+    other): latency percentiles, throughput, overhead, comparison columns."""
     header = ["gear", "dims", "p50 ms", "p90 ms", "p99 ms", "throughput", "bare p50",
               "overhead us", "naive p50", "x naive", "dynamic p50", "x dynamic"]
     rows = [header]

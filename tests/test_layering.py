@@ -1,0 +1,142 @@
+"""The structure stays: no import circles, and no import from a lower layer to a higher one.
+
+Every import counts -- at module level, inside functions (lazy imports) and under
+``TYPE_CHECKING`` (a type-only import is still a dependency of the design: where a module
+only needs the shape of its owner, it types it with a Protocol instead, as the executor does
+for its model). The layers are declared once, below, lowest first: a module may import its own
+package (``gear_runtime.<package>``) and packages of strictly lower layers only.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: gear_runtime's packages (and top modules), lowest layer first; one tuple per layer. The flow
+#: (spec -> compile -> gear file -> load -> execute -> backend) as imports see it: the format
+#: sits below both its writer (the compiler) and its readers (the backends); the runtime drives
+#: the backends; the tools, the package's public facade (``gear_runtime/__init__.py``, lazy
+#: re-exports), the server and the CLI sit on top.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "version"),
+    ("spec",),
+    ("gearfile",),
+    ("compiler", "backends", "examples", "_core"),
+    ("runtime",),
+    ("tools",),
+    ("<facade>",),
+    ("serving",),
+    ("cli",),
+)
+LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def modules(folder: str) -> dict[str, Path]:
+    """Module name -> file of every .py under ``folder`` (packages by their __init__)."""
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(module: str, path: Path) -> Iterator[str]:
+    """Every module name ``module`` imports anywhere in its file (relative ones resolved)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+
+
+def graph(*folders: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``folders`` it imports (a package's import is its __init__)."""
+    mods: dict[str, Path] = {}
+    for folder in folders:
+        mods |= modules(folder)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in mods.items():
+        for target in imported(name, path):
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):
+                edges[name].add(target)  # a module importing its own package's __init__
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return "<facade>" if parts == ["gear_runtime"] else parts[1]
+
+
+def test_no_import_circles_in_the_package_or_the_benchmarks() -> None:
+    assert circles(graph("gear_runtime")) == []
+    assert circles(graph("gear_runtime", "benchmarks")) == []
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {package_of(m) for m in modules("gear_runtime")}
+    assert packages <= set(LAYER_OF), sorted(packages - set(LAYER_OF))
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    upward = sorted(
+        (source, target) for source, targets in graph("gear_runtime").items()
+        for target in targets
+        if package_of(source) != package_of(target)
+        and LAYER_OF[package_of(source)] <= LAYER_OF[package_of(target)])
+    assert upward == []
+
+
+def test_the_checks_see_what_they_claim() -> None:
+    """The graph is not empty and finds what it must: a known edge, a circle, an upward
+    import (a test of the test: a graph that sees nothing would pass everything)."""
+    edges = graph("gear_runtime")
+    assert "gear_runtime.runtime.dispatch" in edges["gear_runtime.runtime.model"]
+    assert "gear_runtime.spec" in edges["gear_runtime.runtime.executor"]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert LAYER_OF["spec"] < LAYER_OF["runtime"] < LAYER_OF["serving"]
