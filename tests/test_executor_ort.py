@@ -207,6 +207,32 @@ def test_copy_true_runs_into_fresh_arrays_and_the_binding_returns_to_its_buffers
     assert_same(again, want[1])
 
 
+@pytest.mark.parametrize("fresh_from", [None, 1024, 0], ids=["copied", "mixed", "pooled"])
+def test_copy_true_gives_the_caller_every_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 fresh_from: int | None) -> None:
+    """execute() (copy=True, the default) returns arrays the caller keeps: EVERY output, the
+    ones ORT writes into pooled memory and the small ones copied alike (the example's logits
+    are below the default threshold: ``mixed`` lowers it so logits are pooled and next_token
+    copied). Later executes of the same gear (with other inputs) change none of them."""
+    from gear_runtime.backends import onnxruntime as ort_backend
+
+    if fresh_from is not None:
+        monkeypatch.setattr(ort_backend, "FRESH_OUTPUT_MIN_BYTES", fresh_from)
+    original, spec, path = compiled(tmp_path, "prefill")
+    ex = gr.load(path).create_executor()
+    g = 1
+    first, second = (random_inputs(original, spec.shapes(g), seed=s) for s in (3, 4))
+    want = run_model(original, first)
+    kept = ex.execute(first)
+    assert len(kept) > 1 and kept[0].nbytes != kept[1].nbytes  # a big and a small output
+    for _ in range(3):
+        ex.execute(second)
+        ex.execute(second, copy=False)
+    assert_same(kept, want)
+    buffers = ex._session._out_buffers
+    assert not any(np.shares_memory(o, b) for o in kept for b in buffers)
+
+
 def test_the_cuda_provider_always_gets_the_device_id() -> None:
     """The CUDA EP defaults to device 0; an input bound on another device would be copied at
     bind time and read stale afterwards, so device_id is always explicit, conflicts refused."""
