@@ -89,8 +89,8 @@ def mutate(rng: random.Random, blob: bytes, kind: str) -> bytes:
 def reseal_bytes(blob: bytes, original: bytes) -> bytes:
     """``blob`` with its digest record recomputed (when the record survived the mutation)."""
     from gear_runtime.gearfile.digest import digest_placeholder, seal_digest
-    from gear_runtime.gearfile.format import META_DIGEST
     from gear_runtime.gearfile.digest import parse_digest as parse
+    from gear_runtime.gearfile.format import META_DIGEST
 
     text = next(p.value for p in onnx.load_from_string(original).metadata_props
                 if p.key == META_DIGEST)

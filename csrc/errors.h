@@ -14,7 +14,8 @@
 
 namespace gear_runtime {
 
-// GE / ACL codes we mirror (inc/external/ge/ge_error_codes.h; docs/ge-notes.md section 2).
+// GE / ACL codes we mirror (docs/ge-notes.md section 11; gear_runtime/errors.py holds the
+// same values, tests/test_shared_facts.py keeps them equal).
 inline constexpr const char* kCodeParamInvalid = "145000";        // ACL_ERROR_GE_PARAM_INVALID
 inline constexpr const char* kCodeInputLength = "145012";  // ..._DYNAMIC_INPUT_LENGTH_INVALID
 inline constexpr const char* kCodeGearMismatch = "145013";  // ..._DYNAMIC_BATCH_SIZE_INVALID

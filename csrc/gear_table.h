@@ -1,6 +1,6 @@
 // GearTable: the model's gears and an O(1) exact lookup from dynamic values to gear index.
 //
-// GE matches with a linear scan (ge_executor.cc); we build an open-addressing hash table
+// GE matches with a linear scan (docs/ge-notes.md section 2); we build an open-addressing table
 // once so a lookup costs one hash of the values and (almost always) one comparison, whether
 // the model has 2 gears or 100. Nearest gears (for the error message) are computed only on
 // the error path.

@@ -8,7 +8,8 @@ the mapping lives in one place for both layers (ONNX Runtime's Python layer does
 
 from __future__ import annotations
 
-# ACL / GE codes we mirror (inc/external/ge/ge_error_codes.h; docs/ge-notes.md sections 1-2).
+# ACL / GE codes we mirror (docs/ge-notes.md sections 1-2 and 10; the C++ core's are in
+# csrc/errors.h, kept equal by tests/test_shared_facts.py).
 ACL_ERROR_GE_PARAM_INVALID = "145000"
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = "145002"
 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = "145003"
@@ -89,17 +90,14 @@ class BackendUnavailableError(GearRuntimeError, ImportError):
     """A backend whose runtime is not installed here; the message says what to install."""
 
 
-#: Error kinds used by the C++ core (csrc/errors.h) -> Python class. One table, both layers.
+#: The error kinds the C++ core raises (csrc/errors.h: kKind*) -> Python class. One table for
+#: both layers; tests/test_shared_facts.py keeps its keys and the codes above equal to the
+#: header's.
 KINDS: dict[str, type[GearRuntimeError]] = {
     "spec": GearSpecError,
-    "compile": CompileError,
-    "file": GearFileError,
     "input": InputError,
     "length": DynamicInputLengthError,
     "mismatch": GearMismatchError,
-    "backend": BackendError,
-    "busy": ExecutorBusyError,
-    "closed": ClosedError,
 }
 
 

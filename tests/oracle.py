@@ -24,12 +24,13 @@ from gear_runtime.errors import (
     GearSpecError,
     InputError,
 )
+from gear_runtime.spec.rules import MAX_GEAR_VALUE
 
 DEFAULT_FUSION_SIZE = 131072
 MAX_FUSION_SIZE = 32 * 1024 * 1024
 DEFAULT_ALIGNMENT = 64
 _GRANULE = 32  # ALIGN_UP(len, 32) of pyACL's carving rule
-_MAX_GEAR_VALUE = 2**31 - 1
+_MAX_GEAR_VALUE = MAX_GEAR_VALUE  # the spec's (csrc/gear_table.h kMaxGearValue: test_shared_facts)
 _MAX_VALUES = 128
 _GEARS_SHOWN = 8
 _SIZE_MAX = 2**64 - 1

@@ -25,12 +25,6 @@ from gear_runtime import _core as native
 from gear_runtime.spec.gearspec import GearSpec
 
 
-@pytest.fixture
-def impl() -> ModuleType:
-    """The module under test: the C++ core's binding."""
-    return native
-
-
 def build(mod: ModuleType, spec: GearSpec, dtypes: list[Any] | None = None,
           fusion_size: int = 131072, alignment: int = 64, extra: int = 0,
           ) -> tuple[Any, np.ndarray]:
@@ -85,8 +79,8 @@ def test_no_silent_fallback() -> None:
 
 
 # ---- layout ---------------------------------------------------------------------------------
-def test_layout_packs_fused_inputs_then_dims_then_the_rest(impl: ModuleType) -> None:
-    lay = impl.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64)
+def test_layout_packs_fused_inputs_then_dims_then_the_rest() -> None:
+    lay = native.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64)
     assert lay.merged and lay.gear_count == 2 and lay.input_count == 3
     assert [lay.fused(i) for i in range(3)] == [True, True, False]
     assert (lay.offset(1, 0), lay.offset(1, 1), lay.dims_offset(1)) == (0, 256, 320)
@@ -96,22 +90,22 @@ def test_layout_packs_fused_inputs_then_dims_then_the_rest(impl: ModuleType) -> 
     assert lay.total_bytes == 9384 and lay.dims_nbytes == 12 and lay.alignment == 64
 
 
-def test_layout_merges_only_two_or_more_buffers(impl: ModuleType) -> None:
-    alone = impl.plan_layout([[16], [32]], 0)
+def test_layout_merges_only_two_or_more_buffers() -> None:
+    alone = native.plan_layout([[16], [32]], 0)
     assert not alone.merged and not alone.fused(0)
     assert alone.merged_span(1) == (0, 0) and alone.separate(1) == [(0, 32)]
-    with_dims = impl.plan_layout([[16], [32]], 1)
+    with_dims = native.plan_layout([[16], [32]], 1)
     assert with_dims.merged and with_dims.merged_span(1) == (0, 68)
-    off = impl.plan_layout([[16, 16]], 2, -1)
+    off = native.plan_layout([[16, 16]], 2, -1)
     assert not off.merged
     assert off.separate(0) == [(0, 8), (64, 80), (128, 144)]  # dims first, then the inputs
 
 
-def test_layout_fusion_size_is_capped_at_32_mib(impl: ModuleType) -> None:
+def test_layout_fusion_size_is_capped_at_32_mib() -> None:
     mib = 1 << 20
-    lay = impl.plan_layout([[32 * mib, 32 * mib + 1]], 1, 1 << 40)
+    lay = native.plan_layout([[32 * mib, 32 * mib + 1]], 1, 1 << 40)
     assert lay.fused(0) and not lay.fused(1)
-    limits = impl.MAX_FUSION_SIZE, impl.DEFAULT_FUSION_SIZE
+    limits = native.MAX_FUSION_SIZE, native.DEFAULT_FUSION_SIZE
     assert limits == (32 * mib, 131072)
 
 
@@ -127,27 +121,26 @@ def test_layout_fusion_size_is_capped_at_32_mib(impl: ModuleType) -> None:
     (([[1]], 1, 10, 48, -1), "alignment must be a power of two >= 1, got 48"),  # checked first
     (([[2**63 - 1] * 2], 0, -1, 1, 32), "layout size overflows"),  # fits packed: see below
 ])
-def test_layout_rejects_bad_arguments(impl: ModuleType, args: tuple[Any, ...],
+def test_layout_rejects_bad_arguments(args: tuple[Any, ...],
                                       message: str) -> None:
     with pytest.raises(gr.InputError) as info:
-        impl.plan_layout(*args)
+        native.plan_layout(*args)
     assert message in info.value.message and info.value.code == "145000"
 
 
 @pytest.mark.parametrize("args", [([[1]], "2"), (5, 1), ([[1.5]], 1), ([[1]], 1, 10, 64, "32"),
                                   ([[1]], 1, 10, 64, 2**63)])
-def test_layout_calls_that_do_not_fit_are_type_errors(impl: ModuleType,
-                                                      args: tuple[Any, ...]) -> None:
+def test_layout_calls_that_do_not_fit_are_type_errors(args: tuple[Any, ...]) -> None:
     with pytest.raises(TypeError):
-        impl.plan_layout(*args)
+        native.plan_layout(*args)
 
 
 # ---- layout: tail_padding (pyACL's ALIGN_UP(len, 32) + 32 per sub-buffer) --------------------
-def test_layout_tail_padding_zero_is_the_packed_layout(impl: ModuleType) -> None:
+def test_layout_tail_padding_zero_is_the_packed_layout() -> None:
     """tail_padding=0 (the default) is byte for byte the layout without the parameter."""
     for args in [([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64), ([[16, 16]], 0),
                  ([[0, 3], [5, 3]], 1, 131072, 1), ([[16, 16]], 2, -1)]:
-        packed, zero = impl.plan_layout(*args), impl.plan_layout(*args, tail_padding=0)
+        packed, zero = native.plan_layout(*args), native.plan_layout(*args, tail_padding=0)
         assert zero.tail_padding == packed.tail_padding == 0
         assert repr(zero) == repr(packed) and "tail_padding" not in repr(zero)
         for g in range(packed.gear_count):
@@ -159,11 +152,11 @@ def test_layout_tail_padding_zero_is_the_packed_layout(impl: ModuleType) -> None
         assert zero.total_bytes == packed.total_bytes
 
 
-def test_layout_tail_padding_by_hand(impl: ModuleType) -> None:
+def test_layout_tail_padding_by_hand() -> None:
     # gear 1: input 0 (200 B) at 0 owns ALIGN_UP(200, 32) + 32 = 256; input 1 (20 B) at 256
     # owns 64; dims (12 B) at 320 own 64 -> merged end 384; input 2 (9000 B) at 384 owns
     # 9024 + 32 -> 9440.
-    lay = impl.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64, 32)
+    lay = native.plan_layout([[100, 10, 5000], [200, 20, 9000]], 3, 4096, 64, 32)
     assert lay.tail_padding == 32 and lay.alignment == 64
     assert (lay.offset(1, 0), lay.offset(1, 1), lay.dims_offset(1)) == (0, 256, 320)
     assert lay.merged_span(1) == (0, 384)  # covers the dims buffer's padding
@@ -176,30 +169,30 @@ def test_layout_tail_padding_by_hand(impl: ModuleType) -> None:
                          "tail_padding=32)")
 
 
-def test_layout_tail_padding_zero_byte_buffers_and_odd_values(impl: ModuleType) -> None:
+def test_layout_tail_padding_zero_byte_buffers_and_odd_values() -> None:
     # a 0-byte input still owns its padding; no dims buffer (dims_count 0) owns nothing
-    lay = impl.plan_layout([[0, 3]], 0, -1, 64, tail_padding=32)
+    lay = native.plan_layout([[0, 3]], 0, -1, 64, tail_padding=32)
     assert (lay.offset(0, 0), lay.offset(0, 1), lay.total_bytes) == (0, 64, 128)
-    merged = impl.plan_layout([[16, 16]], 0, tail_padding=32)
+    merged = native.plan_layout([[16, 16]], 0, tail_padding=32)
     assert merged.merged and merged.merged_span(0) == (0, 128) and merged.offset(0, 1) == 64
     # any padding and alignment: every footprint is ALIGN_UP(n, 32) + 1
-    odd = impl.plan_layout([[5, 3]], 1, alignment=1, tail_padding=1)
+    odd = native.plan_layout([[5, 3]], 1, alignment=1, tail_padding=1)
     assert (odd.offset(0, 1), odd.dims_offset(0), odd.merged_span(0)) == (33, 66, (0, 99))
     assert odd.total_bytes == 99
     # two inputs of 2**63 - 1 bytes fit 64 bits packed; padded, they overflow (rejected above)
-    assert impl.plan_layout([[2**63 - 1] * 2], 0, -1, 1).total_bytes == 2**64 - 2
+    assert native.plan_layout([[2**63 - 1] * 2], 0, -1, 1).total_bytes == 2**64 - 2
 
 
 @pytest.mark.parametrize("fusion", [-1, 40, 131072])
 @pytest.mark.parametrize("dims", [0, 1, 8, 9])
-def test_layout_tail_padding_keeps_the_acl_rule(impl: ModuleType, fusion: int,
+def test_layout_tail_padding_keeps_the_acl_rule(fusion: int,
                                                 dims: int) -> None:
     """alignment 64 + tail_padding 32: every buffer starts 64-aligned and has at least
     ALIGN_UP(len, 32) + 32 bytes before the next buffer (or the end of the staging)."""
     tables = [[[100, 10], [200, 20]], [[16, 1000], [32, 5000]], [[0, 3], [5, 3]],
               [[32, 64, 96], [1, 2, 31], [33, 65, 97]]]
     for table in tables:
-        lay = impl.plan_layout(table, dims, fusion, 64, 32)
+        lay = native.plan_layout(table, dims, fusion, 64, 32)
         for g in range(lay.gear_count):
             bufs = [(lay.offset(g, i), lay.nbytes(g, i)) for i in range(lay.input_count)]
             bufs += [(lay.dims_offset(g), lay.dims_nbytes)] if dims else []
@@ -210,8 +203,8 @@ def test_layout_tail_padding_keeps_the_acl_rule(impl: ModuleType, fusion: int,
                 assert start + (n + 31) // 32 * 32 + 32 <= limit, (table, g, start, n)
 
 
-def test_layout_index_errors_are_input_errors(impl: ModuleType) -> None:
-    lay = impl.plan_layout([[1, 2]], 1)
+def test_layout_index_errors_are_input_errors() -> None:
+    lay = native.plan_layout([[1, 2]], 1)
     with pytest.raises(gr.InputError, match="gear index 1 out of range: the layout has 1 gears"):
         lay.offset(1, 0)
     with pytest.raises(gr.InputError, match="input index 2 out of range"):
@@ -222,8 +215,8 @@ def test_layout_index_errors_are_input_errors(impl: ModuleType) -> None:
 
 
 # ---- matching ------------------------------------------------------------------------------
-def test_match_every_gear_and_explain_a_miss(impl: ModuleType) -> None:
-    core, _ = build(impl, BATCH)
+def test_match_every_gear_and_explain_a_miss() -> None:
+    core, _ = build(native, BATCH)
     assert (core.gear_count, core.values_per_gear) == (3, 1)
     assert [core.match([b]) for b in (1, 8, 16)] == [0, 1, 2]
     assert core.match(np.array([8])) == 1  # numpy ints are ints
@@ -235,10 +228,10 @@ def test_match_every_gear_and_explain_a_miss(impl: ModuleType) -> None:
         "nearest first: (16,), (8,), (1,)")
 
 
-def test_mismatch_lists_eight_gears_then_how_many_more(impl: ModuleType) -> None:
+def test_mismatch_lists_eight_gears_then_how_many_more() -> None:
     spec = GearSpec.from_atc(input_shape="x:-1,2", dynamic_batch_size=",".join(
         str(b) for b in range(1, 21)))
-    core, _ = build(impl, spec)
+    core, _ = build(native, spec)
     with pytest.raises(gr.GearMismatchError) as info:
         core.match([0])
     assert info.value.message.endswith(
@@ -247,8 +240,8 @@ def test_mismatch_lists_eight_gears_then_how_many_more(impl: ModuleType) -> None
     assert core.nearest([10], 0) == []
 
 
-def test_match_input_errors(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_match_input_errors() -> None:
+    core, _ = build(native, DIMS)
     with pytest.raises(gr.DynamicInputLengthError,
                        match=r"dynamic dims have 1 values, the model's gears have 2"):
         core.match([20])
@@ -260,18 +253,18 @@ def test_match_input_errors(impl: ModuleType) -> None:
 
 
 # ---- dims -------------------------------------------------------------------------------------
-def test_extract_dims_batch_and_image_modes(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_extract_dims_batch_and_image_modes() -> None:
+    core, _ = build(native, DIMS)
     assert core.extract([np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]) == (40, 2)
     assert core.extract([np.zeros((1, 7)), np.zeros((9, 4))]) == (7, 9)  # not matched here
-    image, _ = build(impl, IMAGE)
+    image, _ = build(native, IMAGE)
     assert image.extract([np.zeros((1, 3, 16, 24))]) == (16, 24)
-    two, _ = build(impl, TWO_BATCH)
+    two, _ = build(native, TWO_BATCH)
     assert two.extract([np.zeros((4, 3)), np.zeros((4, 2))]) == (4,)
 
 
-def test_extract_errors_name_input_axis_and_values(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_extract_errors_name_input_axis_and_values() -> None:
+    core, _ = build(native, DIMS)
     x = np.zeros((1, 20), np.float32)
     cases = [
         ([x, np.zeros((1, 7))], gr.DynamicInputLengthError,
@@ -288,15 +281,15 @@ def test_extract_errors_name_input_axis_and_values(impl: ModuleType) -> None:
         assert type(info.value) is cls and info.value.message == message
     with pytest.raises(gr.InputError):  # a 2-D array is a sequence of 1 rows, not 2 inputs
         core.extract(cases[4][0])
-    two, _ = build(impl, TWO_BATCH)
+    two, _ = build(native, TWO_BATCH)
     with pytest.raises(gr.DynamicInputLengthError) as info:
         two.extract([np.zeros((4, 3)), np.zeros((2, 2))])
     assert info.value.message == ("input 'b' axis 0 is 2 but input 'a' axis 0 is 4, and both "
                                   "carry gear value 0")
 
 
-def test_values_from_full_dims(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_values_from_full_dims() -> None:
+    core, _ = build(native, DIMS)
     assert core.values_from_full_dims([1, 40, 2, 4]) == (40, 2)
     with pytest.raises(gr.DynamicInputLengthError) as info:
         core.values_from_full_dims([1, 40, 2])
@@ -311,8 +304,8 @@ def test_values_from_full_dims(impl: ModuleType) -> None:
 
 # ---- staging ------------------------------------------------------------------------------
 @pytest.mark.parametrize("fusion_size", [131072, 16, -1])
-def test_stage_writes_every_input_and_the_dims(impl: ModuleType, fusion_size: int) -> None:
-    core, staging = build(impl, DIMS, [np.float32, np.int64], fusion_size=fusion_size, extra=64)
+def test_stage_writes_every_input_and_the_dims(fusion_size: int) -> None:
+    core, staging = build(native, DIMS, [np.float32, np.int64], fusion_size=fusion_size, extra=64)
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((1, 40)).astype(np.float32),
               rng.integers(-9, 9, (2, 4)).astype(np.int64)]
@@ -323,8 +316,8 @@ def test_stage_writes_every_input_and_the_dims(impl: ModuleType, fusion_size: in
     np.testing.assert_array_equal(staging, want)
 
 
-def test_stage_copies_non_contiguous_inputs(impl: ModuleType) -> None:
-    core, staging = build(impl, IMAGE)
+def test_stage_copies_non_contiguous_inputs() -> None:
+    core, staging = build(native, IMAGE)
     base = np.arange(3 * 24 * 16, dtype=np.float32).reshape(1, 3, 24, 16)
     arr = base.transpose(0, 1, 3, 2)  # (1, 3, 16, 24), not C-contiguous
     assert not arr.flags.c_contiguous
@@ -333,8 +326,8 @@ def test_stage_copies_non_contiguous_inputs(impl: ModuleType) -> None:
         staging, expected_staging(core.layout, 1, [arr], (16, 24), staging.size))
 
 
-def test_stage_checks_preset_gear_and_dtype(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_stage_checks_preset_gear_and_dtype() -> None:
+    core, _ = build(native, DIMS)
     ok = [np.zeros((1, 20), np.float32), np.zeros((1, 4), np.float32)]
     assert core.stage(ok, (20, 1)) == 0
     with pytest.raises(gr.DynamicInputLengthError) as info:
@@ -353,8 +346,8 @@ def test_stage_checks_preset_gear_and_dtype(impl: ModuleType) -> None:
     assert core.last_values == (20, 1)  # failed stages leave it alone
 
 
-def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing(impl: ModuleType) -> None:
-    core, staging = build(impl, DIMS)
+def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing() -> None:
+    core, staging = build(native, DIMS)
     lay = core.layout
     x = staging[lay.offset(1, 0):lay.offset(1, 0) + 160].view(np.float32).reshape(1, 40)
     x[...] = np.arange(40)
@@ -367,9 +360,9 @@ def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing(impl: ModuleTyp
         core.stage([x, wrong])
 
 
-def test_zero_size_gear(impl: ModuleType) -> None:
+def test_zero_size_gear() -> None:
     spec = GearSpec.from_atc(input_shape="x:-1,3;y:2", dynamic_batch_size="0,2")
-    core, staging = build(impl, spec)
+    core, staging = build(native, spec)
     arrays = [np.zeros((0, 3), np.float32), np.full(2, 7, np.float32)]
     assert core.stage(arrays) == 0
     np.testing.assert_array_equal(
@@ -377,24 +370,24 @@ def test_zero_size_gear(impl: ModuleType) -> None:
 
 
 # ---- construction ------------------------------------------------------------------------------
-def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
+def test_construction_checks_layout_and_staging() -> None:
     names, shapes = ["x", "mask"], [[1, -1], [-1, 4]]
     pos, gears = list(DIMS.dynamic_positions), [[20, 1], [40, 2]]
     dts = [np.float32, np.float32]
-    good = impl.plan_layout([[80, 16], [160, 32]], 2)
+    good = native.plan_layout([[80, 16], [160, 32]], 2)
 
     def make(layout: Any = good, staging: Any = None, dtypes: Any = dts, gs: Any = gears) -> Any:
         if staging is None:
             staging = np.zeros(good.total_bytes, np.uint8)
-        return impl.ExecutorCore(names, shapes, pos, gs, dtypes, layout, staging)
+        return native.ExecutorCore(names, shapes, pos, gs, dtypes, layout, staging)
 
     cases = [
-        (dict(layout=impl.plan_layout([[80, 16], [159, 32]], 2)), gr.InputError,
+        (dict(layout=native.plan_layout([[80, 16], [159, 32]], 2)), gr.InputError,
          "layout slot of input 'x' in gear 1 has 159 bytes, its shape (1, 40) of float32 needs "
          "160"),
-        (dict(layout=impl.plan_layout([[80, 16]], 2)), gr.InputError,
+        (dict(layout=native.plan_layout([[80, 16]], 2)), gr.InputError,
          "layout has 1 gears, the model has 2"),
-        (dict(layout=impl.plan_layout([[80, 16], [160, 32]], 1)), gr.InputError,
+        (dict(layout=native.plan_layout([[80, 16], [160, 32]], 1)), gr.InputError,
          "layout dims buffer has 4 bytes, the model's gears have 2 values (8 bytes as int32; or "
          "0: no dims buffer)"),
         (dict(staging=np.zeros(good.total_bytes - 1, np.uint8)), gr.InputError,
@@ -414,7 +407,7 @@ def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
         with pytest.raises(cls) as info:
             make(**kwargs)
         assert message in info.value.message, (kwargs, info.value.message)
-    for kwargs in (dict(layout="nope"), dict(layout=impl.Layout.__new__(impl.Layout)),
+    for kwargs in (dict(layout="nope"), dict(layout=native.Layout.__new__(native.Layout)),
                    dict(staging=bytearray(good.total_bytes)), dict(staging=[0] * 64)):
         with pytest.raises(TypeError):  # not a Layout / not an array: never a wild read or copy
             make(**kwargs)
@@ -424,20 +417,20 @@ def test_construction_checks_layout_and_staging(impl: ModuleType) -> None:
         make(staging=ro)
 
 
-def test_construction_checks_positions(impl: ModuleType) -> None:
+def test_construction_checks_positions() -> None:
     with pytest.raises(gr.GearSpecError, match="names input 'x' axis 0, which the model fixes"):
-        impl.ExecutorCore(["x"], [[1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
-                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+        native.ExecutorCore(["x"], [[1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+                          native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
     with pytest.raises(gr.GearSpecError, match="no dynamic position maps it"):
-        impl.ExecutorCore(["x"], [[-1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
-                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+        native.ExecutorCore(["x"], [[-1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+                          native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
     with pytest.raises(gr.InputError, match=r"dynamic_positions\[0\] must have 3 values"):
-        impl.ExecutorCore(["x"], [[-1]], [(0, 0)], [[1], [2]], [np.float32],
-                          impl.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
+        native.ExecutorCore(["x"], [[-1]], [(0, 0)], [[1], [2]], [np.float32],
+                          native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
 
 
-def test_core_keeps_the_staging_buffer_alive(impl: ModuleType) -> None:
-    core, staging = build(impl, BATCH)
+def test_core_keeps_the_staging_buffer_alive() -> None:
+    core, staging = build(native, BATCH)
     alive = weakref.ref(staging)
     del staging
     assert alive() is not None  # the core holds a reference
@@ -515,8 +508,8 @@ def test_stage_keeps_its_scratch_per_call_under_concurrent_misuse() -> None:
 
 
 # ---- calling conventions ------------------------------------------------------------------------
-def test_keyword_arguments_and_call_errors(impl: ModuleType) -> None:
-    core, _ = build(impl, DIMS)
+def test_keyword_arguments_and_call_errors() -> None:
+    core, _ = build(native, DIMS)
     arrays = [np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]
     assert core.match(values=(40, 2)) == 1
     assert core.extract(arrays=arrays) == (40, 2)
@@ -524,7 +517,7 @@ def test_keyword_arguments_and_call_errors(impl: ModuleType) -> None:
     assert core.stage(arrays, preset=None) == 1
     assert core.nearest(values=(40, 2), k=1) == [(40, 2)]
     assert core.values_from_full_dims(full_dims=[1, 40, 2, 4]) == (40, 2)
-    lay = impl.plan_layout(input_nbytes=[[8, 8]], dims_count=1, fusion_size=64, alignment=64,
+    lay = native.plan_layout(input_nbytes=[[8, 8]], dims_count=1, fusion_size=64, alignment=64,
                            tail_padding=32)
     assert (lay.tail_padding, lay.offset(0, 1)) == (32, 64)
     for call in (lambda: core.match(), lambda: core.match((40, 2), 1),

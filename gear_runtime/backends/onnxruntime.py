@@ -62,8 +62,9 @@ from gear_runtime.gearfile.reader import GearFile, read_gear_file
 #: bytes (the gear file's folder, never the working directory).
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 #: ``execute(copy=True)`` on CPU: outputs of at least this many bytes are written by ORT
-#: straight into arrays the caller keeps, from the executor's :class:`OutputPool` (copying
-#: 32 MB of logits costs ~6 ms, 2.5% of a 1024-token prefill); smaller ones are copied.
+#: straight into arrays the caller keeps, from the executor's :class:`OutputPool` (a copy of
+#: large logits costs a share of the run itself: benchmarks/bench_scale.py); smaller ones are
+#: copied.
 FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
 #: The pool keeps at most this many times the bytes of the largest gear's pooled outputs.
 POOL_BUDGET_FACTOR = 2
@@ -323,7 +324,7 @@ class OrtSession(BackendSession, BenchSession):
         self._run_options = [ort.RunOptions() for _ in gears]
         # ORT runs without an id under graph id 0, which it captures: other runs say -1. On
         # CUDA every run names its id: the public run_with_iobinding looks it up, and a lookup
-        # of a missing key costs ~100-200 us (a raised RuntimeError; measured on ORT 1.32).
+        # of a missing key raises (and catches) a RuntimeError inside ORT on every run.
         self._plain_options = ort.RunOptions()
         self._graph_ids: list[int] = []
         self.graphs_left = 0  # graphs close() could not free (see close)
@@ -396,10 +397,11 @@ class OrtSession(BackendSession, BenchSession):
                   on_device: bool) -> tuple[Any, list[Any]]:
         """What a run calls, looked up once, and the binding objects it takes.
 
-        On a device: ORT's public ``InferenceSession.run_with_iobinding`` (its checks cost
-        ~1-4 us with the graph id set, nothing next to a GPU run). On CPU, where the whole
-        executor overhead is ~2.5 us, ORT's C binding ``_sess.run_with_iobinding`` with each
-        binding's ``_iobinding``, while this ORT has them (the public wrapper is the fallback).
+        On a device: ORT's public ``InferenceSession.run_with_iobinding`` (its checks are
+        nothing next to a GPU run). On CPU, where they would be a large share of the whole
+        executor overhead (benchmarks/bench_core.py), ORT's C binding ``_sess.run_with_iobinding``
+        with each binding's ``_iobinding``, while this ORT has them (the public wrapper is the
+        fallback).
         """
         c_run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
         c_bindings = [getattr(b, "_iobinding", None) for b in self._bindings]
@@ -486,7 +488,7 @@ class OrtSession(BackendSession, BenchSession):
         for k in big:
             out = outs[k]
             fresh[k], ptr = array(out.shape, out.dtype, out.nbytes)
-            if bound[k] != ptr:  # the block moved: bind the new one (~2 us)
+            if bound[k] != ptr:  # the block moved: bind the new one
                 binding.bind_output(self._output_names[k], "cpu", 0, out.dtype,
                                     list(out.shape), ptr)
                 bound[k] = ptr
@@ -520,7 +522,7 @@ class OrtSession(BackendSession, BenchSession):
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
         if self._device is None:  # CPU, the hot path: ORT reads the staging buffer itself
-            try:  # run_bound inlined: a Python call costs ~0.1 us of a ~3 us budget
+            try:  # run_bound inlined: a Python call frame is a visible share of the budget
                 self._run_c(self._c_bindings[gear], self._run_options[gear])
             except Exception as exc:
                 raise self._failed(gear, exc) from exc
@@ -556,7 +558,7 @@ class OrtSession(BackendSession, BenchSession):
         ORT's public ``InferenceSession.release_captured_graph`` (1.30+) frees a graph id;
         the CUDA EP keeps graphs per thread, so only a close on the thread that captured them
         frees them. Closed from another thread (or on an older ORT) they are left to the
-        session, which frees them when the model closes (cuda_graph.cc ties them to it);
+        session, which frees them when the model closes (docs/cuda.md: ORT ties them to it);
         ``graphs_left`` counts them."""
         session = self.model.session
         release = getattr(session, "release_captured_graph", None)

@@ -59,7 +59,7 @@ def is_capture_refusal(message: str) -> bool:
 
 class _CaptureGate:
     """CUDA graph capture vs everything else on the GPU: ORT's CUDA EP captures with
-    ``cudaStreamCaptureModeGlobal`` (cuda_graph.cc), where a CUDA call from ANY other thread
+    ``cudaStreamCaptureModeGlobal`` (docs/cuda.md), where a CUDA call from ANY other thread
     (a cudaMalloc, a blocking copy, another session's run) breaks the capture. So device
     allocation and capture are exclusive, runs and copies are shared: a readers-writer lock,
     one for the whole process (:data:`CUDA_GATE`), taken only by CUDA models.

@@ -55,6 +55,7 @@ from gear_runtime.gearfile.format import (
     FORMAT_VERSION,
     KIND_CASE,
     KIND_SINK,
+    MAX_GEAR_FILE_BYTES,
     META_DIGEST,
     META_FORMAT,
     META_HYBRID,
@@ -71,8 +72,8 @@ from gear_runtime.gearfile.format import (
 from gear_runtime.spec import GearSpec
 
 #: protobuf cannot serialize a message of 2 GiB or more: the graph (and any weights kept
-#: inside it) must stay under this; big weights go to the data file beside it.
-MAX_FILE_BYTES = 2**31 - 1
+#: inside it) must stay under the format's limit; big weights go to the data file beside it.
+MAX_FILE_BYTES = MAX_GEAR_FILE_BYTES
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Load the model and check the spec against it before anything is compiled.
 
-GE checks the same things in CheckSequenceOfData (multi_batch_options.cc): as many Data nodes
+GE checks the same things in CheckSequenceOfData (docs/ge-notes.md section 1): as many Data nodes
 as inputs in input_shape, equal ranks, every static dim of input_shape equal to the model's.
 We add: every -1 must sit on a dim the model leaves dynamic (a gear cannot change a dim the
 model fixes), and a name that is not a model input is GE's E10016 ("Opname ... specified in

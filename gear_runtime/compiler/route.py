@@ -1,6 +1,6 @@
 """The root graph around the branches: GE's Case structure, or the sink routing.
 
-``build_case_model``: GE's multi-batch structure (multi_batch_clone_pass.cc): Data inputs
+``build_case_model``: GE's multi-batch structure (docs/ge-notes.md section 4): Data inputs
 shaped to the largest gear + ``ascend_mbatch_shape_data`` -> MapIndex(dims, gear table) ->
 Case(index, inputs...) with GE's attributes. Custom domain; a description of the compiled
 model for backends that build their own executables per gear, not runnable by stock ORT.
@@ -48,6 +48,7 @@ from gear_runtime.gearfile.format import (
     RESERVED_PREFIX,
     case_gear_table,
     format_output_dims,
+    routing_output_name,
     sink_gear_table,
 )
 from gear_runtime.spec import GearSpec
@@ -117,7 +118,7 @@ def routing_outputs(info: GraphInfo, spec: GearSpec) -> list[str]:
     the routing node writes ``ascend_mbatch_out_<k>`` (unused) and the root output is that
     input or weight directly, whatever the gear."""
     roots = set(spec.input_names) | set(info.weights)
-    return [f"{RESERVED_PREFIX}out_{k}" if t.name in roots else t.name
+    return [routing_output_name(k) if t.name in roots else t.name
             for k, t in enumerate(info.outputs)]
 
 

@@ -4,7 +4,7 @@
 
 Two kinds, both written by :func:`gear_runtime.compiler.compile_model`:
 
-``"case"`` (default; GE's multi-batch structure, multi_batch_clone_pass.cc, NOT runnable by
+``"case"`` (default; GE's multi-batch structure, docs/ge-notes.md section 4, NOT runnable by
 stock ONNX Runtime): the root graph has the spec inputs shaped to the LARGEST gear plus the
 int32 input ``ascend_mbatch_shape_data`` ([values_per_gear]); the weights as root
 initializers (once) and the gear table (int32, flattened [gear_count * values_per_gear]);
@@ -101,6 +101,15 @@ ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 #: Every name the compiler adds starts with this; models using it are refused.
 RESERVED_PREFIX = "ascend_mbatch_"
 GEAR_TABLE_NAME = "ascend_mbatch_gear_table"
+
+
+def routing_output_name(k: int) -> str:
+    """What the routing node (Case / top If) writes for output ``k`` when that output is a
+    root input or weight itself (a passthrough: SSA forbids producing it again)."""
+    return f"{RESERVED_PREFIX}out_{k}"
+
+
+
 BRANCH_INDEX_NAME = "ascend_mbatch_branch_index"
 #: GE's batch_label of gear i's branch, used as the branch graph's name.
 BATCH_LABEL_PREFIX = "Batch_"

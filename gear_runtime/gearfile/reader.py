@@ -30,14 +30,7 @@ from gear_runtime.errors import GearFileError, GearSpecError
 from gear_runtime.files import FileTooLargeError, read_regular_file, reason
 from gear_runtime.gearfile import format as fmt
 from gear_runtime.gearfile import passthrough
-from gear_runtime.gearfile.digest import (
-    DataDigest,
-    HeldDataFile,
-    check_file,
-    digest_placeholder,
-    seal_digest,
-)
-from gear_runtime.gearfile.digest import parse_digest as _parse_digest
+from gear_runtime.gearfile.digest import DataDigest, HeldDataFile, check_file
 from gear_runtime.gearfile.external_data import (
     ExternalDataError,
     ExternalSpan,
@@ -45,17 +38,13 @@ from gear_runtime.gearfile.external_data import (
     is_external,
     relocate,
 )
-from gear_runtime.gearfile.format import META_DIGEST
 from gear_runtime.gearfile.info import ModelInfo, check_output_axes
 from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
 from gear_runtime.spec import GearSpec
 
-#: META_DIGEST (home: gearformat), digest_placeholder, seal_digest and _parse_digest (home:
-#: digest) are re-exported because benchmarks/fuzz_gearfile.py reads them from here.
 T = TypeVar("T")
 
-__all__ = ["META_DIGEST", "GearFile", "_parse_digest", "digest_placeholder", "read_gear_file",
-           "seal_digest"]
+__all__ = ["GearFile", "read_gear_file"]
 
 @dataclass(frozen=True)
 class GearFile:
@@ -571,7 +560,7 @@ class _Reader:
                             f"{len(output_names)}")
         roots = set(root) | set(self.weights)
         for k, (p, n) in enumerate(zip(produced, output_names, strict=True)):
-            if p != n and not (p == f"{fmt.RESERVED_PREFIX}out_{k}" and n in roots):
+            if p != n and not (p == fmt.routing_output_name(k) and n in roots):
                 raise self.fail(f"root output {k} is {n!r} but the routing node writes {p!r}")
 
     def _case_attrs(self, case: onnx.NodeProto) -> dict[str, Any]:

@@ -266,7 +266,7 @@ class GearModel:
         total input elements."""
         return list(self._dispatcher.costs)
 
-    # ---- ACL-style queries (acl_mdl.h, docs/ge-notes.md section 8)----------------------------
+    # ---- ACL-style queries (docs/ge-notes.md sections 8 and 12) ------------------------------
     def get_input_dynamic_gear_count(self) -> int:
         """aclmdlGetInputDynamicGearCount(desc, -1)."""
         return self.gear_count

@@ -46,6 +46,7 @@ from gear_runtime.serving.http import HttpReply, HttpRequest
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
     HEADER_LENGTH,
+    MODEL_VERSION,
     InferRequest,
     decode_request,
     encode_response,
@@ -63,8 +64,6 @@ from gear_runtime.serving.stats import RunTiming
 
 logger = logging.getLogger("gear_runtime.serving")
 
-#: The only model version served (v2 paths may name it).
-VERSION = "1"
 JSON = "application/json"
 #: Bodies of requests that are not inferences (repository calls, GETs).
 SMALL_BODY_BYTES = 2**20
@@ -226,11 +225,11 @@ class GearServer:
         """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the
         server does not know, ModelNotLoadedError for a repository model not loaded."""
         model = self.models.get(name)
-        if model is not None and version in ("", VERSION):
+        if model is not None and version in ("", MODEL_VERSION):
             return model
         if model is not None:
             raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r} "
-                                     f"(version {VERSION} is served)")
+                                     f"(version {MODEL_VERSION} is served)")
         if self.repository is not None and name in self.repository:
             why = self.unavailable.get(name, "not loaded")
             raise ModelNotLoadedError(f"model {name!r} is not loaded ({why}); load it: POST "
@@ -309,7 +308,7 @@ class GearServer:
             state = "READY" if name in self.models else "UNAVAILABLE"
             if ready_only and state != "READY":
                 continue
-            out.append({"name": name, "version": VERSION, "state": state,
+            out.append({"name": name, "version": MODEL_VERSION, "state": state,
                         "reason": "" if state == "READY"
                         else self.unavailable.get(name, "not loaded")})
         return out

@@ -41,6 +41,7 @@ import numpy as np
 from gear_runtime.serving.errors import PayloadTooLargeError
 from gear_runtime.serving.protocol import (
     DATATYPES,
+    MODEL_VERSION,
     InferRequest,
     binary_tensor,
     check_datatype,
@@ -255,7 +256,7 @@ def _response(model: Any, request: Any, infer_request: InferRequest,
         by_name = dict(zip(names, outputs, strict=True))
         names = list(infer_request.outputs)
         outputs = [by_name[n] for n in names]
-    response = service_pb2.ModelInferResponse(model_name=model.name, model_version="1",
+    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=MODEL_VERSION,
                                               id=request.id)
     for name, array in zip(names, outputs, strict=True):
         response.outputs.add(name=name, datatype=datatype_of(array.dtype),

@@ -31,6 +31,9 @@ import orjson
 from gear_runtime.errors import InputError
 from gear_runtime.runtime.inputs import list_to_array
 
+#: The one model version served (v2 paths and replies name it): one home for every module.
+MODEL_VERSION = "1"
+
 #: The header Triton's binary extension uses for the JSON part's length.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -271,7 +274,8 @@ def encode_response(model_name: str, request: InferRequest, names: Sequence[str]
             entry["data"] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))\
                 .ravel()
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": outputs}
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": MODEL_VERSION,
+                           "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

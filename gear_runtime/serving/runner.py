@@ -29,7 +29,6 @@ import numpy as np
 
 from gear_runtime.errors import (
     ClosedError,
-    GearFileError,
     GearMismatchError,
     InputError,
 )
@@ -37,7 +36,12 @@ from gear_runtime.runtime.inputs import check_names
 from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
-from gear_runtime.serving.protocol import InferRequest, datatype_of, json_width
+from gear_runtime.serving.protocol import (
+    MODEL_VERSION,
+    InferRequest,
+    datatype_of,
+    json_width,
+)
 from gear_runtime.serving.stats import ModelStats, RunTiming
 
 T = TypeVar("T")
@@ -196,7 +200,7 @@ class ServedModel:
         self._datatypes = [datatype_of(d) for d in self._dtypes]
         self._shapes = [tuple(s) for s in spec.input_shapes]
         self.max_request_bytes = options.max_body_bytes or request_limit(model)
-        self.stats = ModelStats(name, "1")
+        self.stats = ModelStats(name, MODEL_VERSION)
         self.pool = ExecutorPool(model, options.executors, name)
         self.plan, why = BatchPlan.for_model(model.dispatcher, model.info.output_shapes)
         self.batcher: Batcher | None = None
@@ -263,7 +267,7 @@ class ServedModel:
                                   "pad": self.options.pad and self.batcher is None}
         if self.batcher is not None:
             params["max_batch_delay_ms"] = self.options.max_batch_delay_ms
-        return {"name": self.name, "versions": ["1"],
+        return {"name": self.name, "versions": [MODEL_VERSION],
                 "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
                 "outputs": outputs, "parameters": params}
 
@@ -481,8 +485,7 @@ def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> S
     """Load the gear file ``path`` and start its executors, served as ``name``."""
     import gear_runtime as gr
 
-    if not os.path.isfile(path):
-        raise GearFileError(f"gear file {path!r} does not exist or is not a file")
+    # a missing or unreadable file is the loader's GearFileError (its one file rule)
     model = gr.load(path, backend=options.backend, **options.load_options())
     try:
         return ServedModel(name, model, options, metrics, path=path)

@@ -1,9 +1,9 @@
 """Parse ATC flag values and GE options into a validated :class:`GearSpec`.
 
-The rules and error codes are GE's own (compiler/api/aclgrph/option_utils.cc:
-``CheckDynamicInputParamValid`` and friends, then compiler/graph/preprocess/
-multi_batch_options.cc: ``InitDynamicParams`` + ``CheckDynamicParams``), applied in GE's
-order, so that the code a user sees here is the code ATC would have printed:
+The rules and error codes are GE's own (docs/ge-notes.md section 1: the option checks
+``CheckDynamicInputParamValid`` and friends, then ``InitDynamicParams`` +
+``CheckDynamicParams``), applied in GE's order, so that the code a user sees here is the
+code ATC would have printed:
 
 ====== ==================================================================================
 code   rule
