@@ -13,7 +13,7 @@ from models import CONV_BATCH_SPEC, PREFILL_SPEC, conv_model, passthrough_model,
 from onnx import helper, numpy_helper
 
 import gear_runtime as gr
-from gear_runtime.compiler import compile_model, describe
+from gear_runtime.compiler import compile_model
 from gear_runtime.errors import GearFileError, InputError
 from gear_runtime.gearfile.digest import reseal
 from gear_runtime.gearfile.format import (
@@ -28,6 +28,7 @@ from gear_runtime.gearfile.format import (
     spec_to_json,
 )
 from gear_runtime.gearfile.reader import read_gear_file
+from gear_runtime.tools.inspect import describe
 
 
 @pytest.fixture(scope="module")
