@@ -21,6 +21,7 @@ from gear_runtime.tools.bench import context as bench_context
 from gear_runtime.tools.bench import engine as bench
 from gear_runtime.tools.bench import plot as bench_plot
 from gear_runtime.tools.bench import report as bench_report
+from gear_runtime.tools.bench import result as bench_result
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +80,14 @@ def spy_runs(monkeypatch):
     from gear_runtime.backends.onnxruntime import OrtSession
     from gear_runtime.runtime.executor import Executor
 
-    calls: dict[str, list] = {"execute": [], "bare": [], "session.run": []}
+    calls: dict[str, list] = {"execute": [], "bare": [], "session.run": [], "order": []}
 
     def wrap(cls, name, key, record):
         real = getattr(cls, name)
 
         def spy(self, *args, **kwargs):
             calls[key].append(record(self, args, kwargs))
+            calls["order"].append(key if key == "execute" else ("session.run", id(self)))
             return real(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, name, spy)
@@ -98,7 +100,8 @@ def spy_runs(monkeypatch):
         h = real_handles(model, executor)
         assert h.bare_run.__func__ is OrtSession.run_bound  # the session's public run_bound
         run = h.bare_run
-        h.bare_run = lambda g: (calls["bare"].append(g), run(g))[1]
+        h.bare_run = lambda g: (calls["bare"].append(g), calls["order"].append("bare"),
+                                run(g))[2]
         return h
 
     monkeypatch.setattr(bench, "_backend_handles", handles)
@@ -119,7 +122,8 @@ def test_every_gear_with_all_comparison_columns(example, spy_runs) -> None:
     assert len(spy_runs["execute"]) == 4 * (runs + 1) and all(spy_runs["execute"])
     assert spy_runs["bare"] == [g for g in range(4) for _ in range(runs)]
     per_session = {s: spy_runs["session.run"].count(s) for s in set(spy_runs["session.run"])}
-    assert sorted(per_session.values()) == [4 * runs, 4 * runs]  # naive and dynamic
+    # naive: every iteration; dynamic (the reference): a check run + every iteration
+    assert sorted(per_session.values()) == [4 * runs, 4 * (runs + 1)]
     for r in report.gears:
         assert set(r.samples_ns) == {"execute", "bare", "naive", "dynamic"}
         for name in r.samples_ns:
@@ -144,6 +148,22 @@ def test_every_gear_with_all_comparison_columns(example, spy_runs) -> None:
     assert table[2].startswith("0") and "32,32,32,16" in table[2]
 
 
+def test_the_runner_order_is_shuffled_every_iteration(example, spy_runs) -> None:
+    """No runner always runs first or right after another (warm caches, a spinning thread
+    pool would favour it): over 40 iterations each of the 4 runners leads at least once and
+    the orders differ."""
+    iterations = 40
+    bench.bench_model(str(example.gear), gears="1", iterations=iterations, warmup=0,
+                      threads=1, reference=str(example.model), inputs=example_inputs,
+                      progress=False)
+    order = spy_runs["order"][2:]  # after the check runs of execute and of the reference
+    assert len(order) == 4 * iterations
+    rounds = [tuple(order[4 * i:4 * i + 4]) for i in range(iterations)]
+    assert all(len(set(r)) == 4 for r in rounds)  # each runner once per iteration
+    assert len({r[0] for r in rounds}) == 4
+    assert len(set(rounds)) > iterations // 4
+
+
 def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> None:
     report = bench.bench_model(str(example.gear), gears="0,2", iterations=4, warmup=1,
                                threads=1, inputs=example_inputs, progress=False, copy=False)
@@ -157,7 +177,8 @@ def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> Non
     assert len(machine["load_average"]) == 3
     assert ctx["settings"] == {"backend": "onnxruntime", "providers": ["CPUExecutionProvider"],
                                "threads": 1, "warmup": 1, "iterations": 4, "copy": False,
-                               "seed": 0, "gears": [0, 2], "reference": None}
+                               "seed": 0, "gears": [0, 2], "reference": None, "pad": False,
+                               "fill": "inputs=", "request": None}
     import onnxruntime
 
     assert ctx["versions"] == {"gear_runtime": gr.__version__, "numpy": np.__version__,
@@ -318,24 +339,6 @@ def test_closes_what_it_opened(example, monkeypatch, given) -> None:
     assert closed.count("GearModel") == (1 if given == "path" else 0)
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures the plot functions save (captured before they are closed)."""
-    pytest.importorskip("matplotlib")
-    saved = []
-    real = bench_plot.save_figure
-
-    def capture(plt, fig, path):
-        saved.append(fig)
-        return real(plt, fig, path)
-
-    monkeypatch.setattr(bench_plot, "save_figure", capture)
-    import gear_runtime.tools.bench.compare as bc
-
-    monkeypatch.setattr(bc, "save_figure", capture)
-    return saved
-
-
 def test_plot_shows_percentiles_and_distributions_on_log_scales(example, tmp_path,
                                                                 figures) -> None:
     report = bench.bench_model(str(example.gear), gears="0,1", iterations=6, warmup=0,
@@ -477,6 +480,67 @@ def test_a_drift_inside_the_noise_band_is_within_noise(result) -> None:
     assert gear.low > 1 and gear.verdict == "slower"
 
 
+def wide(result: dict, gear_index: int, factor: float, sigma: float = 0.5) -> tuple[dict, dict]:
+    """Two runs whose gear ``gear_index`` has widely spread times (40 iterations, lognormal
+    sigma ``sigma``), the second the first times ``factor`` exactly."""
+    a = copy.deepcopy(result)
+    times = np.random.default_rng(5).lognormal(np.log(2e5), sigma, 40)
+    a["gears"][gear_index]["samples_ns"]["execute"] = times.astype(np.int64).tolist()
+    return a, slowed(a, gear_index, factor)
+
+
+@pytest.mark.parametrize("factor", [1.08, 0.92])
+def test_the_verdict_is_the_interval_not_the_point_ratio(result, factor) -> None:
+    """8% slower (or faster) medians, beyond the 5% band as a point, but the interval of
+    so spread a run reaches inside the band: within noise. (A verdict from the point ratio
+    would call it slower / faster.)"""
+    before, after = wide(result, 1, factor)
+    gear = bench_compare.compare_results(before, after).gears[1]
+    assert gear.ratio == pytest.approx(factor, rel=1e-3)
+    assert not 1 / 1.05 <= gear.ratio <= 1.05  # the point alone is beyond the band
+    assert gear.low < 1.05 and gear.high > 1 / 1.05  # the interval is not
+    assert gear.verdict == "within noise"
+
+
+def test_a_machine_that_moved_is_marked_and_never_a_regression(result) -> None:
+    """execute and the bare backend run both 45% faster: the machine (or the backend)
+    changed; the verdict says so, the warning names the gear, the normalised ratio is ~1,
+    and --fail-on-regression does not count it."""
+    before = copy.deepcopy(result)
+    for k, g in enumerate(before["gears"]):  # steady bare times too: the machine is busy
+        g["samples_ns"]["bare"] = steady_times(1.5e5 * (k + 1), 40, seed=10 + k)
+    after = copy.deepcopy(before)
+    for runner in ("execute", "bare"):
+        g = after["gears"][1]["samples_ns"]
+        g[runner] = [int(v * 0.55) for v in g[runner]]
+    cmp = bench_compare.compare_results(before, after)
+    gear = cmp.gears[1]
+    assert gear.verdict == "machine changed" and gear.bare_ratio == pytest.approx(0.55, rel=0.01)
+    assert gear.bare_high < 1 / 1.05 and gear.normalised_ratio == pytest.approx(1.0, rel=0.02)
+    assert any(w.startswith("gear 1: the bare run") for w in cmp.warnings)
+    assert cmp.gears[0].verdict == "within noise" and cmp.regressions(0) == []
+    assert "machine changed" in cmp.table()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, -5, "1", None, True])
+def test_compare_refuses_timings_that_are_not_positive_finite(result, bad) -> None:
+    """A NaN would make every verdict 'within noise' (and --fail-on-regression pass)."""
+    after = copy.deepcopy(result)
+    after["gears"][1]["samples_ns"]["execute"][3] = bad
+    with pytest.raises(InputError, match=r"gears\[1\]\.samples_ns\.execute: sample 3"):
+        bench_compare.compare_results(result, after)
+
+
+def test_the_bootstrap_memory_is_bounded_and_its_draws_unchanged(monkeypatch) -> None:
+    """Drawn in blocks: the same interval as one draw of everything, whatever the block."""
+    rng = np.random.default_rng(3)
+    before, after = rng.lognormal(0, 0.2, 300), rng.lognormal(0.1, 0.2, 300)
+    whole = bench_compare.bootstrap_ratio_interval(before, after, np.random.default_rng(9))
+    monkeypatch.setattr(bench_compare, "BOOTSTRAP_BLOCK", 1000)  # 3 rows of 300 per block
+    blocks = bench_compare.bootstrap_ratio_interval(before, after, np.random.default_rng(9))
+    assert blocks == whole
+
+
 def test_bootstrap_interval_covers_the_true_ratio() -> None:
     rng = np.random.default_rng(2)
     before = rng.lognormal(0, 0.2, 300)
@@ -512,14 +576,14 @@ def test_compare_refuses_an_old_or_foreign_json(tmp_path, result) -> None:
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"model": "m", "gears": [{"gear": 0, "p50": 1.0}]}))
     with pytest.raises(InputError, match="older gear-runtime.*bench --json again"):
-        bench_compare.load_result(old)
+        bench_result.load_result(old)
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(InputError, match="not JSON"):
-        bench_compare.load_result(bad)
+        bench_result.load_result(bad)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(result))
-    assert bench_compare.load_result(good) == result
+    assert bench_result.load_result(good) == result
 
 
 def test_comparison_plot(result, tmp_path, figures) -> None:

@@ -51,9 +51,6 @@ def row(id: str, fragment: str, *argv: str, todo: str = "") -> Row:
     return Row(id, argv, fragment, todo)
 
 
-#: The compare hardening of #20 (helper cli), landing next.
-COMPARE_TODO = "cli: bench --compare reads and validates its files like the loader (#20)"
-
 
 # The big sample array and the deep nesting are built in the fixture (files too large to
 # spell here); ``{name}`` items are replaced by the fixture's paths.
@@ -95,8 +92,14 @@ ROWS: list[Row] = [
     row("compile-config-garbage", "config", "compile", "{conv}", "--config", "{garbage}",
         "-o", "{tmp}/o.gear.onnx"),
     row("compile-a-gear-file", "already a gear file", "compile", "{gear}", "--input-shape",
-        "input_ids:1,-1", "--dynamic-dims", "32;64", "-o", "{tmp}/o.gear.onnx",
-        todo="cli: compile names a gear file as one (#21)"),
+        "input_ids:1,-1", "--dynamic-dims", "32;64", "-o", "{tmp}/o.gear.onnx"),
+    row("compile-framework-caffe", "export the model to ONNX", "compile", "--model={conv}",
+        "--framework=0", "--input_shape=data:-1,3,32,32", "--dynamic_batch_size=1,2",
+        "--output={tmp}/o"),
+    row("compile-model-twice", "give the model once", "compile", "{conv}", "--model", "{conv}",
+        "--input-shape", "data:-1,3,32,32", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o"),
+    row("compile-no-model", "give the model to compile", "compile", "--input-shape",
+        "data:-1,3,32,32", "--dynamic-batch-size", "1,2", "-o", "{tmp}/o"),
     # ---- inspect
     row("inspect-missing", "does not exist", "inspect", "{tmp}/nope.gear.onnx"),
     row("inspect-directory", "is not a file", "inspect", "{tmp}"),
@@ -105,6 +108,7 @@ ROWS: list[Row] = [
     row("inspect-garbage", "not an ONNX model", "inspect", "{garbage}"),
     row("inspect-empty", "empty", "inspect", "{empty}"),
     row("inspect-plain-onnx", "not a gear file", "inspect", "{conv}"),
+    row("inspect-json-directory", "is a directory", "inspect", "{gear}", "--json", "{tmp}"),
     row("inspect-truncated", "not an ONNX model", "inspect", "{truncated}"),
     # ---- run
     row("run-input-syntax", "NAME=FILE.npy", "run", "{gear}", "--input", "nonsense"),
@@ -116,8 +120,31 @@ ROWS: list[Row] = [
     row("run-dims-not-integers", "integers", "run", "{gear}", "--dynamic-dims", "1,a"),
     row("run-dims-huge", "beyond any tensor dimension", "run", "{gear}", "{inputs}",
         "--dynamic-dims", str(2**63)),
-    row("run-dims-short-form", "64,64,64,16", "run", "{gear}", "{inputs}",
-        "--dynamic-dims", "64", todo="cli: the short --dynamic-dims form explained (#21)"),
+    row("run-dims-short-form", "dynamic value(s) (gear 0: 32,32,32,16) or the full dims", "run",
+        "{gear}", "{inputs}", "--dynamic-dims", "64"),
+    row("run-no-inputs", "--shapes NAME:DIMS (synthetic)", "run", "{gear}"),
+    row("run-shapes-syntax", "must be NAME:DIMS", "run", "{gear}", "--shapes", "1x64"),
+    row("run-shapes-not-integers", "positive integers separated by 'x'", "run", "{gear}",
+        "--shapes", "input_ids:1xa"),
+    row("run-shapes-zero", "every dim must be >= 1", "run", "{gear}", "--shapes",
+        "input_ids:0x64"),
+    row("run-shapes-unknown-input", "the model has no input 'nosuch'", "run", "{gear}",
+        "--shapes", "nosuch:1x64", "--dynamic-dims", "64,64,64,16"),
+    row("run-shapes-rank", "1 dims [64]; the input has 2", "run", "{gear}", "--shapes",
+        "input_ids:64", "--dynamic-dims", "64,64,64,16"),
+    row("run-shapes-huge", "larger than every gear", "run", "{gear}", "--shapes",
+        "input_ids:1x99999999999", "--dynamic-dims", "64,64,64,16"),
+    row("run-shapes-and-input", "given by --input and by --shapes", "run", "{gear}",
+        "--input", "input_ids={ids}", "--shapes", "input_ids:1x64"),
+    row("run-shapes-no-gear", "145013", "run", "{gear}", "--shapes",
+        "input_ids:1x100,attention_mask:1x100,position_ids:4x1x100,image_embeds:16x64"),
+    row("run-pad-value-without-pad", "--pad-value needs --pad", "run", "{gear}",
+        "--pad-value", "input_ids=0"),
+    row("run-providers-other-backend", "--providers is an onnxruntime option", "run",
+        "{gear}", "--backend", "null", "--providers", "cpu"),
+    row("run-loop-zero", "must be >= 1", "run", "{gear}", "--loop", "0"),
+    row("run-json-missing-dir", "does not exist", "run", "{gear}", "--json",
+        "{tmp}/no/such/r.json"),
     row("run-batch-on-dims-model", "batch", "run", "{gear}", "{inputs}",
         "--dynamic-batch-size", "4"),
     row("run-output-dir-is-file", "--output-dir", "run", "{gear}", "{inputs}",
@@ -126,21 +153,28 @@ ROWS: list[Row] = [
     # ---- bench
     row("bench-gears-out-of-range", "out of range", "bench", "{gear}", "--gears", "99"),
     row("bench-gears-float", "not a gear index", "bench", "{gear}", "--gears", "1.5"),
-    row("bench-iterations-zero", "must be >= 1", "bench", "{gear}", "--iterations", "0"),
+    row("bench-iterations-zero", "must be in 1..100000", "bench", "{gear}", "--iterations", "0"),
+    row("bench-iterations-huge", "must be in 1..100000", "bench", "{gear}", "--iterations",
+        "1000000"),
+    row("bench-shapes-and-gears", "drop --gears", "bench", "{gear}", "--shapes",
+        "input_ids:1x64", "--gears", "1"),
+    row("bench-shapes-huge", "larger than every gear", "bench", "{gear}", "--shapes",
+        "input_ids:1x99999999999,attention_mask:1x64,position_ids:4x1x64,image_embeds:16x64"),
     row("bench-json-missing-dir", "does not exist", "bench", "{gear}", "--json",
         "{tmp}/no/such/dir/r.json"),
     row("bench-reference-missing", "does not exist", "bench", "{gear}", "--reference",
         "{tmp}/nope.onnx"),
     row("bench-reference-garbage", "reference model", "bench", "{gear}", "--reference",
         "{garbage}", "--iterations", "1", "--warmup", "0"),
-    row("bench-reference-other-inputs", "differ from the gear model's inputs", "bench",
-        "{gear}", "--reference", "{conv}", "--iterations", "1", "--warmup", "0"),
-    row("bench-reference-other-shapes", "does not match", "bench", "{gear}", "--reference",
-        "{other_prefill}", "--iterations", "1", "--warmup", "0",
-        todo="cli: bench --reference of another model with the same inputs (#20)"),
+    row("bench-reference-other-inputs", "reference model does not match the gear file (inputs",
+        "bench", "{gear}", "--reference", "{conv}", "--iterations", "1", "--warmup", "0"),
+    row("bench-reference-other-shapes", "the gear file feeds it [16, 64]", "bench",
+        "{gear}", "--reference", "{other_prefill}", "--iterations", "1", "--warmup", "0"),
+    row("bench-reference-fails-to-run", "it fails on gear 0's inputs", "bench", "{gear}",
+        "--reference", "{other_prefill_symbolic}", "--iterations", "1", "--warmup", "0"),
     # bench --compare: the files are read like the loader reads a gear file, then validated
-    *[row(f"compare-{id}", fragment, "bench", "--compare", before, "{result}",
-          todo=COMPARE_TODO) for id, fragment, before in [
+    *[row(f"compare-{id}", fragment, "bench", "--compare", before, "{result}")
+      for id, fragment, before in [
         ("dev-zero", "not a regular file", "/dev/zero"),
         ("fifo", "not a regular file", "{fifo}"),
         ("directory", "it is a directory", "{tmp}"),
@@ -162,9 +196,8 @@ ROWS: list[Row] = [
     ]],
     row("compare-not-json", "not JSON", "bench", "--compare", "{garbage}", "{result}"),
     row("compare-plot-jpg", ".png", "bench", "--compare", "{result}", "{result}",
-        "--plot", "{tmp}/cmp.jpg", todo=COMPARE_TODO),
-    row("bench-plot-jpg", ".png", "bench", "{gear}", "--plot", "{tmp}/b.jpg",
-        todo="cli: --plot refuses a name that is not .png (#21)"),
+        "--plot", "{tmp}/cmp.jpg"),
+    row("bench-plot-jpg", ".png", "bench", "{gear}", "--plot", "{tmp}/b.jpg"),
     # ---- demo
     row("demo-workdir-is-file", "--workdir", "demo", "--workdir", "{garbage}"),
     row("demo-iterations-zero", "must be >= 1", "demo", "--iterations", "0"),
@@ -281,6 +314,7 @@ def _compare_variants(good: dict) -> dict[str, object]:
 def paths(tmp_path_factory) -> dict[str, str]:
     """The files rows name: ``{gear}`` the prefill example compiled (dims mode, 4 inputs),
     ``{other_prefill}`` the same example with another hidden size (same input names),
+    ``{other_prefill_symbolic}`` that model declaring a symbolic width (it fails to run),
     ``{inputs}`` its gear-1 inputs as ``--input`` flags, ``{ids}`` one of them, ``{conv}`` a
     plain ONNX model (batch), ``{result}`` a good bench JSON of ``{gear}``,
     ``{json:<variant>}`` crafted results, ``{fifo}``, ``{garbage}`` (random bytes),
@@ -296,7 +330,11 @@ def paths(tmp_path_factory) -> dict[str, str]:
         np.save(d / f"{name}.npy", value)
         inputs.append(f"--input {name}={d / (name + '.npy')}")
     other_model, conv = d / "other_prefill.onnx", d / "conv.onnx"
-    onnx.save(prefill.build_prefill_model(hidden=prefill.HIDDEN * 2), str(other_model))
+    other = prefill.build_prefill_model(hidden=prefill.HIDDEN * 2)
+    onnx.save(other, str(other_model))
+    embeds = next(i for i in other.graph.input if i.name == "image_embeds")
+    embeds.type.tensor_type.shape.dim[1].dim_param = "hidden"  # declares any width; runs 128
+    onnx.save(other, str(d / "other_symbolic.onnx"))
     onnx.save(conv_model(), str(conv))
     assert CONV_BATCH_SPEC  # the conv model is the batch-mode example of tests/models.py
     from gear_runtime.tools.bench.engine import bench_model
@@ -305,7 +343,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
                          inputs=lambda m, g: prefill.example_inputs(m.spec, g, seed=g))
     good = result.to_dict()
     out = {"tmp": str(d), "gear": str(gear), "conv": str(conv), "inputs": " ".join(inputs),
-           "ids": str(d / "input_ids.npy"), "other_prefill": str(other_model)}
+           "ids": str(d / "input_ids.npy"), "other_prefill": str(other_model),
+           "other_prefill_symbolic": str(d / "other_symbolic.onnx")}
     (d / "result.json").write_text(json.dumps(good), encoding="utf-8")
     out["result"] = str(d / "result.json")
     for k, (name, data) in enumerate(_compare_variants(good).items()):

@@ -111,7 +111,7 @@ def test_cli_json(tmp_path, capsys) -> None:
     out = tmp_path / "padding.json"
     assert main(["check-padding", gear, source, "--samples", "3;5", "--json", str(out)]) == 1
     data = json.loads(out.read_text())
-    assert data["schema"] == "gear-runtime.check-padding/1" and data["safe"] is False
+    assert data["schema"] == "gear-runtime-check-padding/1" and data["safe"] is False
     assert data["samples"] == [[3], [5]]
     y, m = data["outputs"]
     assert y["safe"] and not m["safe"] and m["failed_samples"] == [[3], [5]]

@@ -195,7 +195,7 @@ def test_plan_json_carries_the_schema_and_both_plans(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "current: gears 32,32,32; 128,128,128: coverage 95.00%" in text
     data = json.loads(out.read_text())
-    assert data["schema"] == "gear-runtime.plan/1" and data["requests"] == 100
+    assert data["schema"] == "gear-runtime-plan/1" and data["requests"] == 100
     assert data["planned"]["coverage"] == 1.0 and data["current"]["uncovered_requests"] == 5
     assert data["planned"]["gears"][-1] == [600, 600, 600]
     assert data["dynamic_values"] == ["input_ids[1]", "attention_mask[1]", "position_ids[1]"]

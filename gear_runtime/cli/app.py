@@ -37,6 +37,8 @@ from gear_runtime.errors import BackendError, GearRuntimeError
 
 #: Set (to anything) to see the traceback of an internal error instead of its one line.
 TRACEBACK_ENV = "GEAR_RUNTIME_TRACEBACK"
+#: The exit code of a command whose stdout was closed early (128 + SIGPIPE, as a shell has it).
+EXIT_BROKEN_PIPE = 141
 #: The subcommands in the order ``--help`` lists them.
 COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan)
 
@@ -69,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         error(f"{args.command}: {exc}")
         return EXIT_USAGE
+    except BrokenPipeError:  # stdout closed early (| head): stop quietly, as other tools do
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except BackendError as exc:  # the input was fine; running it failed
         error(exc.message, exc.code)
         return EXIT_FAILED
@@ -87,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         error(f"internal error: {type(exc).__name__}: {exc} (a bug in gear-runtime, not in "
               f"your input: please report it; {TRACEBACK_ENV}=1 shows the traceback)")
         return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

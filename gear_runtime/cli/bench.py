@@ -4,22 +4,24 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from gear_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     PROG,
     UsageError,
-    backends_help,
+    add_backend_flags,
+    add_json_flag,
+    backend_options,
     check_output_file,
     existing_file,
     float_at_least,
     int_at_least,
 )
-from gear_runtime.errors import InputError
+from gear_runtime.tools import jsonout
+from gear_runtime.tools.bench.report import MAX_ITERATIONS
+from gear_runtime.tools.inputs import FILLS, parse_shapes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,24 +47,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: copy=True, what execute returns by default)")
     p.add_argument("--gears", default="all", metavar="0,2|all",
                    help="gear indices to benchmark (default all)")
-    p.add_argument("--iterations", type=int_at_least(1), default=100, metavar="N",
-                   help="timed runs per gear (default 100)")
+    p.add_argument("--shapes", metavar="NAME:DxD,...",
+                   help="instead of every gear, time the request of these shapes (trtexec's "
+                   "--shapes; synthetic inputs) on the gear it selects (with --pad: the "
+                   "covering gear it is padded to)")
+    p.add_argument("--pad", action="store_true",
+                   help="time execute(pad=True) (with --shapes: a request between gears)")
+    p.add_argument("--fill", choices=FILLS, default="random",
+                   help="the synthetic inputs: random (floats standard normal, integers 1, "
+                   "bools True), zeros or ones (default random)")
+    p.add_argument("--iterations", type=int_at_least(1, MAX_ITERATIONS), default=100,
+                   metavar="N", help=f"timed runs per gear (default 100, at most "
+                   f"{MAX_ITERATIONS})")
     p.add_argument("--warmup", type=int_at_least(0), default=10, metavar="N",
                    help="untimed runs per gear first (default 10)")
-    p.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
-                   help="ORT intra-op threads of every session (default: ORT's)")
-    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
-    p.add_argument("--plot", metavar="OUT.png", help="write a latency plot (needs matplotlib)")
+    add_json_flag(p, "bench", "the results with their context and every iteration's times "
+                  "(what --compare reads)")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="write a latency plot as PNG (needs matplotlib)")
     p.add_argument("--reference", metavar="ORIGINAL.onnx",
                    help="the original dynamic model, for the dynamic-model comparison")
-    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
+    add_backend_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from gear_runtime.tools.bench.engine import bench_model
-    from gear_runtime.tools.bench.plot import check_plotting, plot_report
+    from gear_runtime.tools.bench.plot import check_plotting, check_png_name, plot_report
 
     if args.compare is not None:
         return _bench_compare(args)
@@ -73,25 +85,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     existing_file(args.file, "gear file")
     if args.reference is not None:
         existing_file(args.reference, "reference model")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path is not None:
-            check_output_file(flag, path)  # fail now, not after the benchmark
+    if args.json is not None:  # fail now, not after the benchmark
+        jsonout.check_target(args.json)
     if args.plot is not None:
+        check_output_file("--plot", args.plot)
+        check_png_name(args.plot, "--plot")
         check_plotting()
+    request = parse_shapes(args.shapes) if args.shapes is not None else None
+    if request is not None and args.gears.strip().lower() != "all":
+        raise UsageError("--shapes selects its own gear; drop --gears")
+    backend, options = backend_options(args)
     report = bench_model(args.file, gears=args.gears, iterations=args.iterations,
                          warmup=args.warmup, threads=args.threads, reference=args.reference,
-                         backend=args.backend, progress=not args.no_progress,
-                         copy=not args.no_copy)
-    print(report.table())
-    if args.json is not None:
-        try:
-            Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n",
-                                       encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"--json {args.json!r} cannot be written: {exc}") from None
+                         backend=backend, progress=not args.no_progress,
+                         copy=not args.no_copy, providers=options.get("providers"),
+                         request=request, pad=args.pad, fill=args.fill)
+    quiet = args.json == jsonout.STDOUT  # stdout is the JSON alone
+    if not quiet:
+        print(report.table())
+    if args.json is not None and jsonout.write(args.json, report.to_dict()) is not None:
         print(f"wrote {args.json}")
     if args.plot is not None:
-        print(f"wrote {plot_report(report, args.plot)}")
+        written = plot_report(report, args.plot)
+        if not quiet:
+            print(f"wrote {written}")
     return EXIT_OK
 
 
@@ -99,16 +116,17 @@ def _bench_compare(args: argparse.Namespace) -> int:
     """``bench --compare``: the table on stdout, warnings on stderr; exit 1 when
     ``--fail-on-regression`` finds a gear slower beyond noise and the threshold."""
     from gear_runtime.tools.bench import compare as bench_compare
-    from gear_runtime.tools.bench.plot import check_plotting
+    from gear_runtime.tools.bench.plot import check_plotting, check_png_name
+    from gear_runtime.tools.bench.result import load_result
 
     if args.file is not None:
         raise UsageError(f"--compare compares two results; drop the gear file {args.file!r}")
     if args.plot is not None:
         check_output_file("--plot", args.plot)
+        check_png_name(args.plot, "--plot")
         check_plotting()
     before_path, after_path = args.compare
-    before = bench_compare.load_result(before_path)
-    after = bench_compare.load_result(after_path)
+    before, after = load_result(before_path), load_result(after_path)
     cmp = bench_compare.compare_results(before, after, noise=args.noise / 100,
                                         names=(before_path, after_path))
     for line in cmp.warnings:

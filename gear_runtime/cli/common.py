@@ -42,24 +42,27 @@ def backends_help() -> str:
 
 
 # ---- argparse types ---------------------------------------------------------------------------
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type``: the text as an int >= ``minimum``, else a one-line usage error."""
-    return _number_at_least(int, minimum, "an integer", f">= {minimum}")
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: the text as an int >= ``minimum`` (and <= ``maximum`` when
+    given), else a one-line usage error."""
+    bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+    return _number_in(int, minimum, maximum, "an integer", bound)
 
 
 def float_at_least(minimum: float) -> Callable[[str], float]:
     """An argparse ``type``: the text as a finite float >= ``minimum``."""
-    return _number_at_least(float, minimum, "a number", f"a number >= {minimum:g}")
+    return _number_in(float, minimum, None, "a number", f"a number >= {minimum:g}")
 
 
-def _number_at_least(convert: Callable[[str], Any], minimum: float, kind: str,
-                     bound: str) -> Callable[[str], Any]:
+def _number_in(convert: Callable[[str], Any], minimum: float, maximum: float | None, kind: str,
+               bound: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
-        if not value >= minimum or value == float("inf"):  # also refuses nan
+        if not value >= minimum or value == float("inf") or (  # also refuses nan
+                maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
         return value
 
@@ -76,6 +79,77 @@ def int_list(text: str, what: str) -> list[int]:
     if not values:
         raise InputError(f"{what} is empty; give integers separated by ','")
     return values
+
+
+# ---- flags several commands share ----------------------------------------------------------
+#: ``--providers`` short names (ONNX Runtime's full names are accepted as they are).
+PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                  "tensorrt": "TensorrtExecutionProvider", "trt": "TensorrtExecutionProvider"}
+#: ``--backend cuda``: ONNX Runtime with these providers (CUDA first, CPU for what CUDA lacks).
+CUDA_SHORTHAND = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """``--backend``, ``--providers`` and ``--threads``: where and how the gear file runs."""
+    p.add_argument("--backend", default="onnxruntime", metavar="B",
+                   help=backends_help() + "; cuda: onnxruntime with --providers cuda,cpu")
+    p.add_argument("--providers", metavar="P,P",
+                   help="onnxruntime: the execution providers in order, ONNX Runtime's names "
+                   "or cpu / cuda / tensorrt (default cpu; CUDA needs onnxruntime-gpu and a GPU)")
+    p.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
+                   help="onnxruntime / openvino: the runtime's threads of every session "
+                   "(default: the runtime's)")
+
+
+def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The backend and ``load`` options the backend flags ask for: ``--backend cuda`` is
+    onnxruntime on CUDA; ``--providers`` / ``--threads`` only go with onnxruntime."""
+    backend, options = args.backend, {}
+    providers = None
+    if backend == "cuda":
+        backend, providers = "onnxruntime", list(CUDA_SHORTHAND)
+    if args.providers is not None:
+        if backend != "onnxruntime":
+            raise UsageError(f"--providers is an onnxruntime option; --backend is {backend!r}")
+        providers = [PROVIDER_NAMES.get(p.strip().lower(), p.strip())
+                     for p in args.providers.split(",") if p.strip()]
+        if not providers:
+            raise UsageError("--providers is empty; give e.g. cuda,cpu")
+    if providers is not None:
+        options["providers"] = providers
+    if args.threads is not None:
+        from gear_runtime.tools.bench.engine import THREADS_OPTION
+
+        if backend not in THREADS_OPTION:
+            raise UsageError(f"--threads is an option of {', '.join(sorted(THREADS_OPTION))}; "
+                             f"--backend is {backend!r}")
+        options[THREADS_OPTION[backend]] = args.threads
+    return backend, options
+
+
+def add_json_flag(p: argparse.ArgumentParser, kind: str, what: str) -> None:
+    """``--json PATH|-``: ``what`` as a document of schema ``gear-runtime-<kind>/N`` (see
+    :mod:`gear_runtime.tools.jsonout` and docs/json.md); ``-``: stdout, and no text."""
+    p.add_argument("--json", metavar="PATH|-",
+                   help=f"write {what} as JSON (schema gear-runtime-{kind}/N, docs/json.md); "
+                   "-: to stdout, instead of the text")
+
+
+def parse_pad_values(items: list[str], flag: str = "--pad-value") -> dict[str, int | float]:
+    """``NAME=V`` items (an int, else a float) -> {name: value}; UsageError naming ``flag``."""
+    pads: dict[str, int | float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"{flag} {item!r}: expected NAME=VALUE")
+        try:
+            pads[name] = int(value)
+        except ValueError:
+            try:
+                pads[name] = float(value)
+            except ValueError:
+                raise UsageError(f"{flag} {item!r}: {value!r} is not a number") from None
+    return pads
 
 
 # ---- paths ------------------------------------------------------------------------------------
@@ -108,23 +182,6 @@ def check_output_file(flag: str, path: str) -> None:
         raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
 
 
-# ---- JSON output ------------------------------------------------------------------------------
-def write_json(flag: str, path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path``, or to stdout for ``-``; InputError naming ``flag``
-    when the file cannot be written (the directory is checked up front by
-    :func:`check_output_file`)."""
-    import json
-
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
-
-
 # ---- the error line ---------------------------------------------------------------------------
 def error(message: str, code: str = "") -> None:
     """Print the one error line: ``gear-runtime: error: [code] message`` on stderr."""
@@ -134,5 +191,6 @@ def error(message: str, code: str = "") -> None:
 
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "PROG", "Parser", "UsageError",
-           "backends_help", "check_output_file", "error", "existing_file", "float_at_least",
-           "int_at_least", "int_list", "make_dir", "write_json"]
+           "add_backend_flags", "add_json_flag", "backend_options", "backends_help",
+           "check_output_file", "error", "existing_file", "float_at_least", "int_at_least",
+           "int_list", "make_dir", "parse_pad_values"]

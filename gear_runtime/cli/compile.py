@@ -4,26 +4,46 @@ file) to one gear file."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
-from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file
+from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir
+from gear_runtime.errors import InputError
+
+#: atc's --framework values (0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX): only ONNX compiles here.
+ATC_FRAMEWORK_ONNX = "5"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``compile`` command's flags."""
+    """The ``compile`` command's flags, each also under atc's spelling (``--input_shape``...):
+    an atc command line pasted after ``gear-runtime compile`` compiles (``--model=M.onnx
+    --framework=5 --output=NAME --soc_version=...``; NAME gets ``.gear.onnx`` as atc's gets
+    ``.om``)."""
     p = sub.add_parser("compile", help="compile a dynamic ONNX model into one gear file",
                        description="Compile MODEL.onnx for the gears of an ATC-style spec "
-                       "(--input-shape + one gear flag) or a config file (--config).")
-    p.add_argument("model", metavar="MODEL.onnx", help="the model with dynamic input dims")
-    p.add_argument("--input-shape", metavar="S",
+                       "(--input-shape + one gear flag) or a config file (--config). atc's "
+                       "spellings work too (--input_shape, --dynamic_batch_size, "
+                       "--dynamic_image_size, --dynamic_dims, --input_format, --model, "
+                       "--output, --framework=5; --soc_version and --log are accepted and "
+                       "do not change the gear file), so a pasted atc line compiles.")
+    p.add_argument("model", metavar="MODEL.onnx", nargs="?",
+                   help="the model with dynamic input dims (or --model)")
+    p.add_argument("--model", dest="model_flag", metavar="MODEL.onnx",
+                   help="atc's spelling of MODEL.onnx")
+    p.add_argument("--input-shape", "--input_shape", metavar="S",
                    help='ATC --input_shape, e.g. "data:-1,3,224,224" or "x:1,-1;m:-1,-1"')
     gears = p.add_mutually_exclusive_group()
-    gears.add_argument("--dynamic-batch-size", metavar="V", help='e.g. "1,8,16"')
-    gears.add_argument("--dynamic-image-size", metavar="V", help='e.g. "224,224;448,448"')
-    gears.add_argument("--dynamic-dims", metavar="V", help='e.g. "20,1,1;40,2,2"')
+    gears.add_argument("--dynamic-batch-size", "--dynamic_batch_size", metavar="V",
+                       help='batch gears, e.g. "1,8,16"')
+    gears.add_argument("--dynamic-image-size", "--dynamic_image_size", metavar="V",
+                       help='image-size gears (H,W per gear), e.g. "224,224;448,448"')
+    gears.add_argument("--dynamic-dims", "--dynamic_dims", metavar="V",
+                       help='dims gears (the -1 values of --input-shape per gear), e.g. '
+                       '"20,1,1;40,2,2"')
     p.add_argument("--config", metavar="FILE",
                    help="ATC / MindSpore Lite config ([acl_build_options], [ascend_context], "
                    "[ge_graph_options]) instead of the flags")
-    p.add_argument("--input-format", metavar="F", help="NCHW, NHWC or ND")
+    p.add_argument("--input-format", "--input_format", metavar="F", help="NCHW, NHWC or ND")
     p.add_argument("--hybrid", action="store_true",
                    help="also store the dynamic-shape graph: a miss runs it (GE hybrid mode)")
     p.add_argument("--sink", action="store_true",
@@ -32,15 +52,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="put the weights in one data file beside the gear file (OUT.data); "
                    "auto: from 16 MiB of weights, or when the model keeps its weights in "
                    "external data (needed past 2 GiB)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="gear file to write")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="gear file to write (its folder is created if needed); a name "
+                   "without .onnx gets .gear.onnx, as atc's --output gets .om")
+    p.add_argument("--framework", metavar="N",
+                   help=f"atc's source framework: only {ATC_FRAMEWORK_ONNX} (ONNX) compiles here")
+    p.add_argument("--soc_version", "--soc-version", metavar="SOC",
+                   help="atc's target chip: accepted, no effect (a gear file runs on every "
+                   "backend; the chip matters when atc compiles the .om)")
+    p.add_argument("--log", metavar="LEVEL", help="atc's log level: accepted, no effect")
     p.set_defaults(handler=cmd_compile)
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    """MODEL.onnx from the positional or atc's --model (one of them), and --framework=5."""
+    if args.model is not None and args.model_flag is not None:
+        raise UsageError(f"give the model once: {args.model!r} and --model {args.model_flag!r}")
+    model = args.model if args.model is not None else args.model_flag
+    if model is None:
+        raise UsageError("give the model to compile: MODEL.onnx (or atc's --model=MODEL.onnx)")
+    if args.framework is not None and args.framework.strip() != ATC_FRAMEWORK_ONNX:
+        raise UsageError(f"--framework {args.framework}: gear-runtime compiles ONNX models "
+                         f"(atc's --framework={ATC_FRAMEWORK_ONNX}); export the model to ONNX "
+                         "first")
+    return model
+
+
+def _output_path(output: str) -> str:
+    """The gear file to write: ``output``, with ``.gear.onnx`` added to a name without
+    ``.onnx`` (atc adds ``.om`` to its --output); its folder is created like run's
+    --output-dir. InputError naming -o when it is a directory or cannot be created."""
+    if Path(output).is_dir():
+        raise InputError(f"-o {output!r} is a directory; give the gear file's name, e.g. "
+                         f"{os.path.join(output, 'model.gear.onnx')!r}")
+    if not output.lower().endswith(".onnx"):
+        output += ".gear.onnx"
+    make_dir("-o", os.path.dirname(output) or ".")
+    return output
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import gear_runtime as gr
     from gear_runtime.spec import spec_from_atc
 
-    existing_file(args.model, "model")
+    model = existing_file(_model_path(args), "model")
     gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
                   "dynamic_image_size": args.dynamic_image_size,
                   "dynamic_dims": args.dynamic_dims}
@@ -66,8 +121,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from gear_runtime.compiler import compile_gears
 
     external = {"auto": None, "yes": True, "no": False}[args.external_data]
-    report = compile_gears(args.model, spec, args.output, hybrid=hybrid, sink=args.sink,
-                           external_data=external)
+    report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
+                           sink=args.sink, external_data=external)
     kind = "sink" if args.sink else "case"
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "

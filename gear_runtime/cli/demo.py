@@ -9,7 +9,13 @@ from gear_runtime.cli.common import int_at_least, make_dir
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``demo`` command's flags."""
-    p = sub.add_parser("demo", help="build, compile, run, check and benchmark the example")
+    p = sub.add_parser("demo", help="build, compile, run, check and benchmark the example",
+                       description="The whole flow on the built-in prefill example (4 inputs, "
+                       "4 sequence gears), checked end to end: build the model and its config, "
+                       "parse the gear spec, compile a gear file and a hybrid one, run every "
+                       "gear against ONNX Runtime on the original model, refuse an "
+                       "out-of-gear request (and serve it on the hybrid file), benchmark every "
+                       "gear, check padding. Exit 0 only when every check passed.")
     p.add_argument("--workdir", metavar="DIR", help="keep the files here (default: a temp dir)")
     p.add_argument("--iterations", type=int_at_least(1), default=None, metavar="N",
                    help="benchmark iterations per gear (default 100; 20 with --quick)")

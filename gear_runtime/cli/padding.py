@@ -7,13 +7,12 @@ import argparse
 from gear_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
-    UsageError,
-    check_output_file,
     existing_file,
     float_at_least,
-    write_json,
+    parse_pad_values,
 )
 from gear_runtime.errors import InputError
+from gear_runtime.tools import jsonout
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--atol", type=float_at_least(0.0), default=1e-5, metavar="A",
                    help="absolute tolerance of a float output (default 1e-5)")
     p.add_argument("--json", metavar="PATH", help='write the report as JSON (schema '
-                   '"gear-runtime.check-padding/1", see docs/json.md); "-" for stdout (then '
+                   '"gear-runtime-check-padding/1", see docs/json.md); "-" for stdout (then '
                    "the table is not printed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_check_padding)
@@ -46,27 +45,16 @@ def cmd_check_padding(args: argparse.Namespace) -> int:
 
     existing_file(args.file, "gear file")
     existing_file(args.source, "source model")
-    if args.json is not None and args.json != "-":
-        check_output_file("--json", args.json)
-    pads = {}
-    for item in args.pad_value:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--pad-value {item!r}: expected NAME=VALUE")
-        try:
-            pads[name] = int(value)
-        except ValueError:
-            try:
-                pads[name] = float(value)
-            except ValueError:
-                raise UsageError(f"--pad-value {item!r}: {value!r} is not a number") from None
+    if args.json is not None:
+        jsonout.check_target(args.json)
+    pads = parse_pad_values(args.pad_value)
     samples = _samples(args.samples, MAX_SAMPLES) if args.samples is not None else None
     report = check_padding(args.file, args.source, samples=samples, pad_values=pads,
                            rtol=args.rtol, atol=args.atol, progress=not args.no_progress)
     if args.json != "-":
         print(report.table())
     if args.json is not None:
-        write_json("--json", args.json, report.to_json())
+        jsonout.write(args.json, report.to_json())
     return EXIT_OK if report.safe else EXIT_FAILED
 
 

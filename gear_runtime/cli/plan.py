@@ -10,9 +10,9 @@ from gear_runtime.cli.common import (
     check_output_file,
     existing_file,
     int_at_least,
-    write_json,
 )
 from gear_runtime.errors import GearRuntimeError, InputError
+from gear_runtime.tools import jsonout
 
 TRACE_HELP = (
     "the requests, one per line: one value per distinct dynamic length, comma-separated (the "
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "gear boundaries, the latency curve, and the figures side by side (needs "
                    "matplotlib)")
     p.add_argument("--json", metavar="PATH", help='write the result as JSON (schema '
-                   '"gear-runtime.plan/1", see docs/json.md); "-" for stdout (then the text '
+                   '"gear-runtime-plan/1", see docs/json.md); "-" for stdout (then the text '
                    "is not printed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=cmd_plan)
@@ -78,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json != "-":
         print(run.text())
     if args.json is not None:
-        write_json("--json", args.json, run.to_json())
+        jsonout.write(args.json, run.to_json())
     if plot_error is not None:  # the plan is printed; the plot it could not draw is the error
         raise UsageError(f"--plot: {plot_error}")
     return EXIT_OK

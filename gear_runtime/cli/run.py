@@ -1,44 +1,99 @@
-"""``gear-runtime run``: execute a gear file once on .npy inputs, save the outputs."""
+"""``gear-runtime run``: execute a gear file on .npy or synthetic inputs (once or ``--loop
+N`` times), save the outputs, print (or ``--json``) what ran and how long it took."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gear_runtime.cli.common import EXIT_OK, backends_help, existing_file, int_list, make_dir
-from gear_runtime.errors import InputError
+from gear_runtime.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_backend_flags,
+    add_json_flag,
+    backend_options,
+    existing_file,
+    int_at_least,
+    int_list,
+    make_dir,
+    parse_pad_values,
+)
+from gear_runtime.errors import DynamicInputLengthError, InputError
+from gear_runtime.tools import jsonout
+from gear_runtime.tools.inputs import (
+    FILLS,
+    check_request_shapes,
+    parse_shapes,
+    synthetic_inputs,
+)
 
 if TYPE_CHECKING:
     from gear_runtime.runtime.executor import Executor
+    from gear_runtime.runtime.model import GearModel
+
+#: The version of the ``--json`` document (docs/json.md).
+JSON_VERSION = 1
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``run`` command's flags."""
-    p = sub.add_parser("run", help="execute a gear file once on .npy inputs",
-                       description="Execute once; every output is saved in --output-dir as "
-                       "<output name>.npy (odd characters as '_', a suffix _2, _3... where "
-                       "two names would share a file). Without a --dynamic-* flag the gear "
-                       "comes from the inputs' shapes.")
+    """The ``run`` command's flags (atc's and ais_bench's spellings of the gear flags too)."""
+    p = sub.add_parser(
+        "run", help="execute a gear file on .npy or synthetic inputs",
+        description="Execute the gear file; every output is saved in --output-dir as <output "
+        "name>.npy (odd characters as '_', a suffix _2, _3... where two names would share a "
+        "file). Inputs: .npy files (--input), or synthetic arrays of the model's dtypes "
+        "(--shapes, trtexec's form, or the shapes of the gear a --dynamic-* flag names). "
+        "Without a --dynamic-* flag the gear comes from the inputs' shapes.")
     p.add_argument("file", metavar="FILE", help="a gear file written by compile")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input (repeat for every input)")
-    dims = p.add_mutually_exclusive_group()
-    dims.add_argument("--dynamic-dims", metavar="D",
-                      help="full dims of all inputs flattened, or the gear's dynamic values")
-    dims.add_argument("--dynamic-batch-size", metavar="N", type=int,
-                      help="the batch gear (dynamic batch models)")
-    dims.add_argument("--dynamic-image-size", metavar="H,W",
-                      help="the image-size gear (dynamic image size models)")
+                   help="an input from a .npy file (repeat for every input)")
+    p.add_argument("--shapes", metavar="NAME:DxD,...",
+                   help="synthetic inputs of these shapes (trtexec's --shapes, e.g. "
+                   "input_ids:1x100,attention_mask:1x100); inputs neither here nor in --input "
+                   "take the shapes of the gear a --dynamic-* flag names")
+    p.add_argument("--fill", choices=FILLS, default="random",
+                   help="synthetic inputs: random (floats standard normal, integers 1, bools "
+                   "True: valid indices and masks), zeros or ones (default random)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, metavar="N",
+                   help="seed of the random synthetic inputs (default 0)")
+    add_gear_flags(p)
+    p.add_argument("--pad", action="store_true",
+                   help="execute(pad=True): inputs of any size up to a gear run padded on the "
+                   "cheapest covering gear, outputs trimmed to the request")
+    p.add_argument("--pad-value", action="append", default=[], metavar="NAME=V",
+                   help="with --pad: the value an input is padded with (default 0), repeatable")
+    p.add_argument("--loop", type=int_at_least(1), default=1, metavar="N",
+                   help="execute N times and report the latency (ais_bench --loop; default 1); "
+                   "the outputs are those of the last run")
+    p.add_argument("--warmup", type=int_at_least(0), default=0, metavar="N",
+                   help="untimed executes before the --loop ones (default 0)")
     p.add_argument("--output-dir", default=".", metavar="DIR",
                    help="where the outputs go (created if needed; default: here)")
-    p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
+    add_json_flag(p, "run", "the model, the gear that ran, inputs, outputs and timings")
+    add_backend_flags(p)
     p.set_defaults(handler=cmd_run)
 
 
+def add_gear_flags(p: argparse.ArgumentParser) -> None:
+    """The gear to run, under our, atc's and ais_bench's spellings (one of them)."""
+    dims = p.add_mutually_exclusive_group()
+    dims.add_argument("--dynamic-dims", "--dynamic_dims", "--dymDims", metavar="D",
+                      help="the gear's dynamic values (e.g. 64,64,64,16), or the full dims of "
+                      "all inputs flattened (aclmdlSetInputDynamicDims)")
+    dims.add_argument("--dynamic-batch-size", "--dynamic_batch_size", "--dymBatch",
+                      metavar="N", type=int_at_least(1),
+                      help="the batch gear (dynamic batch models)")
+    dims.add_argument("--dynamic-image-size", "--dynamic_image_size", "--dymHW", metavar="H,W",
+                      help="the image-size gear (dynamic image size models)")
+
+
+# ---- inputs -----------------------------------------------------------------------------------
 def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
     """``NAME=FILE.npy`` items -> (name, path), checked before the model is loaded."""
     pairs: list[tuple[str, str]] = []
@@ -54,28 +109,16 @@ def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _read_inputs(pairs: Sequence[tuple[str, str]], names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Load the checked (name, path) pairs for a model with inputs ``names``; InputError on an
-    unknown or missing name or a file that is not one .npy array."""
-    unknown = [n for n, _ in pairs if n not in names]
-    if unknown:
-        raise InputError(f"--input: the model has no input {unknown[0]!r}; its inputs are "
-                         f"{', '.join(names)}")
-    missing = [n for n in names if all(n != m for m, _ in pairs)]
-    if missing:
-        raise InputError(f"missing --input for {', '.join(missing)}; the model's inputs are "
-                         f"{', '.join(names)}")
-    feeds: dict[str, np.ndarray] = {}
-    for name, path in pairs:
-        try:
-            value = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--input {name}={path}: not a readable .npy file ({exc})") from None
-        if not isinstance(value, np.ndarray):  # np.load gives an NpzFile for .npz archives
-            raise InputError(f"--input {name}={path}: an .npz archive; give one .npy array "
-                             "per input")
-        feeds[name] = value
-    return feeds
+def _read_npy(name: str, path: str) -> np.ndarray:
+    """The one .npy array of a checked --input; InputError for an unreadable file or .npz."""
+    try:
+        value = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--input {name}={path}: not a readable .npy file ({exc})") from None
+    if not isinstance(value, np.ndarray):  # np.load gives an NpzFile for .npz archives
+        raise InputError(f"--input {name}={path}: an .npz archive; give one .npy array "
+                         "per input")
+    return value
 
 
 #: The first bytes of every .npy file (numpy.lib.format.MAGIC_PREFIX) and of an .npz (a zip).
@@ -96,6 +139,79 @@ def _check_npy_magic(name: str, path: str) -> None:
                          "(write one with numpy.save)")
 
 
+def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
+           shapes: Mapping[str, tuple[int, ...]], args: argparse.Namespace
+           ) -> tuple[dict[str, np.ndarray], dict[str, str | None]]:
+    """Every input, from its file, its --shapes entry, or the chosen gear's shapes (in that
+    order); and per input its file (None: synthetic). InputError for a name the model lacks
+    or an input that none of them gives."""
+    names = model.input_names
+    unknown = [n for n, _ in pairs if n not in names]
+    if unknown:
+        raise InputError(f"--input: the model has no input {unknown[0]!r}; its inputs are "
+                         f"{', '.join(names)}")
+    both = [n for n, _ in pairs if n in shapes]
+    if both:
+        raise InputError(f"input {both[0]!r} is given by --input and by --shapes; give one")
+    check_request_shapes(model, shapes)
+    files: dict[str, str | None] = {n: p for n, p in pairs}
+    wanted = dict(shapes)
+    rest = [n for n in names if n not in files and n not in wanted]
+    if rest:
+        gear = _chosen_gear(model, ex)
+        if gear is None:
+            raise InputError(f"missing --input for {', '.join(rest)}; give --input NAME=FILE.npy, "
+                             "--shapes NAME:DIMS (synthetic), or a --dynamic-* flag (synthetic "
+                             f"inputs of that gear); the model's inputs are {', '.join(names)}")
+        wanted.update({n: model.spec.shapes(gear)[n] for n in rest})
+    dtypes = dict(zip(names, model.info.input_dtypes, strict=True))
+    synthetic = synthetic_inputs({n: dtypes[n] for n in names if n in wanted}, wanted,
+                                 args.fill, args.seed)
+    feeds = {n: _read_npy(n, files[n]) if n in files else synthetic[n] for n in names}
+    return feeds, {n: files.get(n) for n in names}
+
+
+def _chosen_gear(model: GearModel, ex: Executor) -> int | None:
+    """The gear the --dynamic-* flag set on ``ex``, or None (no flag, or dims of no gear)."""
+    dims = ex.dynamic_dims
+    return model.gears.index(tuple(dims)) if dims is not None and tuple(dims) in model.gears \
+        else None
+
+
+# ---- the gear ---------------------------------------------------------------------------------
+def gear_flag(args: argparse.Namespace) -> Callable[[Executor], None]:
+    """What the --dynamic-* flag asks of the executor, parsed before the model is loaded."""
+    if args.dynamic_dims is not None:
+        dims = int_list(args.dynamic_dims, "--dynamic-dims")
+        return lambda ex: _set_dims(ex, dims, args.dynamic_dims)
+    if args.dynamic_batch_size is not None:
+        batch = args.dynamic_batch_size
+        return lambda ex: ex.set_dynamic_batch_size(batch)
+    if args.dynamic_image_size is not None:
+        hw = int_list(args.dynamic_image_size, "--dynamic-image-size")
+        if len(hw) != 2:
+            raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
+        return lambda ex: ex.set_dynamic_image_size(*hw)
+    return lambda ex: None  # the gear comes from the inputs' shapes
+
+
+def _set_dims(ex: Executor, dims: list[int], text: str) -> None:
+    """set_dynamic_dims, with both of its forms explained when ``dims`` fits neither."""
+    spec = ex.model.spec
+    ranks = sum(len(s) for s in spec.input_shapes)
+    if len(dims) not in (ranks, spec.values_per_gear):
+        example = ",".join(map(str, spec.gears[0]))
+        full = ",".join(str(d) for n in spec.input_names for d in spec.shapes(0)[n])
+        per_input = ", ".join(f"{n}:{len(s)}" for n, s in zip(spec.input_names,
+                                                                 spec.input_shapes, strict=True))
+        raise DynamicInputLengthError(
+            f"--dynamic-dims {text!r} has {len(dims)} value(s); give the gear's "
+            f"{spec.values_per_gear} dynamic value(s) (gear 0: {example}) or the full dims of "
+            f"all inputs flattened, {ranks} values ({per_input}; gear 0: {full})")
+    ex.set_dynamic_dims(dims)
+
+
+# ---- output -----------------------------------------------------------------------------------
 def _output_files(names: Sequence[str]) -> list[str]:
     """One distinct ``.npy`` file name per output: path separators and odd characters become
     '_'; a name that would collide with an earlier one (``y:0`` and ``y_0``) gets ``_2``,
@@ -113,42 +229,105 @@ def _output_files(names: Sequence[str]) -> list[str]:
     return files
 
 
-def _gear_flag(args: argparse.Namespace) -> Callable[[Executor], None]:
-    """What the --dynamic-* flag asks of the executor, parsed before the model is loaded."""
-    if args.dynamic_dims is not None:
-        dims = int_list(args.dynamic_dims, "--dynamic-dims")
-        return lambda ex: ex.set_dynamic_dims(dims)
-    if args.dynamic_batch_size is not None:
-        batch = args.dynamic_batch_size
-        return lambda ex: ex.set_dynamic_batch_size(batch)
-    if args.dynamic_image_size is not None:
-        hw = int_list(args.dynamic_image_size, "--dynamic-image-size")
-        if len(hw) != 2:
-            raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
-        return lambda ex: ex.set_dynamic_image_size(*hw)
-    return lambda ex: None  # the gear comes from the inputs' shapes
+def _timed(run: Callable[[], list[np.ndarray]], loop: int,
+           warmup: int) -> tuple[list[np.ndarray], list[int]]:
+    """The outputs of the last of ``warmup + loop`` runs and the ``loop`` timed ones' ns."""
+    for _ in range(warmup):
+        run()
+    samples: list[int] = []
+    outputs: list[np.ndarray] = []
+    for _ in range(loop):
+        t0 = time.perf_counter_ns()
+        outputs = run()
+        samples.append(time.perf_counter_ns() - t0)
+    return outputs, samples
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
+    from gear_runtime.tools.bench.report import Stats
 
     existing_file(args.file, "gear file")
-    pairs = _parse_input_args(args.input)  # syntax and files first: no load for a typo
-    choose_gear = _gear_flag(args)
-    model = gr.load(args.file, backend=args.backend)
-    feeds = _read_inputs(pairs, model.input_names)
-    ex = model.create_executor()
-    choose_gear(ex)
-    outputs = ex.execute(feeds)
-    out_dir = make_dir("--output-dir", args.output_dir)
-    if ex.last_gear is not None:
-        print(f"gear {ex.last_gear}: dims {','.join(map(str, model.gears[ex.last_gear]))}")
-    else:
-        print(f"no gear matched: dims {ex.last_dynamic_dims} ran on the dynamic-shape graph "
-              "(hybrid)")
-    files = _output_files(model.output_names)
-    for name, value, file in zip(model.output_names, outputs, files, strict=True):
-        path = out_dir / file
-        np.save(path, value)
-        print(f"  {name}: {value.dtype} {list(value.shape)} -> {path}")
+    # everything the command line alone can refuse is refused before the model loads
+    pairs = _parse_input_args(args.input)
+    shapes = parse_shapes(args.shapes) if args.shapes is not None else {}
+    choose_gear = gear_flag(args)
+    pads = parse_pad_values(args.pad_value)
+    if pads and not args.pad:
+        raise UsageError("--pad-value needs --pad")
+    if args.json is not None:
+        jsonout.check_target(args.json)
+    backend, options = backend_options(args)
+    with gr.load(args.file, backend=backend, **options) as model:
+        ex = model.create_executor(pad_values=pads or None)
+        choose_gear(ex)
+        feeds, files = _feeds(model, ex, pairs, shapes, args)
+        outputs, samples = _timed(lambda: ex.execute(feeds, pad=args.pad), args.loop,
+                                  args.warmup)
+        out_dir = make_dir("--output-dir", args.output_dir)
+        saved = []
+        for value, file in zip(outputs, _output_files(model.output_names), strict=True):
+            np.save(out_dir / file, value)
+            saved.append(str(out_dir / file))
+        doc = _document(model, ex, feeds, files, outputs, saved, samples, args)
+    if args.json != jsonout.STDOUT:
+        _print(doc, Stats.of_ns(samples) if args.loop > 1 else None)
+    if args.json is not None:
+        written = jsonout.write(args.json, doc)
+        if written is not None:
+            print(f"wrote {written}")
     return EXIT_OK
+
+
+def _document(model: GearModel, ex: Executor, feeds: Mapping[str, np.ndarray],
+              files: Mapping[str, str | None], outputs: Sequence[np.ndarray],
+              saved: Sequence[str], samples: Sequence[int],
+              args: argparse.Namespace) -> dict[str, Any]:
+    """The ``gear-runtime-run/1`` document (docs/json.md)."""
+    from gear_runtime.tools.bench.report import Stats
+
+    providers = getattr(model.backend_model, "execution_providers", None)
+    gear = ex.last_gear
+    return jsonout.document("run", JSON_VERSION, {
+        "model": {"path": str(Path(args.file).resolve()), "backend": model.backend,
+                  "providers": providers, "mode": model.mode,
+                  "gears": [list(g) for g in model.gears]},
+        "run": {"gear": gear, "dynamic_dims": _ints(ex.last_dynamic_dims),
+                "request_dims": _ints(ex.last_request_dims), "pad": bool(args.pad),
+                "hybrid_miss": gear is None},
+        "inputs": [{"name": n, "dtype": str(feeds[n].dtype), "shape": list(feeds[n].shape),
+                    "file": files[n], "synthetic": files[n] is None,
+                    **({"fill": args.fill} if files[n] is None else {})}
+                   for n in model.input_names],
+        "outputs": [{"name": n, "dtype": str(v.dtype), "shape": list(v.shape), "file": f}
+                    for n, v, f in zip(model.output_names, outputs, saved, strict=True)],
+        "timing": {"loop": args.loop, "warmup": args.warmup,
+                   "ms": Stats.of_ns(samples).to_dict(),
+                   "samples_ns": [int(s) for s in samples]},
+    })
+
+
+def _ints(values: Sequence[int] | None) -> list[int] | None:
+    return None if values is None else [int(v) for v in values]
+
+
+def _print(doc: Mapping[str, Any], stats: Any) -> None:
+    """The human summary of a run document (``stats``: the latency of a --loop, or None)."""
+    run = doc["run"]
+    dims = ",".join(map(str, run["dynamic_dims"] or []))
+    if run["gear"] is not None:
+        request = (f" (request {','.join(map(str, run['request_dims']))}, padded)"
+                   if run["pad"] and run["request_dims"] != run["dynamic_dims"] else "")
+        print(f"gear {run['gear']}: dims {dims}{request}")
+    else:
+        print(f"no gear matched: dims {dims} ran on the dynamic-shape graph (hybrid)")
+    synthetic = [i for i in doc["inputs"] if i["synthetic"]]
+    if synthetic:
+        print(f"  synthetic inputs ({synthetic[0]['fill']}): "
+              + ", ".join(f"{i['name']}{i['shape']}" for i in synthetic))
+    for out in doc["outputs"]:
+        print(f"  {out['name']}: {out['dtype']} {out['shape']} -> {out['file']}")
+    if stats is not None:
+        print(f"  {doc['timing']['loop']} runs after {doc['timing']['warmup']} warm-up: p50 "
+              f"{stats.p50:.3f} ms, p99 {stats.p99:.3f} ms, mean {stats.mean:.3f} ms, min "
+              f"{stats.min:.3f} ms")

@@ -24,7 +24,7 @@ from gear_runtime.gearfile.external_data import (
     is_external,
     read_inline,
 )
-from gear_runtime.gearfile.format import RESERVED_PREFIX
+from gear_runtime.gearfile.format import META_FORMAT, RESERVED_PREFIX
 from gear_runtime.gearfile.onnx_graph import subgraphs
 from gear_runtime.spec import GearSpec
 
@@ -194,7 +194,13 @@ def inspect_model(model: onnx.ModelProto) -> GraphInfo:
 
 
 def check_reserved(model: onnx.ModelProto) -> None:
-    """Names the compiler adds contain ``ascend_mbatch_``: the model's names must not."""
+    """Names the compiler adds contain ``ascend_mbatch_``: the model's names must not. A gear
+    file (its format key in the metadata) is named as one: compile its source model."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if META_FORMAT in meta:
+        raise CompileError(f"the model is already a gear file (format {meta[META_FORMAT]}, "
+                           "written by gear-runtime compile); compile the source model it "
+                           "was compiled from, or run this file as it is")
     for name in sorted(_all_names(model.graph)):
         if RESERVED_PREFIX in name:
             raise CompileError(f"the model uses the name {name!r}; names containing "

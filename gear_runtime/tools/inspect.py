@@ -1,14 +1,102 @@
-"""``gear-runtime inspect FILE``: a human description of a gear file."""
+"""``gear-runtime inspect FILE``: what a gear file holds, as text (:func:`describe`) or as a
+``gear-runtime-inspect/1`` document (:func:`inspect_document`, ``--json``; docs/json.md).
+Both come from the same facts, read and verified once."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from gear_runtime.gearfile.digest import DIGEST_ALGORITHM
 from gear_runtime.gearfile.format import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
 from gear_runtime.gearfile.reader import read_gear_file
+from gear_runtime.tools import jsonout
 from gear_runtime.tools.textfmt import format_bytes, format_table
+
+#: The version of the ``--json`` document.
+JSON_VERSION = 1
+
+
+def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The facts of the gear file at ``path`` (after its integrity check: the gear file and
+    every data file hashed and compared with the digests compile recorded): mode, input
+    order (user_designate_shape_order), per gear the input and output shapes, hybrid / sink,
+    weights, files. GearFileError for a bad file, naming the part that changed."""
+    gf = read_gear_file(path)
+    gf.verify_data()
+    spec = gf.spec
+    gears = []
+    for g in range(spec.gear_count):
+        gears.append({
+            "gear": g, "dims": list(spec.gears[g]),
+            "inputs": {n: list(s) for n, s in spec.shapes(g).items()},
+            "outputs": {n: list(s) for n, s in zip(gf.output_names, gf.output_shapes[g],
+                                                   strict=True)},
+            "output_bytes": sum(gf.info.output_size(g, k) for k in range(len(gf.output_names))),
+        })
+    return jsonout.document("inspect", JSON_VERSION, {
+        "path": gf.path, "format": FORMAT_VERSION, "kind": gf.kind,
+        "mode": spec.mode, "dynamic_type": DYNAMIC_TYPES[spec.mode],
+        "gear_count": spec.gear_count, "values_per_gear": spec.values_per_gear,
+        "hybrid": bool(spec.hybrid), "sink": gf.kind == KIND_SINK,
+        "input_format": spec.input_format or None,
+        "inputs": [{"name": n, "dtype": str(dt), "input_shape": list(s)}
+                   for n, dt, s in zip(spec.input_names, gf.input_dtypes, spec.input_shapes,
+                                       strict=True)],
+        "outputs": [{"name": n, "dtype": str(dt)}
+                    for n, dt in zip(gf.output_names, gf.output_dtypes, strict=True)],
+        "gears": gears,
+        "weights": {"tensors": len(gf.weights), "bytes": int(gf.weight_bytes),
+                    "in_data_file": len(gf.external)},
+        "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": True,
+                      "data_files": sorted(os.path.basename(p) for p in gf.data_digests)},
+        "files": [{"path": f, "bytes": os.path.getsize(f)} for f in gf.files],
+    })
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """What ``gear-runtime inspect FILE`` prints: the facts of :func:`inspect_document`, with
+    a table of the gears' input and output shapes."""
+    return text(inspect_document(path))
+
+
+def text(doc: dict[str, Any]) -> str:
+    """The human form of an inspect document."""
+    lines = [
+        f"gear file   {doc['path']}",
+        f"format      {doc['format']}, kind {doc['kind']}",
+        f"mode        {doc['mode']} (dynamic_type {doc['dynamic_type']}), "
+        f"{doc['gear_count']} gears, {doc['values_per_gear']} value(s) per gear",
+        f"hybrid      {'yes' if doc['hybrid'] else 'no'}"
+        f"{' (a miss runs the dynamic-shape graph)' if doc['hybrid'] else ''}",
+        f"sink        {'yes' if doc['sink'] else 'no'}"
+        f"{' (runnable by stock ONNX Runtime; dims returned last)' if doc['sink'] else ''}",
+    ]
+    if doc["input_format"]:
+        lines.append(f"input fmt   {doc['input_format']}")
+    lines.append("inputs (user_designate_shape_order):")
+    lines += _table(["#", "name", "dtype", "input_shape"],
+                    [[str(i), x["name"], x["dtype"], _shape(x["input_shape"])]
+                     for i, x in enumerate(doc["inputs"])])
+    lines.append("outputs:")
+    lines += _table(["#", "name", "dtype"],
+                    [[str(k), x["name"], x["dtype"]] for k, x in enumerate(doc["outputs"])])
+    lines.append("gears:")
+    rows = [[str(g["gear"]), ",".join(map(str, g["dims"])),
+             " ".join(f"{n}{_shape(s)}" for n, s in g["inputs"].items()),
+             " ".join(f"{n}{_shape(s)}" for n, s in g["outputs"].items()),
+             str(g["output_bytes"])] for g in doc["gears"]]
+    lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
+    w = doc["weights"]
+    where = f", {w['in_data_file']} in the data file" if w["in_data_file"] else " inside"
+    lines.append(f"weights     {w['tensors']} tensors, {_bytes(w['bytes'])}{where}")
+    data = "".join(f"; data file {f} verified" for f in doc["integrity"]["data_files"])
+    lines.append(f"integrity   {doc['integrity']['algorithm']}: graph and metadata verified"
+                 f"{data}")
+    lines.append("files:")
+    lines += _table(["path", "size"], [[f["path"], _bytes(f["bytes"])] for f in doc["files"]])
+    return "\n".join(lines)
 
 
 def _shape(dims: Sequence[int]) -> str:
@@ -23,50 +111,4 @@ def _bytes(n: int) -> str:
     return format_bytes(n, digits=2, exact=True)
 
 
-def describe(path: str | os.PathLike[str]) -> str:
-    """What ``gear-runtime inspect FILE`` prints: mode, input order
-    (user_designate_shape_order), gears with per-gear input and output shapes (a table),
-    hybrid / sink flags, file size and weights size, and the integrity check (the gear file
-    and every data file hashed and compared with the digests compile recorded).
-    GearFileError for a bad file, naming the part that changed."""
-    gf = read_gear_file(path)
-    gf.verify_data()
-    spec = gf.spec
-    sink = gf.kind == KIND_SINK
-    lines = [
-        f"gear file   {gf.path}",
-        f"format      {FORMAT_VERSION}, kind {gf.kind}",
-        f"mode        {spec.mode} (dynamic_type {DYNAMIC_TYPES[spec.mode]}), "
-        f"{spec.gear_count} gears, {spec.values_per_gear} value(s) per gear",
-        f"hybrid      {'yes' if spec.hybrid else 'no'}"
-        f"{' (a miss runs the dynamic-shape graph)' if spec.hybrid else ''}",
-        f"sink        {'yes' if sink else 'no'}"
-        f"{' (runnable by stock ONNX Runtime; dims returned last)' if sink else ''}",
-    ]
-    if spec.input_format:
-        lines.append(f"input fmt   {spec.input_format}")
-    lines.append("inputs (user_designate_shape_order):")
-    lines += _table(["#", "name", "dtype", "input_shape"],
-                    [[str(i), n, str(dt), _shape(s)] for i, (n, dt, s) in
-                     enumerate(zip(spec.input_names, gf.input_dtypes, spec.input_shapes,
-                                   strict=True))])
-    lines.append("outputs:")
-    lines += _table(["#", "name", "dtype"],
-                    [[str(k), n, str(dt)] for k, (n, dt) in
-                     enumerate(zip(gf.output_names, gf.output_dtypes, strict=True))])
-    lines.append("gears:")
-    rows = []
-    for g in range(spec.gear_count):
-        ins = " ".join(f"{n}{_shape(s)}" for n, s in spec.shapes(g).items())
-        outs = " ".join(f"{n}{_shape(s)}" for n, s in
-                        zip(gf.output_names, gf.output_shapes[g], strict=True))
-        size = sum(gf.info.output_size(g, k) for k in range(len(gf.output_names)))
-        rows.append([str(g), ",".join(map(str, spec.gears[g])), ins, outs, str(size)])
-    lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
-    lines.append(f"weights     {len(gf.weights)} tensors, {_bytes(gf.weight_bytes)}"
-                 f"{f', {len(gf.external)} in the data file' if gf.external else ' inside'}")
-    data = "".join(f"; data file {os.path.basename(p)} verified" for p in sorted(gf.data_digests))
-    lines.append(f"integrity   {DIGEST_ALGORITHM}: graph and metadata verified{data}")
-    lines.append("files:")
-    lines += _table(["path", "size"], [[f, _bytes(os.path.getsize(f))] for f in gf.files])
-    return "\n".join(lines)
+__all__ = ["describe", "inspect_document", "text"]

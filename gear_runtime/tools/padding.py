@@ -16,9 +16,9 @@ Requests are checked against the gears (and the source model against the gear fi
 anything is run.
 
 The JSON of a report (``check-padding --json``, :meth:`PaddingReport.to_json`), schema
-``"gear-runtime.check-padding/1"``::
+``"gear-runtime-check-padding/1"``::
 
-    {"schema": "gear-runtime.check-padding/1", "safe": true, "rtol": 1e-4, "atol": 1e-5,
+    {"schema": "gear-runtime-check-padding/1", "safe": true, "rtol": 1e-4, "atol": 1e-5,
      "pad_values": {"attention_mask": 0, ...}, "samples": [[5, 5, 5, 16], ...],
      "outputs": [{"name": "logits", "safe": true, "verdict": "safe",
                   "max_abs_diff": 0.0, "max_rel_diff": 0.0, "failed_samples": [],
@@ -37,10 +37,11 @@ import numpy as np
 
 from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.spec import GearSpec
+from gear_runtime.tools import jsonout
 
 InputsFn = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, np.ndarray]]
 
-SCHEMA = "gear-runtime.check-padding/1"
+SCHEMA = jsonout.schema_name("check-padding", 1)
 #: Elements compared at a time (2 MB per float64 temporary of a chunk).
 CHUNK_ELEMENTS = 1 << 18
 #: The most request sizes one check runs.

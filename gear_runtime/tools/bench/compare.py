@@ -6,20 +6,21 @@ resampled with replacement, the ratio of the resampled medians taken each time).
 
 * ``slower``: the whole interval lies above ``1 + noise``;
 * ``faster``: the whole interval lies below ``1 / (1 + noise)``;
-* ``within noise`` otherwise.
+* ``within noise`` otherwise;
+* ``machine changed`` whatever execute did, when the ``bare`` column (the backend's own run,
+  timed interleaved with execute) moved beyond noise by the same rule: the machine or the
+  backend changed, and this comparison cannot tell the runtime's share; the normalised ratio
+  (execute's over bare's) is shown as the best estimate of it.
 
 ``noise`` (default 5%) covers what the interval cannot: the bootstrap sees the spread of the
 iterations inside each run, not the drift of a machine between two runs (frequency, other
-processes), which on a shared machine is a few percent. The same ratio of the ``bare``
-column (the backend's own run, timed interleaved with execute) is shown beside it: when it
-moved as much as execute, the machine or the backend changed, not the runtime. Two runs of
+processes), which on a shared machine is a few percent. Two runs of
 different models or gear sets are refused (InputError); differences of machine or settings
 are warnings.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,8 +30,14 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.errors import InputError
-from gear_runtime.tools.bench.plot import draw_boxes, log_ms_axis, pyplot, save_figure
-from gear_runtime.tools.bench.report import SCHEMA
+from gear_runtime.tools.bench.plot import (
+    draw_boxes,
+    legend_below,
+    log_axis,
+    pyplot,
+    save_figure,
+)
+from gear_runtime.tools.bench.result import check_result
 from gear_runtime.tools.textfmt import format_table
 
 #: Default half-width of the band a ratio must leave to count as a change (5%).
@@ -39,7 +46,8 @@ DEFAULT_NOISE = 0.05
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 #: Settings that change what is measured: a difference is warned about.
-COMPARED_SETTINGS = ("backend", "providers", "threads", "warmup", "iterations", "copy")
+COMPARED_SETTINGS = ("backend", "providers", "threads", "warmup", "iterations", "copy",
+                     "pad", "fill", "request")
 #: The start load average above this fraction of the usable cores is called a busy machine.
 BUSY_LOAD = 0.75
 
@@ -55,13 +63,22 @@ class GearDelta:
     ratio: float
     low: float
     high: float
-    verdict: str  # "faster" | "slower" | "within noise"
-    #: the same ratio of the bare column (the backend alone); None where either run lacks it.
+    verdict: str  # "faster" | "slower" | "within noise" | "machine changed"
+    #: the same ratio of the bare column (the backend alone) and its interval; None where
+    #: either run lacks it.
     bare_ratio: float | None = None
+    bare_low: float | None = None
+    bare_high: float | None = None
 
     @property
     def change_pct(self) -> float:
         return (self.ratio - 1.0) * 100.0
+
+    @property
+    def normalised_ratio(self) -> float | None:
+        """execute's ratio over bare's: the runtime's share of the change, the machine's and
+        the backend's taken out (None without a bare column)."""
+        return None if self.bare_ratio is None else self.ratio / self.bare_ratio
 
 
 @dataclass
@@ -84,28 +101,6 @@ class Comparison:
         return format_comparison(self)
 
 
-# ---- reading ----------------------------------------------------------------------------------
-def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A bench JSON written by this version's ``bench --json``; InputError naming the file
-    when it is missing, not JSON, or an older layout without context and raw times."""
-    name = os.fspath(path)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"--compare: cannot read {name!r}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"--compare: {name!r} is not JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise InputError(f"--compare: {name!r} is not a {SCHEMA} result (no context and no "
-                         "per-iteration times: written by an older gear-runtime or another "
-                         "tool); run gear-runtime bench --json again")
-    for g in data.get("gears", []):
-        if not g.get("samples_ns", {}).get("execute"):
-            raise InputError(f"--compare: {name!r} gear {g.get('gear')} has no per-iteration "
-                             "execute times")
-    return data
-
-
 # ---- comparing --------------------------------------------------------------------------------
 def compare_results(before: dict[str, Any], after: dict[str, Any], *,
                     noise: float = DEFAULT_NOISE, seed: int = 0,
@@ -118,6 +113,8 @@ def compare_results(before: dict[str, Any], after: dict[str, Any], *,
     """
     if not 0 <= noise < 1:
         raise InputError(f"noise must be in [0, 1), got {noise!r}")
+    for data, name in zip((before, after), names, strict=True):
+        check_result(data, name)  # what a verdict is computed from: no NaN "within noise"
     _check_same_model(before, after, names)
     _check_same_gears(before, after, names)
     out = Comparison(names[0], names[1], noise)
@@ -126,6 +123,11 @@ def compare_results(before: dict[str, Any], after: dict[str, Any], *,
     rng = np.random.default_rng(seed)
     for b, a in zip(before["gears"], after["gears"], strict=True):
         out.gears.append(_delta(b, a, noise, rng))
+    out.warnings += [f"gear {d.gear}: the bare run (the backend alone) moved x{d.bare_ratio:.3f} "
+                     "beyond noise too: the machine or the backend changed, so this comparison "
+                     "cannot tell the runtime's change from it (normalised "
+                     f"x{d.normalised_ratio:.3f})"
+                     for d in out.gears if d.verdict == "machine changed"]
     return out
 
 
@@ -201,125 +203,180 @@ def _version_notes(before: dict[str, Any], after: dict[str, Any],
 
 def _delta(before: dict[str, Any], after: dict[str, Any], noise: float,
            rng: np.random.Generator) -> GearDelta:
-    """One gear's ratio of execute medians, its bootstrap interval and verdict."""
-    b = np.asarray(before["samples_ns"]["execute"], dtype=np.float64) / 1e6
-    a = np.asarray(after["samples_ns"]["execute"], dtype=np.float64) / 1e6
+    """One gear's ratio of execute medians, its bootstrap interval and verdict: "machine
+    changed" when the bare run (the backend alone, timed alongside) moved beyond noise too,
+    since then this comparison cannot tell the runtime's change from the machine's."""
+    b, a = _ms(before, "execute"), _ms(after, "execute")
     ratio = float(np.median(a) / np.median(b))
     low, high = bootstrap_ratio_interval(b, a, rng)
-    if low > 1 + noise:
-        verdict = "slower"
-    elif high < 1 / (1 + noise):
-        verdict = "faster"
-    else:
-        verdict = "within noise"
+    verdict = _verdict(low, high, noise)
+    bare: tuple[float | None, ...] = (None, None, None)
+    if before["samples_ns"].get("bare") and after["samples_ns"].get("bare"):
+        bb, ba = _ms(before, "bare"), _ms(after, "bare")
+        bare = (float(np.median(ba) / np.median(bb)), *bootstrap_ratio_interval(bb, ba, rng))
+        if _verdict(bare[1], bare[2], noise) != "within noise":
+            verdict = "machine changed"
     return GearDelta(int(before["gear"]), tuple(before["dims"]), float(np.median(b)),
-                     float(np.median(a)), ratio, low, high, verdict,
-                     _median_ratio(before, after, "bare"))
+                     float(np.median(a)), ratio, low, high, verdict, *bare)
 
 
-def _median_ratio(before: dict[str, Any], after: dict[str, Any], runner: str) -> float | None:
-    sb, sa = before["samples_ns"].get(runner), after["samples_ns"].get(runner)
-    return float(np.median(sa) / np.median(sb)) if sb and sa else None
+def _ms(gear: dict[str, Any], runner: str) -> np.ndarray:
+    return np.asarray(gear["samples_ns"][runner], dtype=np.float64) / 1e6
+
+
+def _verdict(low: float, high: float, noise: float) -> str:
+    """The rule of the module docstring: the whole interval beyond the noise band."""
+    if low > 1 + noise:
+        return "slower"
+    if high < 1 / (1 + noise):
+        return "faster"
+    return "within noise"
 
 
 def bootstrap_ratio_interval(before: np.ndarray, after: np.ndarray,
                              rng: np.random.Generator, resamples: int = RESAMPLES,
                              confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The percentile bootstrap interval of median(after) / median(before): each run's
-    samples resampled with replacement, independently."""
-    mb = np.median(before[rng.integers(0, len(before), (resamples, len(before)))], axis=1)
-    ma = np.median(after[rng.integers(0, len(after), (resamples, len(after)))], axis=1)
+    samples resampled with replacement, independently. Resampled in blocks of rows, so the
+    memory stays near :data:`BOOTSTRAP_BLOCK` values whatever the sample counts."""
+    mb = _resampled_medians(before, rng, resamples)
+    ma = _resampled_medians(after, rng, resamples)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(ma / mb, [tail, 100 - tail])
     return float(low), float(high)
+
+
+#: Values drawn at once by the bootstrap (8 MiB of indices, 8 MiB of samples).
+BOOTSTRAP_BLOCK = 2**20
+
+
+def _resampled_medians(samples: np.ndarray, rng: np.random.Generator,
+                       resamples: int) -> np.ndarray:
+    """The medians of ``resamples`` resamples (with replacement) of ``samples``."""
+    n = len(samples)
+    rows = max(1, BOOTSTRAP_BLOCK // n)
+    out = np.empty(resamples)
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        out[start:stop] = np.median(samples[rng.integers(0, n, (stop - start, n))], axis=1)
+    return out
 
 
 # ---- output -------------------------------------------------------------------------------------
 def format_comparison(cmp: Comparison) -> str:
     """Fixed-width table: per gear both medians, the ratio, its interval and the verdict."""
     header = ["gear", "dims", "before p50 ms", "after p50 ms", "after/before",
-              f"{CONFIDENCE:.0%} CI", "change", "bare after/before", "verdict"]
+              f"{CONFIDENCE:.0%} CI", "change", "bare after/before", "normalised", "verdict"]
     rows = [header]
     for d in cmp.gears:
         bare = "-" if d.bare_ratio is None else f"{d.bare_ratio:.3f}"
+        norm = "-" if d.normalised_ratio is None else f"{d.normalised_ratio:.3f}"
         rows.append([str(d.gear), ",".join(map(str, d.dims)), f"{d.before_ms:.3f}",
                      f"{d.after_ms:.3f}", f"{d.ratio:.3f}", f"{d.low:.3f}-{d.high:.3f}",
-                     f"{d.change_pct:+.1f}%", bare, d.verdict])
-    lines = format_table(rows, right=lambda c: 2 <= c <= 7, rule=True)
+                     f"{d.change_pct:+.1f}%", bare, norm, d.verdict])
+    lines = format_table(rows, right=lambda c: 2 <= c <= 8, rule=True)
     lines += [
         "",
         f"before: {cmp.before}",
         f"after:  {cmp.after}",
         f"execute medians; CI: bootstrap over iterations ({RESAMPLES} resamples); slower / "
         f"faster only when the whole CI is beyond +-{cmp.noise:.0%} (run-to-run noise)",
-        "bare after/before: the backend's own run, timed alongside; when it moved like "
-        "execute, the machine or the backend changed, not the runtime",
+        "bare after/before: the backend's own run, timed alongside; when its CI is beyond "
+        "the band too, the verdict is 'machine changed' (the machine or the backend moved, "
+        "not only the runtime); normalised = after/before over bare after/before, the "
+        "runtime's share",
         *cmp.notes,
     ]
     return "\n".join(lines)
 
 
-VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green", "within noise": "tab:gray"}
+VERDICT_COLORS = {"slower": "tab:red", "faster": "tab:green", "within noise": "tab:gray",
+                  "machine changed": "tab:orange"}
+#: The colours of the two runs in the distribution panel.
+RUN_COLORS = {"before": "tab:blue", "after": "tab:purple"}
 
 
 def plot_comparison(cmp: Comparison, before: dict[str, Any], after: dict[str, Any],
                     path: str | os.PathLike[str]) -> Path:
     """Write a PNG of two panels: left, per gear the ratio after / before with its interval
-    (coloured by verdict) against the noise band around 1; right, per gear the distribution
-    of every iteration before and after (boxes on a log latency scale)."""
+    (coloured by verdict) against the noise band around 1, beside it the bare run's ratio
+    (the backend alone: when it moved, the machine did) and the normalised ratio (execute's
+    over bare's, the runtime's share); right, per gear the distribution of every iteration
+    before and after (boxes on a log latency scale). One legend below both panels."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     plt = pyplot()
     labels = [f"{d.gear}: {','.join(map(str, d.dims))}" for d in cmp.gears]
     x = np.arange(len(labels))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(11.0, 2.2 * len(labels) + 5), 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(11.0, 2.2 * len(labels) + 5), 5.2))
     _ratio_panel(left, cmp, x, labels)
     _before_after_panel(right, before, after, x, labels)
     fig.suptitle(f"gear-runtime bench --compare: {Path(cmp.before).name} -> "
                  f"{Path(cmp.after).name}", fontsize=10)
-    fig.tight_layout()
+    verdicts = sorted({d.verdict for d in cmp.gears}, key=list(VERDICT_COLORS).index)
+    handles = [Patch(color="0.85", label=f"+-{cmp.noise:.0%} noise")]
+    handles += [Line2D([], [], color=VERDICT_COLORS[v], marker="o", linestyle="", label=v)
+                for v in verdicts]
+    if any(d.bare_ratio is not None for d in cmp.gears):
+        handles += [Line2D([], [], color="tab:green", marker="D", markerfacecolor="none",
+                           linestyle="", label="bare (backend alone)"),
+                    Line2D([], [], color="black", marker="s", markerfacecolor="none",
+                           linestyle="", label="normalised (execute / bare)")]
+    handles += [Patch(color=c, alpha=0.55, label=f"{n} (right)") for n, c in RUN_COLORS.items()]
+    legend_below(fig, handles)
     return save_figure(plt, fig, path)
 
 
 def _ratio_panel(ax: Any, cmp: Comparison, x: np.ndarray, labels: list[str]) -> None:
-    ax.axhspan(1 / (1 + cmp.noise), 1 + cmp.noise, color="0.85", label=f"+-{cmp.noise:.0%} noise")
+    """Per gear: execute's ratio and CI at x, bare's ratio at x + 0.18, the normalised ratio at
+    x - 0.18, and the change and verdict written above the highest of the three."""
+    ax.axhspan(1 / (1 + cmp.noise), 1 + cmp.noise, color="0.85")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    tops = []
     for xi, d in zip(x, cmp.gears, strict=True):
         color = VERDICT_COLORS[d.verdict]
         ax.errorbar([xi], [d.ratio], yerr=[[d.ratio - d.low], [d.high - d.ratio]], fmt="o",
                     color=color, capsize=6, markersize=8)
-        ax.annotate(f"{d.change_pct:+.1f}%\n{d.verdict}", (xi, d.high), textcoords="offset points",
-                    xytext=(0, 6), ha="center", fontsize=8, color=color)
-    bare = [(xi, d.bare_ratio) for xi, d in zip(x, cmp.gears, strict=True)
-            if d.bare_ratio is not None]
-    if bare:
-        ax.plot([b[0] + 0.12 for b in bare], [b[1] for b in bare], "D", markersize=6,
-                markerfacecolor="none", color="tab:green", label="bare (backend alone)")
+        top = d.high
+        if d.bare_ratio is not None and d.normalised_ratio is not None:
+            ax.plot([xi + 0.18], [d.bare_ratio], "D", markersize=6, markerfacecolor="none",
+                    color="tab:green")
+            ax.plot([xi - 0.18], [d.normalised_ratio], "s", markersize=6,
+                    markerfacecolor="none", color="black")
+            top = max(top, d.bare_ratio, d.normalised_ratio)
+        text = f"{d.change_pct:+.1f}%\n{d.verdict}"
+        if d.verdict == "machine changed":
+            text += f"\n(bare x{d.bare_ratio:.2f})"
+        ax.annotate(text, (xi, top), textcoords="offset points", xytext=(0, 8), ha="center",
+                    va="bottom", fontsize=8, color=color)
+        tops.append(top)
     ax.set_xticks(x, labels)
     ax.set_xlim(-0.6, len(labels) - 0.4)
-    bares = [d.bare_ratio for d in cmp.gears if d.bare_ratio is not None]
-    top = max([d.high for d in cmp.gears] + bares + [1 + cmp.noise])
-    bottom = min([d.low for d in cmp.gears] + bares + [1 / (1 + cmp.noise)])
-    ax.set_ylim(bottom - 0.05, top + 0.12 * (top - bottom + 0.1))
+    lows = [d.low for d in cmp.gears] + [v for d in cmp.gears for v in
+                                         (d.bare_ratio, d.normalised_ratio) if v is not None]
+    top = max(tops + [1 + cmp.noise])
+    bottom = min(lows + [1 / (1 + cmp.noise)])
+    # log: x0.5 and x2 equally far from 1; room above for the labels
+    ax.set_ylim(bottom / 1.1, top * 1.1 * (top / bottom) ** 0.3)
+    log_axis(ax)
     ax.set_xlabel("gear: dynamic dims")
-    ax.set_ylabel("median after / before (95% CI)")
+    ax.set_ylabel("median after / before (95% CI, log)")
     ax.set_title("ratio of execute medians (>1: slower)")
-    ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _before_after_panel(ax: Any, before: dict[str, Any], after: dict[str, Any], x: np.ndarray,
                         labels: list[str]) -> None:
-    for offset, data, color, name in ((-0.2, before, "tab:blue", "before"),
-                                      (0.2, after, "tab:purple", "after")):
+    for offset, data, name in ((-0.2, before, "before"), (0.2, after, "after")):
         samples = [np.asarray(g["samples_ns"]["execute"], dtype=np.float64) / 1e6
                    for g in data["gears"]]
-        draw_boxes(ax, x + offset, samples, 0.35, color)
-        ax.plot([], [], "s", color=color, alpha=0.55, label=name)
-    log_ms_axis(ax)
+        draw_boxes(ax, x + offset, samples, 0.35, RUN_COLORS[name])
+    log_axis(ax)
     ax.set_xticks(x, labels)
     ax.set_xlabel("gear: dynamic dims")
     ax.set_ylabel("execute latency ms (log)")
     ax.set_title("every iteration: box p25-p75, whiskers p5-p95")
-    ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
 
 
@@ -330,6 +387,5 @@ __all__ = [
     "compare_results",
     "context_warnings",
     "format_comparison",
-    "load_result",
     "plot_comparison",
 ]

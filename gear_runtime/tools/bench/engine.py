@@ -49,7 +49,15 @@ from gear_runtime.tools.bench.context import (
     rss_bytes,
     versions,
 )
-from gear_runtime.tools.bench.report import RUNNERS, BenchReport, GearBench, Stats
+from gear_runtime.tools.bench.report import (
+    MAX_ITERATIONS,
+    RUNNERS,
+    BenchReport,
+    GearBench,
+    Stats,
+)
+from gear_runtime.tools.inputs import check_request_shapes, synthetic_inputs
+from gear_runtime.tools.source import check_source_inputs
 
 if TYPE_CHECKING:
     import onnx
@@ -101,30 +109,25 @@ def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
 
 
 # ---- inputs -----------------------------------------------------------------------------------
-def default_inputs(model: GearModel, gear: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Generic valid-looking inputs for any gear model: floats standard normal (seeded),
-    integers 1 (a valid index into any table of two or more rows, and a mask of ones),
-    bools True. Pass ``inputs=`` to :func:`bench_model` for models that need real data.
-    """
-    rng = np.random.default_rng(seed + gear)
-    shapes = model.spec.shapes(gear)
-    out: dict[str, np.ndarray] = {}
-    for name, dtype in zip(model.input_names, model.info.input_dtypes, strict=True):
-        dt = np.dtype(dtype)
-        if np.issubdtype(dt, np.floating):
-            out[name] = rng.standard_normal(shapes[name]).astype(dt)
-        else:  # ints and bools
-            out[name] = np.ones(shapes[name], dtype=dt)
-    return out
+def default_inputs(model: GearModel, gear: int, seed: int = 0,
+                   fill: str = "random") -> dict[str, np.ndarray]:
+    """Generic valid-looking inputs of gear ``gear`` for any gear model (seed ``seed + gear``):
+    :func:`gear_runtime.tools.inputs.synthetic_inputs` (``random``: floats standard normal,
+    integers 1, bools True). Pass ``inputs=`` to :func:`bench_model` for models that need
+    real data."""
+    dtypes = dict(zip(model.input_names, model.info.input_dtypes, strict=True))
+    return synthetic_inputs(dtypes, model.spec.shapes(gear), fill, seed + gear)
 
 
-def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
-                       names: Sequence[str], threads: int | None) -> Any:
-    """An ORT session of the original dynamic model, checked to take the gear model's inputs."""
+def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto, model: GearModel,
+                       shapes: Sequence[Mapping[str, Sequence[int]]],
+                       threads: int | None) -> Any:
+    """An ORT session of the original dynamic model, checked to take the gear model's inputs
+    (names, dtypes, and the ``shapes`` it will be fed)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # its errors come back as exceptions; ORT's log is a 2nd line
     if threads is not None:
         so.intra_op_num_threads = threads
     if isinstance(reference, str | os.PathLike):
@@ -137,10 +140,8 @@ def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto,
         sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT's own exception types: one message naming the file
         raise InputError(f"reference model could not be loaded by onnxruntime: {exc}") from None
-    ref_inputs = [i.name for i in sess.get_inputs()]
-    if sorted(ref_inputs) != sorted(names):
-        raise InputError(f"reference model inputs {ref_inputs} differ from the gear model's "
-                         f"inputs {list(names)}")
+    check_source_inputs(sess, dict(zip(model.input_names, model.info.input_dtypes, strict=True)),
+                        shapes, "the reference model")
     return sess
 
 
@@ -190,20 +191,28 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 warmup: int = 10, threads: int | None = None,
                 reference: str | os.PathLike[str] | onnx.ModelProto | None = None,
                 inputs: InputsFn | None = None, backend: str = "onnxruntime",
-                progress: bool = True, seed: int = 0, copy: bool = True) -> BenchReport:
+                progress: bool = True, seed: int = 0, copy: bool = True,
+                providers: Sequence[str] | None = None,
+                request: Mapping[str, Sequence[int]] | None = None, pad: bool = False,
+                fill: str = "random") -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path).
 
     ``threads`` sets ORT's intra-op threads of every session involved (when the model is
-    loaded here and for the reference). ``reference``: the original dynamic ONNX model (the
-    ``dynamic`` column; none without it). ``inputs(model, gear)``
-    gives the inputs of a gear (default :func:`default_inputs`). ``copy``: what ``execute``
+    loaded here and for the reference); ``providers``: ORT's execution providers of the
+    model loaded here. ``reference``: the original dynamic ONNX model (the ``dynamic``
+    column; none without it). ``inputs(model, gear)`` gives the inputs of a gear (default
+    :func:`default_inputs` with ``fill``). ``request``: instead of every gear, time the
+    request of these shapes (synthetic inputs, ``fill``) on the gear it selects: its exact
+    gear, or with ``pad=True`` the covering one it is padded to. ``copy``: what ``execute``
     is timed with (True: outputs the caller keeps, as services get by default; False: views
-    of the executor's buffers, no output copy). ``progress``: a bar on stderr, only when
-    stderr is a terminal (never in a log). Raises InputError for bad arguments and when the
-    inputs do not select the gear they were made for.
+    of the executor's buffers, no output copy); ``pad``: ``execute(pad=True)``.
+    ``progress``: a bar on stderr, only when stderr is a terminal (never in a log). Raises
+    InputError for bad arguments and when the inputs do not select the gear they were made
+    for.
     """
-    if not isinstance(iterations, int) or iterations < 1:
-        raise InputError(f"iterations must be an integer >= 1, got {iterations!r}")
+    if not isinstance(iterations, int) or not 1 <= iterations <= MAX_ITERATIONS:
+        raise InputError(f"iterations must be an integer in 1..{MAX_ITERATIONS}, got "
+                         f"{iterations!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise InputError(f"warmup must be an integer >= 0, got {warmup!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -220,17 +229,26 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
             options: dict[str, Any] = {}
             if threads is not None and backend in THREADS_OPTION:
                 options[THREADS_OPTION[backend]] = threads
+            if providers is not None:
+                options["providers"] = list(providers)
             model = owned.enter_context(load(path, backend=backend, **options))
         else:
             path = repr(model)
         rss = rss_bytes()
-        selected = parse_gears(gears, model.gear_count)
         executor = owned.enter_context(model.create_executor())
+        make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed, fill))
+        if request is None:
+            selected = parse_gears(gears, model.gear_count)
+            checked = [model.spec.shapes(g) for g in selected]
+        else:
+            selected, make_inputs = _request_gear(model, executor, gears, request, pad, fill,
+                                                  seed)
+            checked = [request]
         handles = _backend_handles(model, executor)
 
         ref_session, ref_name = None, None
         if reference is not None:
-            ref_session = _reference_session(reference, model.input_names, threads)
+            ref_session = _reference_session(reference, model, checked, threads)
             ref_name = os.fspath(reference) if isinstance(reference, str | os.PathLike) else "proto"
 
         report = BenchReport(model=path, backend=model.backend, mode=model.mode,
@@ -240,17 +258,43 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                              output_buffer_bytes=handles.output_buffer_bytes, copy=copy)
         settings = {"backend": model.backend, "providers": handles.providers,
                     "threads": threads, "warmup": warmup, "iterations": iterations,
-                    "copy": copy, "seed": seed, "gears": selected, "reference": ref_name}
+                    "copy": copy, "seed": seed, "gears": selected, "reference": ref_name,
+                    "pad": pad, "fill": fill if inputs is None else "inputs=",
+                    "request": None if request is None else {n: [int(d) for d in s]
+                                                             for n, s in request.items()}}
         report.context = {"started": started, "machine": machine, "settings": settings,
                           "versions": versions(),
                           "model": model_context(handles.path or _path_or_none(path), model)}
-        make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed))
         with progress_bar(len(selected) * (warmup + iterations), "bench", progress) as bar:
             for g in selected:
                 report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
                                                 dict(make_inputs(model, g)), iterations, warmup,
-                                                bar, copy))
+                                                bar, copy, pad))
         return report
+
+
+def _request_gear(model: GearModel, executor: Executor, gears: str | Sequence[int] | None,
+                  request: Mapping[str, Sequence[int]], pad: bool, fill: str,
+                  seed: int) -> tuple[list[int], InputsFn]:
+    """The one gear the request of shapes ``request`` runs on, and its inputs: InputError
+    when gears are chosen too, or when no gear runs it (a hybrid file's dynamic graph is not
+    a gear)."""
+    if gears is not None and not (isinstance(gears, str) and gears.strip().lower() == "all"):
+        raise InputError(f"gears {gears!r} and request shapes exclude each other: the request "
+                         "selects its gear")
+    dtypes = dict(zip(model.input_names, model.info.input_dtypes, strict=True))
+    missing = [n for n in model.input_names if n not in request]
+    if missing or len(request) != len(dtypes):
+        raise InputError(f"request shapes name {sorted(request)}; give every input of the "
+                         f"model: {', '.join(model.input_names)}")
+    check_request_shapes(model, request, "request shapes")
+    feeds = synthetic_inputs(dtypes, request, fill, seed)
+    executor.execute(feeds, pad=pad)
+    if executor.last_gear is None:
+        raise InputError(f"no gear runs the request {dict(request)} (a hybrid file ran it on "
+                         "its dynamic-shape graph); bench times gears: give shapes a gear "
+                         "covers, with --pad to pad them")
+    return [executor.last_gear], lambda m, g: feeds
 
 
 def _path_or_none(path: str) -> str | None:
@@ -276,15 +320,22 @@ def progress_bar(total: int, desc: str, progress: bool) -> Any:
 
 def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,
                 g: int, feeds: dict[str, np.ndarray], iterations: int, warmup: int,
-                bar: Any, copy: bool = True) -> GearBench:
+                bar: Any, copy: bool = True, pad: bool = False) -> GearBench:
     """Time one gear: execute / bare / naive / dynamic interleaved per iteration."""
-    executor.execute(feeds, copy=copy)
+    executor.execute(feeds, copy=copy, pad=pad)
     if executor.last_gear != g:  # the inputs must select this gear, or the row would lie
         raise InputError(f"the inputs given for gear {g} {model.gears[g]} selected gear "
                          f"{executor.last_gear}; give inputs with gear {g}'s shapes "
                          f"{model.spec.shapes(g)}")
+    if ref_session is not None:
+        try:
+            ref_session.run(None, feeds)
+        except Exception as exc:  # ORT's own types (InvalidArgument, Fail...): one clear line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"the reference model does not match the gear file: it fails on "
+                             f"gear {g}'s inputs ({first})") from None
     runners: list[tuple[str, Callable[[], Any]]] = [
-        ("execute", lambda: executor.execute(feeds, copy=copy))]
+        ("execute", lambda: executor.execute(feeds, copy=copy, pad=pad))]
     if handles.bare_run is not None:
         bare_run = handles.bare_run
         runners.append(("bare", lambda: bare_run(g)))

@@ -46,16 +46,15 @@ def plot_report(report: BenchReport, path: str | os.PathLike[str]) -> Path:
         if all(len(v) for v in samples):
             draw_boxes(right, pos, samples, width * 0.85, RUNNER_COLORS[name])
     for ax in (left, right):
-        log_ms_axis(ax)
+        log_axis(ax)
         ax.set_xticks(x, labels, rotation=20 if len(labels) > 4 else 0)
         ax.set_xlabel("gear: dynamic dims")
         ax.grid(axis="y", which="both", alpha=0.3)
     left.set_ylabel("latency ms (log)")
     left.set_title("median (dot), p90 (bar), p99 (cross)")
     right.set_title("every iteration: box p25-p75, whiskers p5-p95")
-    _runner_legend(left, runners)
     fig.suptitle(_report_title(report), fontsize=10)
-    fig.tight_layout()
+    _runner_legend(fig, runners)
     return save_figure(plt, fig, path)
 
 
@@ -84,26 +83,41 @@ def draw_boxes(ax: Any, pos: np.ndarray, samples: Sequence[np.ndarray], width: f
         line.set_gid("median")
 
 
-def log_ms_axis(ax: Any) -> None:
-    """A log latency axis labelled in plain numbers at 1-2-5 steps (0.1, 0.2, 0.5, 1 ...):
-    matplotlib's default labels only the powers of ten, often one or none in range."""
+def log_axis(ax: Any) -> None:
+    """A log y axis (latencies, ratios) labelled in plain numbers (matplotlib's default
+    labels only the powers of ten, often one or none in range), as densely as the range
+    allows: at 1-2-5
+    steps over two decades or more, at 1-1.5-2-3-5-7 steps over less (so a range such as
+    0.004-0.03 ms reads 0.005, 0.007, 0.01, 0.015, 0.02, 0.03, not three labels). Call it
+    after the data is drawn: it reads the axis's range."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    low, high = ax.get_ylim()
+    decades = np.log10(high / low) if low > 0 and high > low else 3.0
+    subs = (1.0, 2.0, 5.0) if decades >= 2 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _runner_legend(ax: Any, runners: Sequence[str]) -> None:
+def _runner_legend(fig: Any, runners: Sequence[str]) -> None:
+    """One legend for both panels, below them: a legend inside an axis hides data."""
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=RUNNER_COLORS[n], marker="o", linestyle="", label=n)
-               for n in runners]
+    handles = [Line2D([], [], color=RUNNER_COLORS[n], marker="s", linestyle="", markersize=8,
+                      label=n) for n in runners]
     handles += [Line2D([], [], color="gray", marker=m, linestyle="", markersize=s, label=q,
                        markeredgewidth=2 if m == "_" else 1)
                 for m, s, q in (("o", 7, "p50"), ("_", 14, "p90"), ("x", 7, "p99"))]
-    ax.legend(handles=handles, fontsize=8, ncol=2)
+    legend_below(fig, handles)
+
+
+def legend_below(fig: Any, handles: Sequence[Any]) -> None:
+    """A figure legend in one row under the panels, and room made for it (never over data)."""
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
 
 
 def _report_title(report: BenchReport) -> str:
@@ -115,10 +129,21 @@ def _report_title(report: BenchReport) -> str:
                if machine else ""))
 
 
-def save_figure(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write ``fig`` as a PNG at ``path`` and close it; InputError when it cannot be written."""
+def check_png_name(path: str | os.PathLike[str], flag: str = "plot") -> Path:
+    """``path`` as a Path when its name ends in ``.png`` (any case); InputError naming ``flag``
+    otherwise: the plots are PNGs, and a PNG named .jpg or .pdf misleads whoever opens it."""
     out = Path(path)
+    if out.suffix.lower() != ".png":
+        raise InputError(f"{flag} {os.fspath(path)!r}: the plot is written as PNG; give a file "
+                         "name ending in .png")
+    return out
+
+
+def save_figure(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``fig`` as a PNG at ``path`` and close it; InputError when the name does not end
+    in .png or the file cannot be written."""
     try:
+        out = check_png_name(path)
         fig.savefig(out, format="png", dpi=100)
     except OSError as exc:
         raise InputError(f"cannot write the plot to {os.fspath(out)!r}: {exc}") from None
@@ -146,5 +171,5 @@ def check_plotting() -> None:
     pyplot()
 
 
-__all__ = ["RUNNER_COLORS", "check_plotting", "draw_boxes", "log_ms_axis", "plot_report",
-           "pyplot", "save_figure"]
+__all__ = ["RUNNER_COLORS", "check_plotting", "check_png_name", "draw_boxes", "legend_below",
+           "log_axis", "plot_report", "pyplot", "save_figure"]

@@ -16,6 +16,9 @@ from gear_runtime.tools.bench.table import format_table
 SCHEMA = "gear-runtime-bench/2"
 #: The runners in the order tables, JSON and plots show them.
 RUNNERS = ("execute", "bare", "naive", "dynamic")
+#: The most timed iterations per gear a run records (and a comparison reads back): the
+#: comparison's bootstrap resamples every one of them.
+MAX_ITERATIONS = 100_000
 
 
 # ---- statistics -------------------------------------------------------------------------------
@@ -143,4 +146,4 @@ class BenchReport:
         return format_table(self)
 
 
-__all__ = ["RUNNERS", "SCHEMA", "BenchReport", "GearBench", "Stats"]
+__all__ = ["MAX_ITERATIONS", "RUNNERS", "SCHEMA", "BenchReport", "GearBench", "Stats"]

@@ -1,8 +1,8 @@
 """``gear-runtime plan``: read a trace, plan, evaluate the current gears; text and JSON.
 
-The JSON (``--json PATH|-``) is one object, schema ``"gear-runtime.plan/1"``::
+The JSON (``--json PATH|-``) is one object, schema ``"gear-runtime-plan/1"``::
 
-    {"schema": "gear-runtime.plan/1",
+    {"schema": "gear-runtime-plan/1",
      "requests": 10000,                      # requests in the trace
      "cost": "elements" | "measured", "cost_unit": "elements" | "ms",
      "uncovered_cost": "...",                # how uncovered requests are counted
@@ -29,6 +29,7 @@ from typing import Any
 
 from gear_runtime.errors import InputError
 from gear_runtime.spec import GearSpec
+from gear_runtime.tools import jsonout
 from gear_runtime.tools.plan.costs import LatencyCurve, cost_fn, elements_cost
 from gear_runtime.tools.plan.evaluate import GearPlan, evaluate
 from gear_runtime.tools.plan.measure import ladder_sizes, measure_latency
@@ -36,7 +37,7 @@ from gear_runtime.tools.plan.requests import Structure, as_requests, structure_o
 from gear_runtime.tools.plan.search import plan_gears
 from gear_runtime.tools.plan.trace import TraceLayout, layout_of, read_trace
 
-SCHEMA = "gear-runtime.plan/1"
+SCHEMA = jsonout.schema_name("plan", 1)
 #: GE accepts at most this many gears (E10036; 256 on 950-series chips).
 GE_MAX_GEARS = 100
 UNCOVERED_COST = ("requests no gear covers are counted at the cost of their own size (what "
