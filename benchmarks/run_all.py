@@ -109,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("---- bench_core.py ----")
     rows += run_core(args.quick)
     print("\n---- bench_gears.py ----")
-    rows += bench_gears.run(iterations=50 if args.quick else 200, verbose=True)
+    rows += bench_gears.run(iterations=50 if args.quick else 200, verbose=True,
+                            repeats=1 if args.quick else 3)
     print("\n---- bench_memory.py ----")
     rows += bench_memory.run(verbose=True)
     print("\n==== all benchmarks ====")

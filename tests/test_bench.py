@@ -400,9 +400,10 @@ def test_run_all_reads_bench_core_table(scripts) -> None:
 
 
 def test_bench_gears_rows(scripts) -> None:
-    rows = scripts.gears.run(iterations=3, warmup=0)
+    rows = scripts.gears.run(iterations=3, warmup=0, repeats=1)
     speedups = [r for r in rows if "speed-up vs ORT dynamic" in r["metric"]]
     assert len(speedups) == 4 and all(r["value"] > 0 for r in speedups)  # 4 gears
+    assert len([r for r in rows if "(copy=False)" in r["metric"]]) == 4  # both copy modes
     table = scripts.run_all.format_rows(rows)
     assert table.splitlines()[0].split() == ["bench", "metric", "value", "target", "status"]
 
