@@ -119,7 +119,7 @@ ROWS: list[Row] = [
     row("run-input-unknown-name", "has no input", "run", "{gear}", "--input", "nosuch={ids}"),
     row("run-dims-not-integers", "integers", "run", "{gear}", "--dynamic-dims", "1,a"),
     row("run-dims-huge", "beyond any tensor dimension", "run", "{gear}", "{inputs}",
-        "--dynamic-dims", str(2**63)),
+        "--dynamic-dims", f"{2**63},64,64,16"),
     row("run-dims-short-form", "dynamic value(s) (gear 0: 32,32,32,16) or the full dims", "run",
         "{gear}", "{inputs}", "--dynamic-dims", "64"),
     row("run-no-inputs", "--shapes NAME:DIMS (synthetic)", "run", "{gear}"),

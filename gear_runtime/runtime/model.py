@@ -8,7 +8,6 @@ weights, an ACL model id, ...). Per-request state lives in executors, one per th
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import weakref
