@@ -179,7 +179,7 @@ ROWS: list[Row] = [
         ("dev-zero", "not a regular file", "/dev/zero"),
         ("fifo", "not a regular file", "{fifo}"),
         ("directory", "it is a directory", "{tmp}"),
-        ("huge-file", "bytes; a bench result is at most", "{huge_json}"),
+        ("huge-file", "more than the limit of", "{huge_json}"),
         ("deep-nesting", "nested deeper", "{deep_json}"),
         ("list", "not a JSON object", "{json:list}"),
         ("gears-not-a-list", "gears: expected a list", "{json:gears_str}"),
