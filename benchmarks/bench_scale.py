@@ -1,7 +1,8 @@
 """The gear executor vs plain ONNX Runtime at realistic sizes: latency per gear, threads, load.
 
     python benchmarks/bench_scale.py [--quick] [--big] [--large-only] [--threads 1,2]
-                                     [--workdir DIR]
+                                     [--workdir DIR] [--load-only] [--repeats N]
+                                     [--baseline CHECKOUT]
 
 Two models built here with onnx.helper, saved with their weights in external data:
 
@@ -28,7 +29,10 @@ Measured side by side in ONE run, in this process, with the same ORT thread coun
   (psutil), peak increase (ru_maxrss), wall time, RSS after one run of every gear, and the
   bytes the process wrote (``wchar`` of /proc/self/io) during the load: a file written at
   load (a temporary weight copy) shows there. Targets: RSS <= 1.1x, peak <= 1.3x, time <=
-  1.2x plain ORT's; 0 bytes written.
+  1.2x plain ORT's; 0 bytes written. ``--baseline CHECKOUT`` (another gear_runtime source
+  tree, its ``_core`` built in place: ``python setup.py build_ext --inplace``) adds a column:
+  the same gear file loaded by that code, in its own fresh processes, interleaved with the
+  other two; target: load time <= 1.05x the baseline's (a change must not slow the load).
 
 ``--big`` adds a synthetic model over 2 GiB (9 float32 [4096, 16384] / [16384, 4096]
 layers, 2.25 GiB, dynamic batch, external data): compile with 4 gears (time, peak RSS), load
@@ -62,6 +66,7 @@ MIN_THROUGHPUT_RATIO = 0.95
 MAX_RSS_RATIO = 1.1
 MAX_PEAK_RATIO = 1.3
 MAX_LOAD_TIME_RATIO = 1.2
+MAX_BASELINE_LOAD_RATIO = 1.05
 
 PREFILL_SEQS = (32, 128, 512, 1024)
 MLP_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -97,23 +102,36 @@ def save_external(model: Any, path: Path) -> Path:
     """Save ``model`` with its weights in one external data file beside it (ONNX's way)."""
     import onnx
 
+    # onnx.save APPENDS to an existing data file: a reused --workdir grew by a copy per run
+    (path.parent / (path.name + ".weights")).unlink(missing_ok=True)
+
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location=path.name + ".weights", size_threshold=1024)
     return path
 
 
-def build_models(workdir: Path, large_only: bool = False) -> dict[str, dict[str, Any]]:
+def build_models(workdir: Path, large_only: bool = False, load_only: bool = False
+                 ) -> dict[str, dict[str, Any]]:
     """The models saved with external data, compiled; name -> paths, spec and inputs
-    (``large_only``: the wide model alone)."""
+    (``large_only``: the wide model alone; ``load_only``: the realistic ones alone)."""
     import gear_runtime as gr
 
     out: dict[str, dict[str, Any]] = {} if large_only else _realistic(workdir)
+    if load_only and not large_only:
+        return _compiled(workdir, out)
     src = save_external(mlp_model([64, WIDE_COLUMNS], relu=False), workdir / "wide.onnx")
     spec = gr.GearSpec.from_atc(input_shape="x:-1,64",
                                 dynamic_batch_size=",".join(map(str, WIDE_BATCHES)))
     out["wide"] = {"source": src, "spec": spec, "latency_only": True,
                    "inputs": lambda g, spec=spec: {"x": np.random.default_rng(g).standard_normal(
                        spec.shapes(g)["x"], dtype=np.float32)}}
+    return _compiled(workdir, out)
+
+
+def _compiled(workdir: Path, out: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each model compiled to a gear file in ``workdir`` (its path, compile time, weights)."""
+    import gear_runtime as gr
+
     for name, m in out.items():
         t0 = time.perf_counter()
         m["gear"] = gr.compile(str(m["source"]), m["spec"], str(workdir / f"{name}.gear.onnx"),
@@ -292,6 +310,7 @@ from gear_runtime.gearfile import reader  # noqa: F401
 from gear_runtime.runtime import executor, model  # noqa: F401
 from gear_runtime.backends import onnxruntime as _ort_backend  # noqa: F401
 what, path, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+module = gr.__file__  # the baseline's child must import the baseline's package
 
 def wchar():
     with open("/proc/self/io") as f:
@@ -324,25 +343,42 @@ for gear in shapes:
     run({n: np.zeros(gear[n], dtype=dt) for n, dt in zip(names, dtypes)})
 rss2 = proc.memory_info().rss
 print(json.dumps({"seconds": seconds, "written": written, "rss": rss1 - rss0,
-                  "peak": peak1 - rss0, "steady": rss2 - rss0}))
+                  "peak": peak1 - rss0, "steady": rss2 - rss0, "module": module}))
 """
 
 
-def load_in_fresh_process(what: str, path: str | Path, shapes: list[dict[str, list[int]]]
-                          ) -> dict[str, Any]:
+def load_in_fresh_process(what: str, path: str | Path, shapes: list[dict[str, list[int]]],
+                          source_tree: Path | None = None) -> dict[str, Any]:
+    """One load in a new interpreter; ``source_tree``: import gear_runtime from there."""
+    env = None
+    if source_tree is not None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(source_tree)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    # `python -c` imports from its working folder first: run the baseline's child in its tree
     out = subprocess.run([sys.executable, "-c", _CHILD, what, str(path), json.dumps(shapes)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                         capture_output=True, text=True, check=True, env=env, cwd=source_tree)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if source_tree is not None and not Path(result["module"]).resolve().is_relative_to(
+            source_tree.resolve()):
+        raise SystemExit(f"--baseline: the child imported {result['module']}, "
+                         f"not the package in {source_tree}")
+    return result
 
 
-def load(models: dict[str, dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+def load(models: dict[str, dict[str, Any]], repeats: int, baseline: Path | None = None
+         ) -> list[dict[str, Any]]:
     rows = []
     for name, m in models.items():
         spec = m["spec"]
         shapes = [{n: list(s) for n, s in spec.shapes(g).items()} for g in range(spec.gear_count)]
         runs: dict[str, list[dict[str, Any]]] = {"gear_runtime": [], "ort": []}
+        if baseline is not None:
+            runs["baseline"] = []
         for _ in range(repeats):  # alternate, best of repeats (least disturbed)
             runs["gear_runtime"].append(load_in_fresh_process("gear_runtime", m["gear"], shapes))
+            if baseline is not None:
+                runs["baseline"].append(load_in_fresh_process(
+                    "gear_runtime", m["gear"], shapes, baseline))
             runs["ort"].append(load_in_fresh_process("ort", m["source"], shapes))
         best = {k: {f: min(r[f] for r in v) for f in ("seconds", "rss", "peak", "steady")}
                 | {"written": max(r["written"] for r in v)} for k, v in runs.items()}
@@ -479,6 +515,7 @@ def report(lat: list[dict[str, Any]], thr: dict[str, Any] | None, ld: list[dict[
         ok &= good
         print(f"{r['model']:8} {'bytes written':14} {r['gear_runtime_written']:>14} "
               f"{r['ort_written']:>12} {'':>6} {'0':>7} {'PASS' if good else 'FAIL'}")
+        ok &= _report_baseline(r)
     if big_result is not None:
         b = big_result
         good = max(b["max_abs_diff"]) < 1e-3
@@ -494,6 +531,31 @@ def report(lat: list[dict[str, Any]], thr: dict[str, Any] | None, ld: list[dict[
     return ok
 
 
+def _report_baseline(r: dict[str, Any]) -> bool:
+    """The --baseline rows of one model's load (True when there are none)."""
+    if "baseline_seconds" not in r:
+        return True
+    ratio = r["gear_runtime_seconds"] / r["baseline_seconds"]
+    good = ratio <= MAX_BASELINE_LOAD_RATIO
+    print(f"{r['model']:8} {'vs baseline':14} {'this tree':>14} {'baseline':>12}")
+    print(f"{r['model']:8} {'seconds':14} {r['gear_runtime_seconds']:>12.3f} s "
+          f"{r['baseline_seconds']:>10.3f} s {ratio:>6.3f} "
+          f"{'<= ' + str(MAX_BASELINE_LOAD_RATIO):>7} "
+          f"{'PASS' if good else 'FAIL'}")
+    for field in ("rss", "peak", "steady"):
+        a, b = r[f"gear_runtime_{field}"], r[f"baseline_{field}"]
+        print(f"{r['model']:8} {field:14} {_mb(a):>14} {_mb(b):>12} "
+              f"{a / b if b else float('inf'):>6.2f}")
+    return good
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count")
+    return value
+
+
 def _ort_version() -> str:
     import onnxruntime as ort
 
@@ -507,6 +569,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--big-only", action="store_true", help="only the > 2 GiB model")
     parser.add_argument("--large-only", action="store_true",
                         help="only the large-output latency rows (the wide model)")
+    parser.add_argument("--load-only", action="store_true",
+                        help="only the load table (fresh processes, --repeats per side)")
+    parser.add_argument("--repeats", type=_positive, default=3,
+                        help="loads per side (best of)")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also load with the gear_runtime of this source tree (its _core "
+                             "built in place), interleaved: the load-time ratio of a change")
     parser.add_argument("--threads", default="1,2", help="ORT threads of the latency table")
     parser.add_argument("--seconds", type=float, help="latency: seconds per gear (default 3)")
     parser.add_argument("--workdir", help="keep the models here (default: a temporary folder)")
@@ -519,12 +588,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.big_only:
             result = big(workdir)
             return 0 if report([], None, [], result, {}) else 1
-        models = build_models(workdir, args.large_only)
-        lat = [r for t in args.threads.split(",") for r in latency(models, int(t), budget)]
+        models = build_models(workdir, args.large_only, args.load_only)
+        lat = [] if args.load_only else [
+            r for t in args.threads.split(",") for r in latency(models, int(t), budget)]
         realistic = {n: m for n, m in models.items() if not m.get("latency_only")}
-        thr = throughput(models["prefill"], 1, 1.0 if args.quick else 4.0) if realistic \
-            else None
-        ld = load(realistic, 1 if args.quick else 3)
+        thr = throughput(models["prefill"], 1, 1.0 if args.quick else 4.0) \
+            if realistic and not args.load_only else None
+        ld = load(realistic, 1 if args.quick else args.repeats, args.baseline)
         big_result = big(workdir) if args.big else None
         ok = report(lat, thr, ld, big_result, models)
         if args.json:
