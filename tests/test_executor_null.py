@@ -240,6 +240,30 @@ def test_hybrid_miss_goes_to_the_dynamic_graph_and_is_checked_like_a_hit() -> No
     assert ex.last_gear == 1
 
 
+def test_copy_true_owns_every_output_of_the_dynamic_graph(monkeypatch) -> None:
+    """A hybrid miss, as a backend may answer it: with its own buffers, reused every run
+    (valid until the next one, as run_gear's). execute() copies EVERY output for the caller
+    (the sink path returns through the same copy); copy=False hands the buffers out."""
+    spec = gr.GearSpec.from_ge_options({
+        "ge.inputShape": "x:1,-1", "ge.dynamicDims": "4;8", "ge.dynamicNodeType": "1",
+        "ge.compileHybridMode": "1"})
+    ex = null_model(spec, outputs={"y": [(1, 4), (1, 8)], "z": [(2,), (4,)]}).create_executor()
+    buffers = [np.zeros((1, 5), np.float32), np.zeros((3,), np.float32)]
+
+    def run_dynamic(arrays):
+        for b in buffers:
+            b += 1  # the next run writes the same memory
+        return buffers
+
+    monkeypatch.setattr(ex._session, "run_dynamic", run_dynamic)
+    kept = ex.execute([np.zeros((1, 5), np.float32)])
+    ex.execute([np.zeros((1, 5), np.float32)])
+    assert [k.tolist() for k in kept] == [[[1.0] * 5], [1.0] * 3]  # not the second run's 2s
+    assert not any(np.shares_memory(k, b) for k in kept for b in buffers)
+    views = ex.execute([np.zeros((1, 5), np.float32)], copy=False)
+    assert all(v is b for v, b in zip(views, buffers, strict=True))
+
+
 def test_a_backend_whose_module_is_missing_says_what_to_install(monkeypatch) -> None:
     from gear_runtime import backends
 

@@ -157,9 +157,11 @@ def test_metadata_health_and_dims_parameter(port, reference) -> None:
 
 # ---- dynamic batching ---------------------------------------------------------------------
 def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference) -> None:
-    """32 client threads (a tritonclient each) send 4 batch-1 requests each: batches form at
-    the gears (8 mostly), every response equals the request run alone (to float rounding:
-    ORT may sum a batch of 8 in another order than a batch of 1)."""
+    """32 client threads (a tritonclient each) send 4 batch-1 requests each, then one lone
+    request follows: batches form at the gears (8 mostly), every batch on the smallest gear
+    holding its rows (the lone request on gear 1, never padded to 8), every response equals
+    the request run alone (to float rounding: ORT may sum a batch of 8 in another order than
+    a batch of 1)."""
     server = build_server([str(files["conv"])],
                           options=ServeOptions(executors=1, max_batch_delay_ms=20))
     xs = [conv_input(1, seed=100 + i) for i in range(128)]
@@ -179,21 +181,29 @@ def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference
             t.start()
         for t in threads:
             t.join(120)
+        # an idle executor takes a lone request at once (batch_wait_when_idle off): a batch
+        # of 1 row, so every run has a batch that only the smallest-gear rule puts on gear 1
+        lone = conv_input(1, seed=99)
+        got[128] = infer(client(p), "conv", {"data": lone}, ["logits"], True)[0]
+        xs.append(lone)
         m = metrics(p)
-    assert sorted(got) == list(range(128))
+    assert sorted(got) == list(range(129))
     for i, x in enumerate(xs):
         np.testing.assert_allclose(got[i], reference["conv"].execute([x])[0], rtol=1e-5,
                                    atol=1e-6)
     batches = {dict(k[1])["gear"]: v for k, v in m.items() if k[0] == "gear_batches_total"}
     rows = sum(v for k, v in m.items() if k[0] == "gear_batch_rows_total")
     padding = sum(v for k, v in m.items() if k[0] == "gear_padding_rows_total")
-    assert set(batches) <= {"1", "2", "4", "8"} and rows == 128
-    assert sum(batches.values()) <= 128 / 2, batches  # requests really were gathered
-    assert batches.get("8", 0) >= 1, batches
-    assert padding == sum(int(g) * n for g, n in batches.items()) - 128
-    # every batch ran on the smallest gear holding its rows (more than the next smaller
-    # gear's): at most g/2 - 1 padding rows in a batch of gear g
-    assert padding <= sum(n * max(0, int(g) // 2 - 1) for g, n in batches.items()), batches
+    assert set(batches) <= {"1", "2", "4", "8"} and rows == 129
+    assert sum(batches.values()) <= 129 / 2, batches  # requests really were gathered
+    assert batches.get("8", 0) >= 1 and batches.get("1", 0) >= 1, batches
+    assert padding == sum(int(g) * n for g, n in batches.items()) - 129
+    # every batch ran on the smallest gear holding its rows, more than the next smaller
+    # gear's (the gears double): each batch's fill (rows / gear rows) is above 1/2, so the
+    # fill histogram's le=0.5 bucket is empty for every gear
+    half_full = {dict(k[1])["gear"]: v for k, v in m.items()
+                 if k[0] == "gear_batch_fill_ratio_bucket" and dict(k[1])["le"] == "0.5"}
+    assert set(half_full) == set(batches) and not any(half_full.values()), half_full
 
 
 def test_a_batch_runs_on_the_smallest_gear_holding_it(files) -> None:
@@ -372,6 +382,24 @@ def test_oversized_bodies_are_413_before_they_are_read(port) -> None:
     got = request(port, "POST", "/v2/models/conv/infer", bomb, {"Content-Encoding": "gzip"})
     _assert_error(*got, 413, "145000")
     _assert_still_serving(port)
+
+
+def test_the_raw_reply_reader_waits_for_the_whole_body() -> None:
+    """read_reply (the 413 test's reader) reads a reply that arrives in pieces, headers split
+    and the body after a pause, to its Content-Length: one recv would see a part of it."""
+    reply = b'HTTP/1.1 413 Payload Too Large\r\ncontent-length: 17\r\n\r\n{"error": "big"}\n'
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        def send() -> None:
+            for part in (reply[:9], reply[9:40], reply[40:-5], reply[-5:]):
+                theirs.sendall(part)
+                time.sleep(0.05)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        got = read_reply(ours, timeout=10)
+        sender.join()
+    assert got == reply
 
 
 def test_unknown_paths_and_methods_are_json_errors(port) -> None:

@@ -53,11 +53,14 @@ class BackendSession(ABC):
         return [o.copy() for o in self.run_gear(gear)]
 
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss)."""
+        """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss). The arrays
+        may be the session's own, valid until its next run (as :meth:`run_gear`'s):
+        ``execute(copy=True)`` copies every one."""
         raise BackendError(f"backend {type(self).__name__} has no dynamic-shape graph")
 
     def run_sink(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
-        """GetNext-sink mode: run with the dims computed on the device; return them read back."""
+        """GetNext-sink mode: run with the dims computed on the device; return the outputs
+        (as :meth:`run_dynamic`'s: copied by ``execute(copy=True)``) and the dims read back."""
         raise BackendError(f"backend {type(self).__name__} does not support GetNext-sink mode")
 
     def close(self) -> None:
