@@ -233,6 +233,22 @@ def test_copy_true_gives_the_caller_every_output(tmp_path: Path, monkeypatch: py
     assert not any(np.shares_memory(o, b) for o in kept for b in buffers)
 
 
+def test_copy_true_copies_a_single_small_output(tmp_path: Path) -> None:
+    """A one-output model (``reshape``: one small float32 ``y``): execute() still hands the
+    caller its own array, never the executor's buffer, whatever runs next."""
+    from gear_runtime.backends import onnxruntime as ort_backend
+
+    original, spec, path = compiled(tmp_path, "reshape")
+    ex = gr.load(path).create_executor()
+    first, second = (random_inputs(original, spec.shapes(1), seed=s) for s in (1, 2))
+    (kept,) = ex.execute(first)
+    assert kept.nbytes < ort_backend.FRESH_OUTPUT_MIN_BYTES  # copied, not pooled
+    ex.execute(second)
+    ex.execute(second, copy=False)
+    assert_same([kept], run_model(original, first))
+    assert not any(np.shares_memory(kept, b) for b in ex._session._out_buffers)
+
+
 def test_the_cuda_provider_always_gets_the_device_id() -> None:
     """The CUDA EP defaults to device 0; an input bound on another device would be copied at
     bind time and read stale afterwards, so device_id is always explicit, conflicts refused."""
