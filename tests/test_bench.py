@@ -14,6 +14,7 @@ import pytest
 from models import CONV_BATCH_SPEC, HEAVY_SPEC, conv_model, heavy_model
 
 import gear_runtime as gr
+from gear_runtime import progress as progress_mod
 from gear_runtime.errors import BackendUnavailableError, InputError
 from gear_runtime.examples import prefill
 from gear_runtime.tools.bench import compare as bench_compare
@@ -221,7 +222,7 @@ def test_progress_bar_only_on_a_terminal(example, capsys, monkeypatch) -> None:
     run = dict(gears="0", iterations=2, warmup=0, backend="null", progress=True)
     bench.bench_model(str(example.gear), **run)
     assert "bench" not in capsys.readouterr().err
-    monkeypatch.setattr(bench, "stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(progress_mod, "stderr_is_terminal", lambda: True)
     bench.bench_model(str(example.gear), **run)
     assert "bench" in capsys.readouterr().err
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the backends; the tools, the package's public facade (``gear_runtime/__init__.py``, lazy
 #: re-exports), the server and the CLI sit on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "version", "files"),
+    ("errors", "version", "files", "progress"),
     ("arguments",),
     ("spec",),
     ("gearfile",),

@@ -200,12 +200,12 @@ def test_check_padding_peak_memory_on_large_outputs(tmp_path) -> None:
 
 
 def test_progress_on_a_terminal_and_nothing_on_a_log(tmp_path, capsys, monkeypatch) -> None:
-    from gear_runtime.tools.bench import engine
+    from gear_runtime import progress as progress_mod
 
     source, gear = compiled(tmp_path, mean=False)
     assert main(["check-padding", gear, source, "--samples", "3;5"]) == 0
     assert capsys.readouterr().err == ""  # stderr is a file here: no bar in the log
-    monkeypatch.setattr(engine, "stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(progress_mod, "stderr_is_terminal", lambda: True)
     assert main(["check-padding", gear, source, "--samples", "3;5"]) == 0
     assert "check-padding" in capsys.readouterr().err  # the bar
     assert main(["check-padding", gear, source, "--samples", "3;5", "--no-progress"]) == 0

@@ -40,7 +40,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,6 +60,7 @@ from gear_runtime.backends.onnxruntime import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
+from gear_runtime.progress import progress_bar
 
 logger = logging.getLogger("gear_runtime")
 
@@ -304,7 +304,8 @@ class OvModel(BackendModel):
                                    "sink=True to run it on OpenVINO") from exc
             return
         gears = range(self.info.spec.gear_count)
-        with _progress_bar(len(gears) + 1, f"openvino {self.device}", progress) as bar:
+        with progress_bar(len(gears) + 1, f"openvino {self.device}", progress,
+                          unit="step") as bar:
             bodies = []
             source = self._convert(self.file.dynamic) if self.graphs == "source" else None
             for g in gears:
@@ -536,18 +537,6 @@ def _pyov() -> Any:
     import openvino._pyopenvino as pyov
 
     return pyov
-
-
-def _progress_bar(total: int, desc: str, progress: bool) -> Any:
-    """A tqdm bar on stderr, drawn only when ``progress`` and stderr is a terminal."""
-    from tqdm import tqdm
-
-    try:
-        terminal = bool(sys.stderr.isatty())
-    except (AttributeError, ValueError):
-        terminal = False
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False,
-                disable=not progress or not terminal)
 
 
 def available() -> bool:

@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="atc's target chip: accepted, no effect (a gear file runs on every "
                    "backend; the chip matters when atc compiles the .om)")
     p.add_argument("--log", metavar="LEVEL", help="atc's log level: accepted, no effect")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none when stderr is not a terminal)")
     p.set_defaults(handler=cmd_compile)
 
 
@@ -122,7 +124,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     external = {"auto": None, "yes": True, "no": False}[args.external_data]
     report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
-                           sink=args.sink, external_data=external)
+                           sink=args.sink, external_data=external,
+                           progress=not args.no_progress)
     kind = "sink" if args.sink else "case"
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "

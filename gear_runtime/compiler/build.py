@@ -13,12 +13,10 @@ import dataclasses
 import json
 import os
 import secrets
-import sys
 import time
 from dataclasses import dataclass, field
 
 import onnx
-from tqdm import tqdm
 
 from gear_runtime import arguments
 from gear_runtime.compiler.axes import output_dynamic_axes
@@ -69,6 +67,7 @@ from gear_runtime.gearfile.format import (
     format_output_dims,
     spec_to_json,
 )
+from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 
 #: protobuf cannot serialize a message of 2 GiB or more: the graph (and any weights kept
@@ -102,7 +101,8 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     (GE's hybrid mode); the stored spec then has ``hybrid=True``. ``sink``: write the
     stock-ONNX-Runtime-runnable routing form (GE's GetNext-sink mode: dims computed in the
     graph and returned as the last output) instead of GE's Case structure. ``progress``: a
-    tqdm bar on stderr while compiling gears (only when stderr is a terminal).
+    bar on stderr over the whole compile (reading the source, each gear, building, checking
+    and writing), drawn only when stderr is a terminal (:mod:`gear_runtime.progress`).
     ``external_data``: put the weights (tensors of 1 KiB or more) in ONE data file beside the
     gear file, ``<output>.data`` (ONNX external data, location relative to the gear file's
     folder); None: when they add up to 16 MiB or more, or the source keeps any weight in
@@ -140,63 +140,63 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                            code="E10001")
     # everything that can be refused is refused before the first gear is compiled
     path = _check_output(output)
-    loaded = load_model(model)
-    source = loaded.model
-    info = inspect_model(source)
-    check_reserved(source)
-    check_spec(info, spec)
-    if sink:
-        check_sink_opset(info)
-    if hybrid and not spec.hybrid:
-        spec = dataclasses.replace(spec, hybrid=True)
-    report = CompileReport(path, KIND_SINK if sink else KIND_CASE, spec.gear_count)
+    # the bar counts every long step, not only the gears: on a multi-GB model reading the
+    # source and writing (checking, hashing) the file take as long as the gears
+    with progress_bar(spec.gear_count + 3, "compile", progress, unit="step") as bar:
+        bar.set_postfix_str("reading the source", refresh=True)
+        loaded = load_model(model)
+        source = loaded.model
+        info = inspect_model(source)
+        check_reserved(source)
+        check_spec(info, spec)
+        if sink:
+            check_sink_opset(info)
+        if hybrid and not spec.hybrid:
+            spec = dataclasses.replace(spec, hybrid=True)
+        report = CompileReport(path, KIND_SINK if sink else KIND_CASE, spec.gear_count)
+        bar.update(1)
 
-    skeleton = make_skeleton(source)
-    branches: list[onnx.GraphProto] = []
-    shapes: list[list[tuple[int, ...]]] = []
-    runner = ShapeRunner(loaded, info)
-    bar = tqdm(total=spec.gear_count, desc="compiling gears", unit="gear", file=sys.stderr,
-               disable=not progress or not _is_tty(sys.stderr))
-    try:
-        for i in range(spec.gear_count):
-            gear_shapes = spec.shapes(i)
-            bar.set_postfix_str(",".join(map(str, spec.gears[i])), refresh=False)
-            inferred = infer_gear(skeleton, gear_shapes, i)
-            inputs = static_inputs(info, spec.input_names, gear_shapes)
-            branch = build_branch(inferred, i, inputs, list(inferred.output), info.weights)
-            out_shapes, ran = gear_output_shapes(inferred, runner, info, gear_shapes, i)
-            if ran:
-                report.ran_on_ort.append(i)
-            set_output_shapes(branch, info, out_shapes)
-            branches.append(branch)
-            shapes.append(out_shapes)
-            bar.update(1)
-    finally:
-        bar.close()
-        runner.close()
+        skeleton = make_skeleton(source)
+        branches: list[onnx.GraphProto] = []
+        shapes: list[list[tuple[int, ...]]] = []
+        runner = ShapeRunner(loaded, info)
+        try:
+            for i in range(spec.gear_count):
+                gear_shapes = spec.shapes(i)
+                bar.set_postfix_str("gear " + ",".join(map(str, spec.gears[i])), refresh=False)
+                inferred = infer_gear(skeleton, gear_shapes, i)
+                inputs = static_inputs(info, spec.input_names, gear_shapes)
+                branch = build_branch(inferred, i, inputs, list(inferred.output), info.weights)
+                out_shapes, ran = gear_output_shapes(inferred, runner, info, gear_shapes, i)
+                if ran:
+                    report.ran_on_ort.append(i)
+                set_output_shapes(branch, info, out_shapes)
+                branches.append(branch)
+                shapes.append(out_shapes)
+                bar.update(1)
+        finally:
+            runner.close()
 
-    # A case file always keeps the source graph: ONNX Runtime runs every gear on ONE session
-    # of it (one copy of the weights, prepacked once); a hybrid miss runs it too. A sink
-    # file keeps it only for hybrid misses: ORT runs the sink file itself.
-    dynamic = None
-    if spec.hybrid or not sink:
-        dynamic = build_dynamic(source, dynamic_inputs(info, spec.input_names, spec.input_shapes),
-                                info.weights)
-    build = build_sink_model if sink else build_case_model
-    root = build(source, info, spec, branches, shapes, dynamic)
-    del source, branches, dynamic  # the root holds what is left; free the rest early
-    _set_metadata(root, spec, report.kind, shapes, output_dynamic_axes(skeleton, spec, shapes))
-    report.file_bytes, report.data_path, report.data_bytes = save_gear_file(
-        root, path, loaded, external_data)
+        # A case file always keeps the source graph: ONNX Runtime runs every gear on ONE
+        # session of it (one copy of the weights, prepacked once); a hybrid miss runs it too.
+        # A sink file keeps it only for hybrid misses: ORT runs the sink file itself.
+        bar.set_postfix_str("building the gear file", refresh=True)
+        dynamic = None
+        if spec.hybrid or not sink:
+            dynamic = build_dynamic(source, dynamic_inputs(info, spec.input_names,
+                                                           spec.input_shapes), info.weights)
+        build = build_sink_model if sink else build_case_model
+        root = build(source, info, spec, branches, shapes, dynamic)
+        del source, branches, dynamic  # the root holds what is left; free the rest early
+        _set_metadata(root, spec, report.kind, shapes,
+                      output_dynamic_axes(skeleton, spec, shapes))
+        bar.update(1)
+        bar.set_postfix_str("checking and writing", refresh=True)
+        report.file_bytes, report.data_path, report.data_bytes = save_gear_file(
+            root, path, loaded, external_data, progress)
+        bar.update(1)
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _is_tty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
 
 
 def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,
@@ -228,7 +228,7 @@ def _check_output(output: object) -> str:
 
 
 def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
-                   external: bool | None) -> tuple[int, str | None, int]:
+                   external: bool | None, progress: bool = False) -> tuple[int, str | None, int]:
     """Check and write ``model`` to ``path``, its big weights to the data file beside it
     when ``external`` (None: see :func:`compile_model`). Returns (gear file bytes, data file
     path or None, data file bytes).
@@ -237,7 +237,8 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
     place once the graph passed onnx.checker; nothing temporary outlives a failure. A stale
     data file of an earlier compile to the same path is removed when the new file keeps its
     weights inside. The gear file records the digests of itself and of the data file
-    (:data:`META_DIGEST`), checked at load."""
+    (:data:`META_DIGEST`), checked at load. ``progress``: a bar of the data file's bytes on
+    a terminal (the longest step of a multi-GB compile)."""
     folder = os.path.dirname(os.path.abspath(path))
     data_name = data_file_name(path)
     tensors = [t for t in model.graph.initializer
@@ -251,10 +252,13 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
         digests: dict[str, DataDigest] = {}
         if external and tensors:
             data_tmp = _new_file(folder, data_name, temps)  # its name is what the checker sees
-            with open(data_tmp, "wb") as f:
+            sizes = [tensor_nbytes(t) or 0 for t in tensors]
+            with open(data_tmp, "wb") as f, progress_bar(
+                    sum(sizes), "writing weights", progress, unit="B", scale=True) as bar:
                 writer = DataWriter(f, os.path.basename(data_tmp))
-                for t in tensors:
+                for t, size in zip(tensors, sizes, strict=True):
                     writer.move(t, source.span)
+                    bar.update(size)
                 data_bytes = writer.bytes
             digests[data_name] = DataDigest(writer.digest(), data_bytes)
         else:

@@ -28,14 +28,16 @@ The JSON of a report (``check-padding --json``, :meth:`PaddingReport.to_json`), 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gear_runtime.errors import GearMismatchError, InputError
+from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 from gear_runtime.tools import jsonout
 
@@ -182,26 +184,40 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
     import onnxruntime as ort
 
     from gear_runtime.runtime.model import load
-    from gear_runtime.tools.bench.engine import progress_bar
 
-    with load(os.fspath(gear_file)) as model:
-        spec = model.spec
-        requests = _requests(spec, samples)
-        ex = model.create_executor(pad_values=pad_values)
-        dtypes = dict(zip(spec.input_names, model.info.input_dtypes, strict=True))
-        make = inputs or default_inputs(dtypes, seed)
-        source = source_model.SerializeToString() if hasattr(source_model,
-                                                             "SerializeToString") else \
-            os.fspath(source_model)
-        session = _source_session(ort, source, model)
-        checks = [OutputCheck(n) for n in model.output_names]
-        with progress_bar(len(requests), "check-padding", progress) as bar:
+    # the bar starts before the loads: on a multi-GB model loading both takes longer than
+    # the samples; its total is known once the gear file's spec gives the requests
+    with progress_bar(2, "check-padding", progress, unit="step") as bar:
+        with _loading(bar, "loading the gear file"):
+            model = load(os.fspath(gear_file))
+        with model:
+            spec = model.spec
+            requests = _requests(spec, samples)
+            bar.total = len(requests) + 2
+            ex = model.create_executor(pad_values=pad_values)
+            dtypes = dict(zip(spec.input_names, model.info.input_dtypes, strict=True))
+            make = inputs or default_inputs(dtypes, seed)
+            source = source_model.SerializeToString() if hasattr(source_model,
+                                                                 "SerializeToString") else \
+                os.fspath(source_model)
+            with _loading(bar, "loading the source"):
+                session = _source_session(ort, source, model)
+            checks = [OutputCheck(n) for n in model.output_names]
             for request in requests:
+                bar.set_postfix_str("request " + ",".join(map(str, request)), refresh=False)
                 _check_request(ex, session, model, checks, request,
                                make(spec.shapes_for(request)), rtol, atol)
                 bar.update(1)
-        return PaddingReport(requests, checks, rtol, atol,
-                             {n: v.item() for n, v in ex.pad_values.items()})
+            return PaddingReport(requests, checks, rtol, atol,
+                                 {n: v.item() for n, v in ex.pad_values.items()})
+
+
+@contextlib.contextmanager
+def _loading(bar: Any, what: str) -> Iterator[None]:
+    """One step of ``bar``: ``what`` shown while the block runs, counted when it ends."""
+    bar.set_postfix_str(what, refresh=True)
+    yield
+    bar.update(1)
 
 
 def _check_request(ex: Any, session: Any, model: Any, checks: list[OutputCheck],

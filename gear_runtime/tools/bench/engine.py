@@ -32,7 +32,6 @@ import contextlib
 import datetime
 import operator
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import numpy as np
 
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.errors import InputError
+from gear_runtime.progress import progress_bar
 from gear_runtime.tools.bench.context import (
     machine_context,
     model_context,
@@ -301,23 +301,6 @@ def _path_or_none(path: str) -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def stderr_is_terminal() -> bool:
-    """Whether stderr is a terminal (a log file, a pipe or a closed stream is not)."""
-    try:
-        return bool(sys.stderr.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def progress_bar(total: int, desc: str, progress: bool) -> Any:
-    """A tqdm bar on stderr, drawn only when ``progress`` and stderr is a terminal: in a log
-    (stdout and stderr in one file) a bar's carriage returns land in the middle of lines."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="it", file=sys.stderr, leave=False,
-                disable=not progress or not stderr_is_terminal())
-
-
 def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,
                 g: int, feeds: dict[str, np.ndarray], iterations: int, warmup: int,
                 bar: Any, copy: bool = True, pad: bool = False) -> GearBench:
@@ -379,5 +362,4 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                      samples_ns={n: samples[n] for n in RUNNERS if n in samples})
 
 
-__all__ = ["InputsFn", "bench_model", "default_inputs", "parse_gears", "progress_bar",
-           "stderr_is_terminal"]
+__all__ = ["InputsFn", "bench_model", "default_inputs", "parse_gears"]

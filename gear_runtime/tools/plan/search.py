@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.errors import InputError
+from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 from gear_runtime.tools.plan.costs import CostFn, LatencyCurve, cost_fn, elements_cost
 from gear_runtime.tools.plan.evaluate import GearPlan, evaluate
@@ -111,7 +112,6 @@ def _dp(sizes: np.ndarray, max_gears: int, cost: Callable[[int], float],
     row[0] = 0.0
     back = np.zeros((max_gears + 1, m + 1), np.int32)
     best_total, best_k = math.inf, 0
-    from gear_runtime.tools.bench.engine import progress_bar
 
     with progress_bar(max_gears, "plan", progress and max_gears * m > 10**6) as bar:
         for k in range(1, max_gears + 1):
@@ -256,7 +256,6 @@ def _swap(chosen: list[int], n: int, total: Callable[[list[int]], float],
           progress: bool) -> list[int]:
     """Local search: replace a gear by a candidate while that lowers the total (a swap that
     uncovers a request costs inf: refused), for at most MAX_SWAP_TRIALS trials."""
-    from gear_runtime.tools.bench.engine import progress_bar
 
     trials = 0
     improved = True
