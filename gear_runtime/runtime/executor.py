@@ -321,7 +321,7 @@ class Executor:
         else:
             raise InputError("inputs must be a dict name -> array or a list in input order "
                              f"({', '.join(self._names)}), got {type(inputs).__name__}")
-        if not set(map(type, values)) <= _NDARRAY:  # C-level check; subclasses: the loop
+        if not _NDARRAY.issuperset(map(type, values)):  # C-level, no set built; subclasses: loop
             for i, v in enumerate(values):
                 if not isinstance(v, np.ndarray):
                     values[i] = inputs_rules.as_input_array(self._names[i], v, self._dtypes[i])
