@@ -23,8 +23,13 @@ in ONE process with the same ORT thread count:
 * a plan for a prompt-length trace (log-normal, median 120, 5% beyond the largest gear),
   with the latency measured above as the cost, against the gears 32/128/256/512.
 
-Needs ~6 GB of disk in the work folder and ~9 GiB of memory (two sessions of the model);
-takes 10-30 minutes on 2 cores.
+Needs ~6 GB of disk in the work folder and takes 10-30 minutes on 2 cores. Memory: the
+latency passes hold two sessions of the model (check-padding's baseline, both loaded and run
+once at seq 512: +5.3 GiB); the model is built first, in a child process. The largest process
+of one run reached 17.9 GB (``/usr/bin/time -v``), most likely that build, when the example
+still handed its weights to make_graph and make_model (3 copies; a 1.35 GiB build peaked at
+8.3 GiB); it now moves them into the model one by one (that build: 5.6 GiB). Not
+re-measured at 2.48 GiB: check ``free -g`` first.
 """
 
 from __future__ import annotations
