@@ -141,3 +141,14 @@ def test_the_checks_see_what_they_claim() -> None:
     assert "gear_runtime.spec" in edges["gear_runtime.runtime.executor"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert LAYER_OF["spec"] < LAYER_OF["runtime"] < LAYER_OF["serving"]
+
+
+def test_only_the_export_script_needs_torch() -> None:
+    """Nothing in the package, the tests or the benchmarks imports torch or transformers
+    except benchmarks/hf_prefill.py, the Hugging Face export (which says so at its top):
+    the tests must run without them (found through every import, lazy ones included)."""
+    files = {**modules("gear_runtime"), **modules("tests"), **modules("benchmarks")}
+    users = sorted(m for m, path in files.items()
+                   if any(name.split(".")[0] in ("torch", "transformers")
+                          for name in imported(m, path)))
+    assert users == ["benchmarks.hf_prefill"]
