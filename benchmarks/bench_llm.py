@@ -3,7 +3,7 @@ check-padding peak, and a plan, on a model of Qwen3-0.6B's size (no torch needed
 
     python benchmarks/bench_llm.py [--layers 28] [--hidden 1024] [--vocab 151936]
                                    [--seqs 32,128,256,512] [--seconds 60] [--threads 2]
-                                   [--workdir DIR]
+                                   [--workdir DIR] [--source MODEL.onnx --input-shape S]
 
 The model is the built-in prefill example (:mod:`gear_runtime.examples.prefill`: token and
 position embeddings, pre-norm decoder layers with multi-head attention and a SiLU MLP, an LM
@@ -22,6 +22,11 @@ in ONE process with the same ORT thread count:
   fresh process that loads both and runs each once at the largest gear. Target <= 1.3x;
 * a plan for a prompt-length trace (log-normal, median 120, 5% beyond the largest gear),
   with the latency measured above as the cost, against the gears 32/128/256/512.
+
+``--source`` runs the same on a prefill you exported (e.g. ``benchmarks/hf_prefill.py``'s
+Hugging Face export: ``--input-shape "input_ids:1,-1;attention_mask:1,-1;position_ids:1,-1"``,
+every -1 taking the gear's sequence length; ids random below ``--vocab``, the mask ones, the
+positions 0..S-1) instead of building the stand-in.
 
 Needs ~6 GB of disk in the work folder and takes 10-30 minutes on 2 cores. Memory: the
 latency passes hold two sessions of the model (check-padding's baseline, both loaded and run
@@ -75,13 +80,34 @@ def build(workdir: Path, hidden: int, layers: int, vocab: int, heads: int) -> Pa
     return src
 
 
-def spec_of(seqs: Sequence[int], hidden: int) -> Any:
+def spec_of(seqs: Sequence[int], hidden: int, input_shape: str | None = None) -> Any:
+    """The stand-in's four-input spec, or (``input_shape``) one whose every -1 is the seq."""
     import gear_runtime as gr
 
+    if input_shape:
+        count = input_shape.count("-1")
+        dims = ";".join(",".join([str(s)] * count) for s in seqs)
+        return gr.GearSpec.from_atc(input_shape=input_shape, dynamic_dims=dims)
     dims = ";".join(f"{s},{s},{s},{IMAGE_TOKENS}" for s in seqs)
     return gr.GearSpec.from_atc(
         input_shape=f"input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;"
         f"image_embeds:-1,{hidden}", dynamic_dims=dims)
+
+
+def export_inputs(shapes: Any, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of an exported causal-LM prefill (``--source``): random ids below ``vocab``, a
+    mask of ones, positions 0..S-1 along the last axis."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in dict(shapes).items():
+        shape = tuple(shape)
+        if "position" in name:
+            out[name] = np.broadcast_to(np.arange(shape[-1], dtype=np.int64), shape).copy()
+        elif "mask" in name:
+            out[name] = np.ones(shape, np.int64)
+        else:
+            out[name] = rng.integers(0, vocab, shape, dtype=np.int64)
+    return out
 
 
 _COMPILE = r"""
@@ -99,9 +125,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak": hwm() - base}))
 """
 
 
-def compile_gear(src: Path, workdir: Path, seqs: Sequence[int], hidden: int) -> dict[str, Any]:
+def compile_gear(src: Path, workdir: Path, spec: Any) -> dict[str, Any]:
     gear = workdir / "llm.gear.onnx"
-    spec = spec_of(seqs, hidden)
     flags = {"input_shape": spec.to_atc()["input_shape"],
              "dynamic_dims": spec.to_atc()["dynamic_dims"]}
     out = subprocess.run([sys.executable, "-c", _COMPILE, str(src), str(gear), json.dumps(flags)],
@@ -111,16 +136,18 @@ def compile_gear(src: Path, workdir: Path, seqs: Sequence[int], hidden: int) -> 
     return result
 
 
-def feeds_for(spec: Any, gear: int, vocab: int) -> dict[str, np.ndarray]:
+def feeds_for(spec: Any, gear: int, vocab: int, export: bool) -> dict[str, np.ndarray]:
+    if export:
+        return export_inputs(spec.shapes(gear), vocab, seed=gear)
     from gear_runtime.examples import prefill
 
     return prefill.inputs_for_shapes(spec.shapes(gear), seed=gear, vocab=vocab)
 
 
 def latency(src: Path, gear_path: Path, spec: Any, vocab: int, threads: int,
-            budget_s: float) -> list[dict[str, Any]]:
+            budget_s: float, export: bool = False) -> list[dict[str, Any]]:
     """Per gear: p50 of execute(), execute(copy=False) and ORT run, both creation orders."""
-    passes = [_latency_pass(src, gear_path, spec, vocab, threads, budget_s, first)
+    passes = [_latency_pass(src, gear_path, spec, vocab, threads, budget_s, first, export)
               for first in (True, False)]
     rows = []
     for a, b in zip(*passes, strict=True):
@@ -134,7 +161,7 @@ def latency(src: Path, gear_path: Path, spec: Any, vocab: int, threads: int,
 
 
 def _latency_pass(src: Path, gear_path: Path, spec: Any, vocab: int, threads: int,
-                  budget_s: float, gear_first: bool) -> list[dict[str, Any]]:
+                  budget_s: float, gear_first: bool, export: bool) -> list[dict[str, Any]]:
     import gear_runtime as gr
 
     ref = None if gear_first else plain_session(src, threads)
@@ -144,7 +171,7 @@ def _latency_pass(src: Path, gear_path: Path, spec: Any, vocab: int, threads: in
     with model:
         ex = model.create_executor()
         for g in range(model.gear_count):
-            feeds = feeds_for(spec, g, vocab)
+            feeds = feeds_for(spec, g, vocab, export)
             got, want = ex.execute(feeds), ref.run(None, feeds)
             for a, b in zip(got, want, strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
@@ -174,12 +201,15 @@ from gear_runtime.examples import prefill
 from gear_runtime.tools import padding  # noqa: F401  (modules imported before the baseline)
 from gear_runtime.tools.bench import engine  # noqa: F401
 what, gear, source = sys.argv[1:4]
-vocab, seq = int(sys.argv[4]), int(sys.argv[5])
+vocab, seq, export = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+sys.path.insert(0, sys.argv[7])
+from bench_llm import export_inputs
 def hwm():
     with open("/proc/self/status") as f:
         return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
 base = hwm()
-inputs = lambda shapes: prefill.inputs_for_shapes(shapes, vocab=vocab)
+inputs = (lambda shapes: export_inputs(shapes, vocab)) if export else \
+    (lambda shapes: prefill.inputs_for_shapes(shapes, vocab=vocab))
 if what == "check":
     report = gr.check_padding(gear, source, samples=[seq - 1, seq // 2 + 1], inputs=inputs,
                               pad_values={"attention_mask": 0}, rtol=1e-3, atol=1e-3)
@@ -195,12 +225,14 @@ print(json.dumps({"peak": hwm() - base, **out}))
 """
 
 
-def padding_peak(src: Path, gear_path: Path, vocab: int, seq: int) -> dict[str, Any]:
+def padding_peak(src: Path, gear_path: Path, vocab: int, seq: int,
+                 export: bool = False) -> dict[str, Any]:
     res = {}
     for what in ("once", "check"):
         t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", _PEAK, what, str(gear_path), str(src),
-                              str(vocab), str(seq)], capture_output=True, text=True, check=True)
+                              str(vocab), str(seq), "1" if export else "0", str(HERE)],
+                             capture_output=True, text=True, check=True)
         res[what] = json.loads(out.stdout.strip().splitlines()[-1])
         res[what]["seconds"] = time.perf_counter() - t0
     return res
@@ -234,23 +266,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="latency: seconds per gear, both orders together (default 60)")
     parser.add_argument("--workdir", help="keep the models here (default: a temporary folder)")
     parser.add_argument("--json", help="write every figure to this JSON file")
+    parser.add_argument("--source", help="an exported prefill to run instead of the stand-in "
+                        "(its data file beside it); needs --input-shape")
+    parser.add_argument("--input-shape", help="with --source: atc's --input_shape, every -1 "
+                        "the sequence length")
     args = parser.parse_args(argv)
+    if bool(args.source) != bool(args.input_shape):
+        parser.error("--source and --input-shape go together")
     seqs = [int(s) for s in args.seqs.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        src = build(workdir, args.hidden, args.layers, args.vocab, args.heads)
-        weights = os.path.getsize(str(src) + ".weights")
-        print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: "
-              f"{weights / 2**30:.2f} GiB of weights (built in {time.perf_counter() - t0:.0f} s)",
-              flush=True)
-        comp = compile_gear(src, workdir, seqs, args.hidden)
+        export = bool(args.source)
+        if export:
+            src = Path(args.source).resolve()
+            weights = sum(f.stat().st_size for f in src.parent.iterdir()
+                          if f.name.startswith(src.name) and f != src)
+            print(f"model: {src} ({weights / 2**30:.2f} GiB beside it)", flush=True)
+        else:
+            src = build(workdir, args.hidden, args.layers, args.vocab, args.heads)
+            weights = os.path.getsize(str(src) + ".weights")
+            print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: "
+                  f"{weights / 2**30:.2f} GiB of weights (built in "
+                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        spec = spec_of(seqs, args.hidden, args.input_shape)
+        comp = compile_gear(src, workdir, spec)
         print(f"compile: {comp['seconds']:.1f} s, peak RSS +{comp['peak'] / 2**20:,.0f} MiB",
               flush=True)
-        spec = spec_of(seqs, args.hidden)
-        rows = latency(src, comp["gear"], spec, args.vocab, args.threads, args.seconds)
-        peak = padding_peak(src, comp["gear"], args.vocab, max(seqs))
+        rows = latency(src, comp["gear"], spec, args.vocab, args.threads, args.seconds, export)
+        peak = padding_peak(src, comp["gear"], args.vocab, max(seqs), export)
         plan_text = plan(rows, seqs, workdir)
         ok = report(rows, peak, plan_text, args.threads)
         if args.json:
