@@ -1,11 +1,16 @@
 """gear_runtime on OpenVINO vs OpenVINO's own dynamic-shape model vs ONNX Runtime, per gear.
 
     python benchmarks/bench_openvino.py [--quick] [--threads 1,2] [--seconds S] [--workdir DIR]
+    python benchmarks/bench_openvino.py --model bert.onnx [--vocab 30522] ...
 
 The model: the BERT-like encoder of ``gear_runtime.examples.encoder`` at BERT-base's sizes
 (12 layers, hidden 768, 418 MiB of float32 weights, built here with onnx.helper and saved with
-its weights in a data file; ``--quick``: 4 layers of hidden 512, 66 MiB), compiled with the
-sequence gears 32 / 64 / 128 / 256 (batch 1, dims mode, as a text service would).
+its weights in a data file; ``--quick``: 4 layers of hidden 512, 66 MiB), or with ``--model``
+an ONNX file whose inputs are all int64 ``[batch, sequence]`` token tensors, e.g. the Hugging
+Face BERT-base that ``benchmarks/export_hf_bert.py`` exports with torch.onnx (418 MiB;
+``input_ids``, ``attention_mask``, ``token_type_ids``): ids are random in [0, ``--vocab``),
+the mask ones, any other input zeros. Either is compiled with the sequence gears
+32 / 64 / 128 / 256 (batch 1, dims mode, as a text service would).
 
 Measured side by side in ONE process per thread count, the runners interleaved per iteration
 in a shuffled order (the machine is shared: repeat the script and read ranges):
@@ -18,7 +23,9 @@ in a shuffled order (the machine is shared: repeat the script and read ranges):
   through one infer request (what a service on plain OpenVINO runs);
 * ``ort``: ONNX Runtime's session of the source file.
 
-Goal: ``ov gears`` <= 0.85x ``ov dynamic`` per gear.
+Goal: ``ov gears`` <= 0.85x ``ov dynamic`` per gear. ``--clock cpu`` times each run in the
+process's CPU time instead of wall time (at 1 thread: the run's own compute, which the other
+jobs of a shared machine inflate less than its wall time).
 
 Load, each in a FRESH process that imported everything first: wall time, compile time, RSS
 increase after one run of every gear, split into anonymous memory (the process's own: the
@@ -32,10 +39,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,7 @@ from bench_scale import interleaved  # noqa: E402 (one interleaved loop for the 
 SEQS = (32, 64, 128, 256)
 MAX_RATIO = 0.85
 MAX_RSS_RATIO = 1.5
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 #: What the backend sets on CPU besides the threads (gear_runtime/backends/openvino.py): the
 #: reference model runs with the same properties.
 OV_PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
@@ -61,7 +69,6 @@ def build(workdir: Path, size: str) -> dict[str, Any]:
     """The encoder saved with external weights, and its gear file (compiled once)."""
     import onnx
 
-    import gear_runtime as gr
     from gear_runtime.examples.encoder import build_encoder_model
 
     src = workdir / f"encoder_{size}.onnx"
@@ -69,13 +76,59 @@ def build(workdir: Path, size: str) -> dict[str, Any]:
         model = build_encoder_model(**SIZES[size], max_positions=512)
         onnx.save(model, str(src), save_as_external_data=True, location=src.name + ".data",
                   size_threshold=1024)
-    spec = gr.GearSpec.from_atc(input_shape="input_ids:1,-1;attention_mask:1,-1",
-                                dynamic_dims=";".join(f"{s},{s}" for s in SEQS))
-    gear = workdir / f"encoder_{size}.gear.onnx"
+    return compiled(src, workdir, ["input_ids", "attention_mask"], SIZES[size]["vocab"],
+                    f"BERT-like encoder built with onnx.helper ({size})")
+
+
+def token_inputs(source: Path) -> list[str]:
+    """The names of ``source``'s inputs, each of which must be an int64 ``[batch, sequence]``
+    tensor (what the gears 1 x seq and the token feeds assume); SystemExit otherwise."""
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    names = []
+    for i in graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        if t.elem_type != onnx.TensorProto.INT64 or len(t.shape.dim) != 2:
+            raise SystemExit(f"--model {source}: input {i.name!r} is not an int64 "
+                             "[batch, sequence] tensor; this benchmark feeds token ids only")
+        names.append(i.name)
+    if "input_ids" not in names:
+        raise SystemExit(f"--model {source}: no input named 'input_ids' (inputs: {names})")
+    return names
+
+
+def compiled(src: Path, workdir: Path, inputs: list[str], vocab: int,
+             what: str) -> dict[str, Any]:
+    """``src``'s gear file with the sequence gears over every input (compiled once, in
+    ``workdir``), and what the runs need to know of the model."""
+    import gear_runtime as gr
+
+    spec = gr.GearSpec.from_atc(input_shape=";".join(f"{n}:1,-1" for n in inputs),
+                                dynamic_dims=";".join(",".join([str(s)] * len(inputs))
+                                                      for s in SEQS))
+    gear = workdir / (src.name.removesuffix(".onnx") + ".gear.onnx")
     if not gear.exists():
         gr.compile(str(src), spec, str(gear), progress=False)
-    return {"source": src, "gear": gear, "spec": spec,
-            "weights": os.path.getsize(str(src) + ".data"), "vocab": SIZES[size]["vocab"]}
+    data = Path(str(src) + ".data")
+    weights = data.stat().st_size if data.exists() else src.stat().st_size
+    return {"source": src, "gear": gear, "spec": spec, "weights": weights, "vocab": vocab,
+            "what": what}
+
+
+def token_feeds(shapes: dict[str, Sequence[int]], seed: int, vocab: int,
+                ) -> dict[str, np.ndarray]:
+    """Feeds for a gear: ``encoder_inputs``' ids and mask, zeros for any other input
+    (``token_type_ids``: segment 0)."""
+    from gear_runtime.examples.encoder import encoder_inputs
+
+    feeds = encoder_inputs(shapes, seed=seed, vocab=vocab)
+    for name, shape in shapes.items():
+        feeds.setdefault(name, np.zeros(tuple(int(d) for d in shape), np.int64))
+    return {n: feeds[n] for n in shapes}
 
 
 def ov_dynamic(source: Path, threads: int) -> Any:
@@ -88,11 +141,14 @@ def ov_dynamic(source: Path, threads: int) -> Any:
     return compiled, compiled.create_infer_request()
 
 
-def latency(m: dict[str, Any], threads: int, budget_s: float) -> list[dict[str, Any]]:
+def latency(m: dict[str, Any], threads: int, budget_s: float, clock: str = "wall",
+            ) -> list[dict[str, Any]]:
+    """Per gear, the p50 of every runner (ms of ``clock``: ``wall`` time, or ``cpu``: the
+    process's CPU time, which other jobs on the machine inflate less; ORT's spinning pool
+    threads are then turned off, as they would bill their spin to the next runner)."""
     import onnxruntime as ort
 
     import gear_runtime as gr
-    from gear_runtime.examples.encoder import encoder_inputs
 
     spec = m["spec"]
     common = {"backend": "openvino", "num_threads": threads, "progress": False}
@@ -104,10 +160,12 @@ def latency(m: dict[str, Any], threads: int, budget_s: float) -> list[dict[str, 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    if clock == "cpu":
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(m["source"]), so, providers=["CPUExecutionProvider"])
     rows = []
     for g in range(spec.gear_count):
-        feeds = encoder_inputs(spec.shapes(g), seed=g, vocab=m["vocab"])
+        feeds = token_feeds(spec.shapes(g), seed=g, vocab=m["vocab"])
         want = session.run(None, feeds)[0]
         runs: dict[str, Callable[[], Any]] = {
             k: (lambda ex=ex, feeds=feeds: ex.execute(feeds)) for k, ex in executors.items()}
@@ -116,7 +174,8 @@ def latency(m: dict[str, Any], threads: int, budget_s: float) -> list[dict[str, 
         for name, ex in executors.items():  # every runner computes the same thing
             got = ex.execute(feeds)[0]
             assert np.abs(got - want).max() < 1e-3, (name, np.abs(got - want).max())
-        times = interleaved(list(runs.values()), budget_s, min_iter=3, warmup=1)
+        times = interleaved(list(runs.values()), budget_s, min_iter=3, warmup=1,
+                            clock=CLOCKS[clock])
         p50 = {k: float(np.median(t)) * 1e3 for k, t in zip(runs, times, strict=True)}
         rows.append({"threads": threads, "gear": g, "seq": spec.gears[g][0], **p50,
                      "iterations": len(times[0])})
@@ -176,15 +235,16 @@ def load(m: dict[str, Any], repeats: int) -> dict[str, dict[str, float]]:
 
 
 def report(m: dict[str, Any], lat: list[dict[str, Any]], ld: dict[str, dict[str, float]],
-           size: str) -> int:
+           clock: str = "wall") -> int:
     import onnxruntime as ort
     import openvino as ov
 
     from gear_runtime.tools.textfmt import format_table
 
-    print(f"\nmodel: BERT-like encoder ({size}), {m['weights'] / 2**20:.0f} MB of weights, "
+    print(f"\nmodel: {m['what']}, {m['weights'] / 2**20:.0f} MB of weights, "
           f"seq gears {', '.join(map(str, SEQS))} (batch 1); OpenVINO {ov.__version__}, "
-          f"ONNX Runtime {ort.__version__}; p50 ms, interleaved\n")
+          f"ONNX Runtime {ort.__version__}; p50 ms of "
+          f"{'process CPU time' if clock == 'cpu' else 'wall time'}, interleaved\n")
     names = ["ov gears", "ov branches", "ov per-gear", "ov dynamic", "ort"]
     rows = [["threads", "seq", *names, "gears/dyn", "branches/dyn", "per-gear/dyn", "gears/ort",
              "iters"]]
@@ -225,18 +285,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="fresh-process loads per variant")
     p.add_argument("--no-load", action="store_true", help="skip the load measurements")
     p.add_argument("--workdir", default=None, help="where the models go (default: a temp dir)")
+    p.add_argument("--model", default=None,
+                   help="an ONNX file of int64 [batch, sequence] inputs instead of the encoder "
+                        "(e.g. benchmarks/export_hf_bert.py's); its gear file goes to --workdir")
+    p.add_argument("--vocab", type=int, default=30522, help="--model's vocabulary (ids < N)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="time per run: wall (default) or the process's CPU time")
     args = p.parse_args(argv)
     size = "quick" if args.quick else "full"
     budget = args.seconds if args.seconds is not None else (3.0 if args.quick else 20.0)
     with tempfile.TemporaryDirectory(prefix="bench_openvino_") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        m = build(workdir, size)
+        if args.model:
+            src = Path(args.model).resolve()
+            m = compiled(src, workdir, token_inputs(src), args.vocab, f"{src.name} (--model)")
+        else:
+            m = build(workdir, size)
         lat = []
         for t in (int(x) for x in args.threads.split(",")):
-            lat += latency(m, t, budget)
+            lat += latency(m, t, budget, args.clock)
         ld = {} if args.no_load else load(m, args.repeats)
-        return report(m, lat, ld, size)
+        return report(m, lat, ld, args.clock)
 
 
 if __name__ == "__main__":
