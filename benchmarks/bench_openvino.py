@@ -25,7 +25,10 @@ in a shuffled order (the machine is shared: repeat the script and read ranges):
 
 Goal: ``ov gears`` <= 0.85x ``ov dynamic`` per gear. ``--clock cpu`` times each run in the
 process's CPU time instead of wall time (at 1 thread: the run's own compute, which the other
-jobs of a shared machine inflate less than its wall time).
+jobs of a shared machine inflate less than its wall time). ``--profile RUNS``: only
+OpenVINO's own per-node timing (PERF_COUNT) of the dynamic model and the static one per gear,
+split into the weight products (FullyConnected, MatMul) and the rest: what a static shape can
+save at best.
 
 Load, each in a FRESH process that imported everything first: wall time, compile time, RSS
 increase after one run of every gear, split into anonymous memory (the process's own: the
@@ -184,6 +187,58 @@ def latency(m: dict[str, Any], threads: int, budget_s: float, clock: str = "wall
     return rows
 
 
+def profile(source: Path, seq: int, runs: int) -> dict[str, tuple[dict[str, float], int]]:
+    """OpenVINO's own per-node timing (PERF_COUNT, 1 thread) of ``source``'s dynamic model and
+    of the same reshaped to ``[1, seq]`` on every input (the two one after the other, not
+    interleaved): per model, ms of CPU time per node type (the median over ``runs`` runs) and
+    the number of nodes a run executes."""
+    import openvino as ov
+
+    core = ov.Core()
+    props = {**OV_PROPERTIES, "INFERENCE_NUM_THREADS": 1, "PERF_COUNT": True}
+    static = core.read_model(str(source))
+    static.reshape({i.get_any_name(): [1, seq] for i in static.inputs})
+    out = {}
+    for name, model in (("dynamic", core.read_model(str(source))), ("static", static)):
+        request = core.compile_model(model, "CPU", props).create_infer_request()
+        feeds = {i.get_any_name(): np.ones((1, seq), np.int64) for i in request.model_inputs}
+        per_run: list[dict[str, float]] = []
+        for i in range(runs + 2):  # 2 warm-up runs
+            request.infer(feeds)
+            executed = [n for n in request.profiling_info
+                        if n.status == ov.ProfilingInfo.Status.EXECUTED]
+            by_type: dict[str, float] = {}
+            for node in executed:
+                by_type[node.node_type] = (by_type.get(node.node_type, 0.0)
+                                           + node.cpu_time.total_seconds() * 1e3)
+            if i >= 2:
+                per_run.append(by_type)
+        types = set().union(*per_run)
+        out[name] = ({t: float(np.median([r.get(t, 0.0) for r in per_run])) for t in types},
+                     len(executed))
+    return out
+
+
+def report_profile(source: Path, seqs: Sequence[int], runs: int) -> None:
+    """Where a run's time goes, dynamic vs static: the weight products (FullyConnected,
+    MatMul) against everything else, i.e. all that a static shape could save at best."""
+    from gear_runtime.tools.textfmt import format_table
+
+    heavy = ("FullyConnected", "MatMul")
+    rows = [["seq", "model", "nodes run", "total ms", "FC+MatMul ms", "rest ms", "rest share",
+             "static at best"]]
+    for seq in seqs:
+        for name, (by_type, nodes) in profile(source, seq, runs).items():
+            total = sum(by_type.values())
+            rest = total - sum(by_type.get(t, 0.0) for t in heavy)
+            best = f"{(total - rest) / total:.2f}x" if name == "dynamic" else ""
+            rows.append([str(seq), name, str(nodes), f"{total:.1f}", f"{total - rest:.1f}",
+                         f"{rest:.1f}", f"{rest / total:.1%}", best])
+    print(f"\nOpenVINO PERF_COUNT, 1 thread, median of {runs} runs, {source.name} (static at "
+          "best: the dynamic run's time if every node but the weight products were free)")
+    print("\n".join(format_table(rows, right=lambda c: c >= 2, rule=True)))
+
+
 _CHILD = r"""
 import json, sys, time
 import numpy as np
@@ -289,6 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="an ONNX file of int64 [batch, sequence] inputs instead of the encoder "
                         "(e.g. benchmarks/export_hf_bert.py's); its gear file goes to --workdir")
     p.add_argument("--vocab", type=int, default=30522, help="--model's vocabulary (ids < N)")
+    p.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                   help="only OpenVINO's per-node profile of the dynamic vs static model per "
+                        "seq gear, median of RUNS runs")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="time per run: wall (default) or the process's CPU time")
     args = p.parse_args(argv)
@@ -302,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             m = compiled(src, workdir, token_inputs(src), args.vocab, f"{src.name} (--model)")
         else:
             m = build(workdir, size)
+        if args.profile:
+            report_profile(m["source"], SEQS, args.profile)
+            return 0
         lat = []
         for t in (int(x) for x in args.threads.split(",")):
             lat += latency(m, t, budget, args.clock)
