@@ -68,6 +68,15 @@ class BackendSession(ABC):
         return None
 
 
+def split_sink_outputs(
+        outputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """A sink graph's outputs as :meth:`BackendSession.run_sink` returns them: the model's
+    outputs, and the dims the graph computed (GE wires GetDynamicDims as the LAST output of
+    NetOutput), read back as a tuple of ints."""
+    *outs, dims = outputs
+    return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
+
+
 class BackendModel(ABC):
     """A model loaded on one backend. Thread-safe: sessions are created per executor."""
 

@@ -38,7 +38,12 @@ import onnx
 import onnxruntime as ort
 
 from gear_runtime import arguments
-from gear_runtime.backends.base import BackendModel, BackendSession, aligned_buffer
+from gear_runtime.backends.base import (
+    BackendModel,
+    BackendSession,
+    aligned_buffer,
+    split_sink_outputs,
+)
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.backends.capture_check import capture_hazards
 from gear_runtime.backends.onnxruntime_cuda import (
@@ -555,9 +560,7 @@ class OrtSession(BackendSession, BenchSession):
     def run_sink(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
         if not self.model.info.sink:
             raise BackendError("this gear file has no sink graph")
-        outputs = self._run_session("sink", arrays)
-        *outs, dims = outputs  # GE wires GetDynamicDims as the LAST input of NetOutput
-        return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
+        return split_sink_outputs(self._run_session("sink", arrays))
 
     def close(self) -> None:
         """Drop the bindings; free this executor's CUDA graphs where ORT can.

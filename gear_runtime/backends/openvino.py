@@ -55,6 +55,7 @@ from gear_runtime.backends.base import (
     check_layout_fits,
     import_runtime,
     output_buffers,
+    split_sink_outputs,
 )
 from gear_runtime.backends.onnxruntime import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, InputError
@@ -525,8 +526,7 @@ class OvSession(BackendSession):
     def run_sink(self, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], tuple[int, ...]]:
         if not self.model.info.sink:
             raise BackendError("this gear file has no sink graph")
-        *outs, dims = self._run_whole("sink", arrays)
-        return outs, tuple(int(d) for d in np.asarray(dims).reshape(-1))
+        return split_sink_outputs(self._run_whole("sink", arrays))
 
     def close(self) -> None:
         self._requests, self._ports, self._dynamic = [], [], None
