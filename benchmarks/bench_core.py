@@ -6,8 +6,9 @@ Prints ONE table, everything measured side by side in one run:
   backend's pre-bound ORT run of the same gear (``session.run_bound(gear)``) on a tiny model
   of 4 inputs (``y = a + b + c + d``, each ``[1, seq]`` float32; gear seq 32: a run of a few
   us, one 128-byte output), built with 4 and with 100 gears: the median over iterations of
-  the per-iteration difference (bare run and execute alternate); targets: at most +3 us
-  (copy=False) and +3.5 us (default), and the 100-gear model within +0.5 us of the 4;
+  the per-iteration difference (bare run and execute alternate, both models in the same
+  loop); targets: at most +3 us (copy=False) and +3.5 us (default), and the 100-gear model
+  within +0.5 us of the 4;
 * ``stage`` of 4 inputs of 64 MiB in all: its bandwidth against ONE ``np.copyto`` of the same
   bytes; target: >= 0.8x;
 * ``match`` with 100 gears vs 2 gears; target: the 100-gear lookup within 1.2x.
@@ -130,35 +131,49 @@ def tiny_model(gears: int, workdir: Path) -> str:
                          progress=False)
 
 
-def execute_overhead_us(gears: int, iterations: int,
-                        workdir: Path) -> tuple[float, float, float]:
-    """(median per-iteration ``execute(copy=False) - run_bound(gear)``, the same for the
-    default ``execute()``, bare p50; all in us) on :func:`tiny_model` with ``gears`` gears,
-    at gear seq 32."""
+def execute_overhead_us(gear_counts: tuple[int, ...], iterations: int,
+                        workdir: Path) -> dict[int, tuple[float, float, float]]:
+    """Per gear count in ``gear_counts``: (median per-iteration ``execute(copy=False) -
+    run_bound(gear)``, the same for the default ``execute()``, bare p50; all in us) on
+    :func:`tiny_model` with that many gears, at gear seq 32.
+
+    Every model is timed in the same loop, one after the other in each iteration, so that
+    they share the machine's state (its speed here drifts by up to 1.8x within a minute: a
+    model timed a minute after another can look slower by more than the whole overhead)."""
     import gear_runtime as gr
 
     clock = time.perf_counter_ns
-    with gr.load(tiny_model(gears, workdir), intra_op_num_threads=1) as model:
-        ex = model.create_executor()
-        feeds = {n: np.ones((1, 32), np.float32) for n in model.input_names}
-        ex.execute(feeds)
-        gear, execute, bare = ex.last_gear, ex.execute, ex.session.run_bound
+    models = [gr.load(tiny_model(g, workdir), intra_op_num_threads=1) for g in gear_counts]
+    try:
+        calls = []
+        for model in models:
+            ex = model.create_executor()
+            feeds = {n: np.ones((1, 32), np.float32) for n in model.input_names}
+            ex.execute(feeds)
+            calls.append((ex.last_gear, ex.execute, ex.session.run_bound, feeds))
         for _ in range(iterations // 10):  # warm: ORT's first runs, the output pool
-            bare(gear), execute(feeds, copy=False), execute(feeds)
-        diffs, owned, bares = np.empty(iterations), np.empty(iterations), np.empty(iterations)
+            for gear, execute, bare, feeds in calls:
+                bare(gear), execute(feeds, copy=False), execute(feeds)
+        shape = (len(calls), iterations)
+        diffs, owned, bares = np.empty(shape), np.empty(shape), np.empty(shape)
         for k in range(iterations):
-            t0 = clock()
-            bare(gear)
-            t1 = clock()
-            execute(feeds, copy=False)
-            t2 = clock()
-            bare(gear)
-            t3 = clock()
-            execute(feeds)
-            t4 = clock()
-            diffs[k], owned[k], bares[k] = (t2 - t1) - (t1 - t0), (t4 - t3) - (t3 - t2), t1 - t0
-    return (float(np.median(diffs)) / 1e3, float(np.median(owned)) / 1e3,
-            float(np.median(bares)) / 1e3)
+            for m, (gear, execute, bare, feeds) in enumerate(calls):
+                t0 = clock()
+                bare(gear)
+                t1 = clock()
+                execute(feeds, copy=False)
+                t2 = clock()
+                bare(gear)
+                t3 = clock()
+                execute(feeds)
+                t4 = clock()
+                diffs[m, k], owned[m, k] = (t2 - t1) - (t1 - t0), (t4 - t3) - (t3 - t2)
+                bares[m, k] = t1 - t0
+    finally:
+        for model in models:
+            model.close()
+    return {g: (float(np.median(diffs[m])) / 1e3, float(np.median(owned[m])) / 1e3,
+                float(np.median(bares[m])) / 1e3) for m, g in enumerate(gear_counts)}
 
 
 def row(table: list[list[str]], case: str, a: tuple[str, float], b: tuple[str, float],
@@ -187,7 +202,7 @@ def main() -> int:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="bench-core-") as tmp:
-        over = {g: execute_overhead_us(g, 50_000 // scale, Path(tmp)) for g in (4, 100)}
+        over = execute_overhead_us((4, 100), 50_000 // scale, Path(tmp))
     for g in (4, 100):
         ok &= row(table, f"execute(copy=False) - run_bound, tiny {g} gears",
                   ("bare p50", over[g][2]), ("", 0.0), "us", ("overhead", over[g][0]),

@@ -86,17 +86,19 @@ class ExecutorCore {
   // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
   // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
   // or with `pad` cover); dtypes (kind "input"); every slot check of Stager::check. Then
-  // around(copy), where copy() moves every byte (padded inputs with their pad values, the
-  // dims where the layout has a dims buffer) and must be called exactly once; the binding runs it with the GIL released. Returns the
-  // gear; last_values / last_request change only on success. Not thread-safe, like any
-  // plain C++ object: one caller at a time (the Python Executor's ownership lock is the one
-  // guard). Each call keeps its own scratch, so that even concurrent misuse through Python
-  // (where copy() runs without the GIL) can only garble staged bytes, never overflow a slot.
+  // around(bytes, copy): copy() moves every byte (padded inputs with their pad values, the
+  // dims where the layout has a dims buffer) and must be called exactly once; `bytes` is how
+  // many it writes (every slot of the gear, and the dims), so that the binding can release
+  // the GIL around a large copy and keep it for a small one. Returns the gear; last_values /
+  // last_request change only on success. Not thread-safe, like any plain C++ object: one
+  // caller at a time (the Python Executor's ownership lock is the one guard). Each call
+  // keeps its own scratch, so that even concurrent misuse through Python (where a large
+  // copy() runs without the GIL) can only garble staged bytes, never overflow a slot.
   template <typename Around>
   size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
                Around&& around);
   size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad) {
-    return stage(arrays, n, preset, pad, [](auto&& copy) { copy(); });
+    return stage(arrays, n, preset, pad, [](size_t, auto&& copy) { copy(); });
   }
 
   // The gear values of the last successful stage, and the request's own values (they differ
@@ -122,6 +124,12 @@ class ExecutorCore {
                  int64_t* values, Scratch& scratch) const;
   void copy_prepared(size_t gear, const StageSource* sources, size_t n) const noexcept;
   void finish(size_t gear, const int64_t* values);
+  // The bytes copy_prepared writes for gear `gear`: its n slots and the dims buffer.
+  size_t copy_bytes(size_t gear, size_t n) const noexcept {
+    size_t bytes = staged_values() ? stager_.layout().dims_nbytes() : 0;
+    for (size_t i = 0; i < n; ++i) bytes += stager_.layout().nbytes_unchecked(gear, i);
+    return bytes;
+  }
 
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
   void set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
@@ -148,7 +156,8 @@ size_t ExecutorCore::stage(const ArrayView* arrays, size_t n, const Values* pres
   int64_t values[kMaxValues];
   Scratch scratch(n);
   const size_t gear = prepare(arrays, n, preset, pad, values, scratch);
-  around([this, gear, &scratch, n] { copy_prepared(gear, scratch.sources, n); });
+  around(copy_bytes(gear, n),
+         [this, gear, &scratch, n] { copy_prepared(gear, scratch.sources, n); });
   finish(gear, values);
   return gear;
 }

@@ -90,6 +90,17 @@ class BackendUnavailableError(GearRuntimeError, ImportError):
     """A backend whose runtime is not installed here; the message says what to install."""
 
 
+class DirectRunFailed(Exception):  # noqa: N818 (internal: never reaches a user)
+    """Internal, between the C++ core and the executor: a backend's direct run
+    (``BackendSession.direct_runs``) raised; ``gear`` is the gear it ran, ``__cause__`` what it
+    raised. The executor raises the backend's own error for it (``run_failed``) instead, so
+    that a run's failure reads the same whichever way the gear ran."""
+
+    def __init__(self, gear: int) -> None:
+        super().__init__(f"the direct run of gear {gear} failed")
+        self.gear = gear
+
+
 #: The error kinds the C++ core raises (csrc/errors.h: kKind*) -> Python class. One table for
 #: both layers; tests/test_shared_facts.py keeps its keys and the codes above equal to the
 #: header's.

@@ -19,6 +19,7 @@ from gear_runtime.errors import (
     ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID,
     ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID,
     ACL_ERROR_GE_PARAM_INVALID,
+    DirectRunFailed,
     DynamicInputLengthError,
     GearMismatchError,
     GearSpecError,
@@ -229,6 +230,7 @@ class ExecutorCore:
         self.layout, self._flat = layout, staging.reshape(-1)
         self.last_values: tuple[int, ...] = ()
         self.last_request: tuple[int, ...] = ()
+        self._runs: list[Any] = []
         self.set_padding()
 
     def _check_gears(self) -> None:
@@ -347,6 +349,52 @@ class ExecutorCore:
               pad: bool = False) -> int:
         """One caller at a time, as the core (the executor's lock guarantees it)."""
         return self._stage(arrays, preset, pad)
+
+    def set_runs(self, runs: Sequence[Any] | None) -> None:
+        """The direct runs execute() makes after staging (None: none), as the core checks
+        them."""
+        if runs is not None and type(runs) is not list:
+            raise _input(f"runs must be None or a list with one entry per gear, got "
+                         f"{type(runs).__name__}")
+        table = list(runs or [])
+        for entry in table:
+            if entry is not None and (
+                    type(entry) is not tuple or len(entry) != 4 or not callable(entry[0])
+                    or type(entry[1]) is not tuple or type(entry[2]) is not list
+                    or type(entry[3]) is not bool
+                    or any(type(o) is not np.ndarray or not o.flags.c_contiguous
+                           for o in entry[2])):
+                raise _input(f"a direct run is None or a tuple (call, args: tuple, outputs: "
+                             f"list, copyable: bool), got {entry!r}")
+        if runs is not None and len(table) != len(self._gears):
+            raise _input(f"{len(table)} direct runs for {len(self._gears)} gears")
+        self._runs = table
+
+    def execute(self, inputs: Any, preset: Sequence[int] | None, pad: bool,
+                copy: bool) -> tuple[int, list[np.ndarray] | None] | None:
+        """stage() of a plain request (a dict of exactly the input names or a list / tuple
+        in input order, of numpy arrays, not subclasses), then the gear's direct run. None:
+        not a plain request, nothing staged."""
+        if type(inputs) is dict:
+            if len(inputs) != len(self._names) or any(n not in inputs for n in self._names):
+                return None
+            arrays = [inputs[n] for n in self._names]
+        elif type(inputs) in (list, tuple) and len(inputs) == len(self._names):
+            arrays = list(inputs)
+        else:
+            return None
+        if any(type(a) is not np.ndarray for a in arrays):
+            return None
+        gear = self._stage(arrays, preset, pad)
+        run = self._runs[gear] if self._runs else None
+        if run is None or (copy and not run[3]):
+            return gear, None
+        call, args, outputs, _ = run
+        try:
+            call(*args)
+        except Exception as exc:
+            raise DirectRunFailed(gear) from exc
+        return gear, [o.copy() for o in outputs] if copy else list(outputs)
 
     def _gear_for(self, values: tuple[int, ...], preset: Sequence[int] | None,
                   pad: bool) -> int:

@@ -11,7 +11,6 @@ import gc
 import os
 import subprocess
 import sys
-import threading
 import weakref
 from types import ModuleType
 from typing import Any
@@ -444,36 +443,6 @@ def test_core_keeps_the_staging_buffer_alive() -> None:
     assert alive() is None  # and lets it go with itself
 
 
-# ---- the GIL ----------------------------------------------------------------------------------
-def test_stage_releases_the_gil_during_the_copy() -> None:
-    """While one thread is inside a large stage, another thread runs Python: it counts while
-    stages of 64 MiB run. If the copy held the GIL, the counter could advance only between
-    stages, i.e. at most once per stage."""
-    spec = GearSpec.from_atc(input_shape="x:-1,1048576", dynamic_batch_size="1,16")
-    core, _ = build(native, spec)
-    big = np.ones((16, 1 << 20), np.float32)  # 64 MiB
-    done = threading.Event()
-    ticks = [0]
-
-    def count() -> None:
-        while not done.is_set():
-            ticks[0] += 1
-
-    stages = 20
-    thread = threading.Thread(target=count)
-    sys_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1.0)  # the GIL changes hands only when released, not by timeout
-    try:
-        thread.start()
-        for _ in range(stages):
-            core.stage([big])
-    finally:
-        done.set()
-        sys.setswitchinterval(sys_interval)
-        thread.join()
-    assert ticks[0] > 100 * stages, f"Python ran {ticks[0]} steps during {stages} stages"
-
-
 MISUSE = r"""
 import threading, numpy as np
 from gear_runtime import _core
@@ -522,7 +491,11 @@ def test_keyword_arguments_and_call_errors() -> None:
     assert (lay.tail_padding, lay.offset(0, 1)) == (32, 64)
     for call in (lambda: core.match(), lambda: core.match((40, 2), 1),
                  lambda: core.stage(arrays, None, False, 1), lambda: core.stage(arrays, bad=1),
-                 lambda: core.extract(arrays, arrays=arrays)):
+                 lambda: core.extract(arrays, arrays=arrays),
+                 lambda: core.execute(arrays, None, False), lambda: core.execute(arrays),
+                 lambda: core.execute(arrays, None, 0, False),
+                 lambda: core.execute(arrays, None, False, copy=True),
+                 lambda: native.ExecutorCore.execute(arrays, None, False, False)):
         with pytest.raises(TypeError):  # a wrong call, as for any Python function
             call()
 
@@ -532,7 +505,8 @@ def test_uninitialised_native_objects_raise_instead_of_crashing() -> None:
     layout = native.Layout.__new__(native.Layout)
     calls = [lambda: core.match((1,)), lambda: core.stage([]), lambda: core.extract([]),
              lambda: core.nearest((1,)), lambda: core.last_values, lambda: core.layout,
-             lambda: core.values_from_full_dims([1]), lambda: layout.offset(0, 0),
+             lambda: core.values_from_full_dims([1]), lambda: core.set_runs(None),
+             lambda: core.execute({}, None, False, False), lambda: layout.offset(0, 0),
              lambda: layout.total_bytes, lambda: repr(layout)]
     for call in calls:
         with pytest.raises(TypeError):

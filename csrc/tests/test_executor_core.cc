@@ -146,7 +146,7 @@ TEST(core_stage_keeps_its_scratch_per_call) {
   Model m;
   Request outer(2), inner(8);
   inner.x[0] = 99.0f;
-  const size_t got = m.core.stage(outer.views, 2, nullptr, false, [&](auto&& copy) {
+  const size_t got = m.core.stage(outer.views, 2, nullptr, false, [&](size_t, auto&& copy) {
     CHECK_EQ(m.core.stage(inner.views, 2, nullptr, false), 2u);
     CHECK_EQ(at<float>(m, m.layout.offset(2, 0), 0), 99.0f);  // inner's x in gear 2
     CHECK_EQ(at<int64_t>(m, m.layout.offset(2, 1), 7), 7);
@@ -244,4 +244,23 @@ TEST(core_plan_layout_checked_refuses_negative_arguments) {
   CHECK_THROWS_ERROR(plan_layout_checked({{1}}, 1, 10, 64, -1), "input", "145000",
                      "tail_padding must be >= 0, got -1");
   CHECK_EQ(plan_layout_checked({{4, 8}}, 1, 131072, 64, 0).total_bytes(), 132u);
+}
+
+TEST(core_stage_tells_its_hook_the_bytes_it_copies) {
+  // The GIL rule of the binding reads this count: every slot of the chosen gear and the dims
+  // buffer (x: 4 bytes * S, mask: 8 bytes * S, dims: 4 bytes), padded or not.
+  Model m;
+  Request exact(4), short_one(3);
+  size_t seen = 0;
+  const auto hook = [&](size_t bytes, auto&& copy) {
+    seen = bytes;
+    copy();
+  };
+  CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, hook), 1u);
+  CHECK_EQ(seen, 16u + 32u + 4u);
+  CHECK_EQ(m.core.stage(short_one.views, 2, nullptr, true, hook), 1u);  // padded to S = 4
+  CHECK_EQ(seen, 16u + 32u + 4u);
+  Request big(8);
+  CHECK_EQ(m.core.stage(big.views, 2, nullptr, false, hook), 2u);
+  CHECK_EQ(seen, 32u + 64u + 4u);
 }

@@ -9,6 +9,7 @@ a session only owns device-side state and runs what was staged:
     session.run_gear(g)       # move the merged region to the device in ONE copy, run gear g
     session.run_dynamic(xs)   # hybrid mode: a miss runs the dynamic-shape graph
     session.run_sink(xs)      # GetNext-sink mode: the device computes the dims, read back
+    session.direct_runs()     # optional: each gear's run as one call the core makes itself
 
 Every backend call that fails raises :class:`gear_runtime.errors.BackendError` naming the call.
 What benchmarks compare with (a bare run, a naive run) is no part of this interface: a backend
@@ -20,7 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,6 +29,9 @@ import numpy as np
 from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError, InputError
 from gear_runtime.gearfile.info import ModelInfo
 
+#: One gear's direct run (:meth:`BackendSession.direct_runs`): ``(call, args, outputs,
+#: copyable)``, or None where the gear runs through the session's methods.
+DirectRun = tuple[Callable[..., Any], tuple[Any, ...], list[np.ndarray], bool] | None
 
 class BackendSession(ABC):
     """Per-executor backend state: bindings, device buffers, preallocated outputs.
@@ -51,6 +55,24 @@ class BackendSession(ABC):
         """:meth:`run_gear`, but the arrays are the caller's to keep (``execute(copy=True)``).
         Backends that can run straight into fresh arrays override this to save the copy."""
         return [o.copy() for o in self.run_gear(gear)]
+
+    def direct_runs(self) -> list[DirectRun] | None:
+        """Optional: per gear, the run as ONE call the C++ core makes itself right after
+        staging (no Python frame between the two), or None for a gear that runs through
+        :meth:`run_gear` / :meth:`run_gear_owned`. None (the default): every gear does.
+
+        An entry ``(call, args, outputs, copyable)``: ``call(*args)`` runs the gear on what
+        was staged and leaves its outputs in ``outputs``, the same C-contiguous arrays on
+        every run (what :meth:`run_gear` returns); ``copyable``: whether copies of them are
+        what :meth:`run_gear_owned` would return (False where it has a better way, e.g.
+        memory recycled for large outputs: then copy=True runs go through it). Read once, when
+        the executor is created: the entries must stay valid for the session's life. An
+        exception of ``call`` becomes :meth:`run_failed`'s error."""
+        return None
+
+    def run_failed(self, gear: int, exc: Exception) -> BackendError:
+        """The error a direct run's exception ``exc`` on gear ``gear`` is raised as."""
+        return BackendError(f"{type(self).__name__} run of gear {gear} failed: {exc}")
 
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the dynamic-shape graph on ``arrays`` (hybrid mode, after a miss). The arrays

@@ -41,6 +41,7 @@ from gear_runtime import arguments
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
+    DirectRun,
     aligned_buffer,
     split_sink_outputs,
 )
@@ -464,6 +465,19 @@ class OrtSession(BackendSession, BenchSession):
             # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.
             raise BackendError("an executor with CUDA graphs runs on the thread that "
                                "created it (its graphs were captured there)")
+
+    def direct_runs(self) -> list[DirectRun] | None:
+        """CPU: every gear's run is ORT's C binding on its pre-bound IOBinding (what
+        :meth:`run_gear` calls), made by the core right after staging; copies of its outputs
+        are what :meth:`run_gear_owned` returns for a gear without large outputs (those go
+        through the output pool). On a device (copies in and out around the run): None."""
+        if self._device is not None or not self._bindings:
+            return None
+        return [(self._run_c, (self._c_bindings[g], self._run_options[g]), self._outputs[g],
+                 not self._big_outputs[g]) for g in range(len(self._bindings))]
+
+    def run_failed(self, gear: int, exc: Exception) -> BackendError:
+        return self._failed(gear, exc)
 
     def _failed(self, gear: int, exc: Exception) -> BackendError:
         if not self._c_bindings:

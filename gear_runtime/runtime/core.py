@@ -8,7 +8,12 @@
   uses it through :class:`gear_runtime.runtime.dispatch.GearDispatcher`.
 * ``ExecutorCore``: one executor's hot path -- its GearDispatch's answer for the request,
   every check, then one copy of all inputs (padded where the gear is larger) and the dims
-  into the staging buffer with the GIL released (csrc/executor_core.h).
+  into the staging buffer, with the GIL released around a large copy (csrc/executor_core.h).
+  ``stage(arrays, preset, pad)`` stages a list of arrays; ``execute(inputs, preset, pad,
+  copy)`` reads a plain request itself (a dict of the input names or a list / tuple, of
+  numpy arrays; anything else: None, nothing staged), stages it and makes the gear's direct
+  run set with ``set_runs`` (``BackendSession.direct_runs``), all in one call
+  (csrc/bindings.cc: it is only argument conversion around the core).
 
 The headers state each call's contract once; csrc/bindings.cc only converts arguments.
 Errors are the package's classes (gear_runtime.errors) with GE's codes; a call whose

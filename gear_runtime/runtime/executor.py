@@ -1,10 +1,13 @@
 """Executor: one per thread (or stream); set the dims, execute, get the gear's outputs.
 
-The hot path is one C++ call (``ExecutorCore.stage``: dims from the input shapes, exact O(1)
-match, every input copied into the merged staging buffer with the GIL released, the int32 dims
-buffer written) followed by the backend's run of that gear. Everything an executor mutates is
-its own (staging, bindings, current dims), so executors of one model run concurrently with no
-shared lock.
+The hot path is one C++ call (``ExecutorCore.execute``): the request read (a dict or list
+of numpy arrays; anything else takes the Python rules of :mod:`gear_runtime.runtime.inputs`
+first), dims from the input shapes, exact O(1) match, every input copied into the merged
+staging buffer (the GIL released around a large copy), the int32 dims buffer written where
+the backend reads it, and then the gear's run itself where the session offers it as a direct
+run (``BackendSession.direct_runs``: ONNX Runtime on the CPU); otherwise the session's
+``run_gear`` follows. Everything an executor mutates is its own (staging, bindings, current
+dims), so executors of one model run concurrently with no shared lock.
 
 Ownership: one executor serves one thread at a time. ``execute``, ``set_*`` and
 ``clear_dynamic_dims`` hold the executor for the whole call (dims, staging, the backend run,
@@ -35,6 +38,7 @@ from gear_runtime.backends.base import BackendSession
 from gear_runtime.errors import (
     BackendError,
     ClosedError,
+    DirectRunFailed,
     DynamicInputLengthError,
     ExecutorBusyError,
     GearMismatchError,
@@ -111,6 +115,9 @@ class Executor:
         self._trim_axes = [sorted(axes.items()) for axes in model.output_dynamic_axes]
         # which gear: the model's dispatcher's configuration (its costs), answered in C++
         self._core.set_padding(self._pad_values, list(model.dispatcher.costs))
+        # The runs the core makes itself right after staging (where the session offers them)
+        self._core.set_runs(session.direct_runs())
+        self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:
@@ -270,36 +277,43 @@ class Executor:
         if not owner.acquire(False):
             self._refuse("execute")
         try:
-            arrays = self._arrays(inputs)
             if self._sink:
                 if pad:
                     self._refuse_sink_padding()
-                outputs = self._run_sink(arrays)
+                outputs = self._run_sink(self._arrays(inputs))
                 self.last_request_dims = self.last_dynamic_dims
-            else:
-                try:
-                    gear = (self._core.stage(arrays, self._preset, True) if pad
-                            else self._core.stage(arrays, self._preset))
-                except GearMismatchError:
-                    if not self._hybrid:
-                        raise
-                    outputs = self._run_dynamic(arrays)
+                return [o.copy() for o in outputs] if copy else list(outputs)
+            try:
+                # One C++ call: the common request (a dict or list of numpy arrays) read and
+                # staged, then the gear's direct run where the session offers one. None: the
+                # inputs need the Python rules first (lists to arrays, names to diff).
+                done = self._execute_c(inputs, self._preset, pad, copy)
+                if done is None:
+                    gear, outputs = self._core.stage(self._arrays(inputs), self._preset, pad), None
                 else:
-                    self.last_gear = None  # until this run succeeds
-                    if copy:  # the backend may write straight into fresh arrays: no copy
-                        outputs = self._session.run_gear_owned(gear)
-                    else:
-                        outputs = list(self._session.run_gear(gear))
-                    self.last_gear = gear
-                    self.last_dynamic_dims = values = self._gear_values[gear]
-                    if not pad:  # then the request is the gear's values: no core call
-                        self.last_request_dims = values
-                        return outputs
-                    self.last_request_dims = request = self._core.last_request
-                    if request != values:
-                        return self._trim(outputs, request)
-                    return outputs
-            return [o.copy() for o in outputs] if copy else list(outputs)
+                    gear, outputs = done
+            except GearMismatchError:
+                if not self._hybrid:
+                    raise
+                outputs = self._run_dynamic(self._arrays(inputs))
+                return [o.copy() for o in outputs] if copy else list(outputs)
+            except DirectRunFailed as failed:  # the session's direct run, made by the core
+                self.last_gear = None
+                cause = failed.__cause__
+                raise self._session.run_failed(failed.gear, cause) from cause
+            if outputs is None:  # the gear runs through the session
+                self.last_gear = None  # until this run succeeds
+                outputs = (self._session.run_gear_owned(gear) if copy
+                           else list(self._session.run_gear(gear)))
+            self.last_gear = gear
+            self.last_dynamic_dims = values = self._gear_values[gear]
+            if not pad:  # then the request is the gear's values: no core call
+                self.last_request_dims = values
+                return outputs
+            self.last_request_dims = request = self._core.last_request
+            if request != values:
+                return self._trim(outputs, request)
+            return outputs
         finally:
             owner.release()
 
@@ -434,6 +448,7 @@ class Executor:
             owner, self._owner = self._owner, _CLOSED
             owner.acquire()  # the call in flight ends; nobody else can take this lock now
             self._closed = True
+            self._core.set_runs(None)  # the core lets go of the session's bindings
             self._session.close()
 
     def __enter__(self) -> Executor:
