@@ -300,6 +300,7 @@ class PyExecutorCoreImpl {
   // (False: the session has a better way, e.g. pooled memory for large outputs). None: no
   // direct runs. The entries are checked here, once.
   void set_runs(const py::handle& runs) {
+    if (in_run_) throw_input("set_runs() from inside a direct run of this core");
     std::vector<std::optional<DirectRun>> table;
     if (!runs.is_none()) {
       if (!PyList_Check(runs.ptr())) {
@@ -331,7 +332,9 @@ class PyExecutorCoreImpl {
       return py::make_tuple(gear, py::none());
     }
     const DirectRun& r = **run;
+    in_run_ = true;  // r lives in runs_: set_runs() refuses until the run returns
     PyObject* result = PyObject_Call(r.call.ptr(), r.args.ptr(), nullptr);
+    in_run_ = false;
     if (result == nullptr) raise_run_failed(gear);
     Py_DECREF(result);
     const size_t n = r.outputs.size();
@@ -462,6 +465,7 @@ class PyExecutorCoreImpl {
   std::vector<py::dtype> dtypes_;
   std::vector<py::str> py_names_;  // the input names as dict keys (interned: hashed once)
   std::vector<std::optional<DirectRun>> runs_;
+  bool in_run_ = false;  // a direct run is in progress (its entry must stay where it is)
   py::array staging_;
   ExecutorCore core_;
 };

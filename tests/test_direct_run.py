@@ -171,6 +171,23 @@ def test_a_failing_run_raises_its_own_error_and_names_the_gear(mod: Any) -> None
         core.execute(feeds_for(), None, False, False)
 
 
+def test_a_run_that_replaces_the_runs_is_refused() -> None:
+    """A run calling back into its core's set_runs (a buggy backend) would free the entry
+    being run: refused, as the run's error; the table stays."""
+    core, _ = build(native, DIMS)
+    outputs = [np.zeros(2, np.float32)]
+
+    def meddle(*_: Any) -> None:
+        core.set_runs(None)
+
+    core.set_runs([(meddle, (), outputs, True)] * 2)
+    with pytest.raises(DirectRunFailed) as info:
+        core.execute(feeds_for(), None, False, False)
+    assert "from inside a direct run" in str(info.value.__cause__)
+    core.set_runs([(lambda: None, (), outputs, True)] * 2)  # after the run: allowed again
+    assert core.execute(feeds_for(), None, False, False)[1][0] is outputs[0]
+
+
 @pytest.mark.parametrize("mod", IMPLS, ids=["native", "oracle"])
 @pytest.mark.parametrize("runs", [
     [None], "no list", (None, None), [("not callable", (), [], True)] * 2,
