@@ -120,13 +120,13 @@ class Request {
 // ArrayViews: on the stack for up to kStack inputs, on the heap beyond.
 class Held {
  public:
-  explicit Held(size_t n) : n_(n) {
-    if (n_ > kStack) {
-      refs_big_.resize(n_);
-      views_big_.resize(n_);
+  explicit Held(size_t n) {
+    if (n > kStack) {
+      refs_big_.resize(n);
+      views_big_.resize(n);
     }
-    refs_ = n_ > kStack ? refs_big_.data() : refs_small_;
-    views_ = n_ > kStack ? views_big_.data() : views_small_;
+    refs_ = n > kStack ? refs_big_.data() : refs_small_;
+    views_ = n > kStack ? views_big_.data() : views_small_;
   }
   ~Held() {
     for (size_t i = 0; i < added_; ++i) Py_DECREF(refs_[i]);
@@ -149,7 +149,6 @@ class Held {
 
  private:
   static constexpr size_t kStack = 16;
-  size_t n_;
   size_t added_ = 0;
   PyObject** refs_;
   ArrayView* views_;

@@ -90,7 +90,7 @@ class BackendUnavailableError(GearRuntimeError, ImportError):
     """A backend whose runtime is not installed here; the message says what to install."""
 
 
-class DirectRunFailed(Exception):  # noqa: N818 (internal: never reaches a user)
+class DirectRunFailed(Exception):
     """Internal, between the C++ core and the executor: a backend's direct run
     (``BackendSession.direct_runs``) raised; ``gear`` is the gear it ran, ``__cause__`` what it
     raised. The executor raises the backend's own error for it (``run_failed``) instead, so

@@ -33,6 +33,7 @@ from gear_runtime.gearfile.info import ModelInfo
 #: copyable)``, or None where the gear runs through the session's methods.
 DirectRun = tuple[Callable[..., Any], tuple[Any, ...], list[np.ndarray], bool] | None
 
+
 class BackendSession(ABC):
     """Per-executor backend state: bindings, device buffers, preallocated outputs.
 

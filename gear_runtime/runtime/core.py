@@ -12,10 +12,11 @@
   ``stage(arrays, preset, pad)`` stages a list of arrays; ``execute(inputs, preset, pad,
   copy)`` reads a plain request itself (a dict of the input names or a list / tuple, of
   numpy arrays; anything else: None, nothing staged), stages it and makes the gear's direct
-  run set with ``set_runs`` (``BackendSession.direct_runs``), all in one call
-  (csrc/bindings.cc: it is only argument conversion around the core).
+  run set with ``set_runs`` (``BackendSession.direct_runs``), all in one call.
 
-The headers state each call's contract once; csrc/bindings.cc only converts arguments.
+The headers state each call's contract once; csrc/bindings.cc only converts arguments, and
+makes that direct run (a Python call the backend handed over; ``execute``'s contract is in
+its comments there).
 Errors are the package's classes (gear_runtime.errors) with GE's codes; a call whose
 arguments have the wrong types is a TypeError. tests/oracle.py models ExecutorCore in plain
 Python for the parity tests.
