@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,5 +101,16 @@ def path(name: str, value: Any, error: type[GearRuntimeError] = InputError) -> s
     return text
 
 
-__all__ = ["INT32_MAX", "INT64_MAX", "INT64_MIN", "flag", "integer", "path", "real", "shown",
-           "text_mapping"]
+def output_file(flag: str, path: str, hint: str = "") -> None:
+    """InputError naming ``flag`` now (before any work) when ``path`` cannot be written as a
+    file: it is a directory (``hint`` follows "give a file path"), or its folder does not
+    exist."""
+    if Path(path).is_dir():
+        raise InputError(f"{flag} {path!r} is a directory; give a file path{hint}")
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+
+
+__all__ = ["INT32_MAX", "INT64_MAX", "INT64_MIN", "flag", "integer", "output_file", "path", "real",
+           "shown", "text_mapping"]

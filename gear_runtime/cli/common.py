@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gear_runtime import arguments
 from gear_runtime.errors import GearFileError, GearRuntimeError, InputError
 
 PROG = "gear-runtime"
@@ -173,13 +174,9 @@ def make_dir(flag: str, path: str) -> Path:
 
 
 def check_output_file(flag: str, path: str) -> None:
-    """InputError naming ``flag`` when ``path`` cannot be written as a file: its directory is
-    missing, or it is a directory itself."""
-    if Path(path).is_dir():
-        raise InputError(f"{flag} {path!r} is a directory; give a file path")
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise InputError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
+    """InputError naming ``flag`` when ``path`` cannot be written as a file (the one rule:
+    :func:`gear_runtime.arguments.output_file`)."""
+    arguments.output_file(flag, path)
 
 
 # ---- the error line ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gear_runtime import arguments
 from gear_runtime.errors import InputError
 
 #: ``--json -``: the document goes to stdout.
@@ -32,15 +33,9 @@ def document(kind: str, version: int, body: Mapping[str, Any]) -> dict[str, Any]
 
 def check_target(target: str, flag: str = "--json") -> None:
     """InputError naming ``flag`` now (before any work) when ``target`` cannot be written as a
-    file: it is a directory, or its folder does not exist. ``-`` is always fine."""
-    if target == STDOUT:
-        return
-    path = Path(target)
-    if path.is_dir():
-        raise InputError(f"{flag} {target!r} is a directory; give a file path, or - for stdout")
-    if not path.resolve().parent.is_dir():
-        raise InputError(f"{flag} {target!r}: directory {str(path.resolve().parent)!r} does not "
-                         "exist")
+    file (:func:`gear_runtime.arguments.output_file`). ``-`` is always fine."""
+    if target != STDOUT:
+        arguments.output_file(flag, target, hint=", or - for stdout")
 
 
 def write(target: str, doc: Mapping[str, Any], flag: str = "--json") -> str | None:
