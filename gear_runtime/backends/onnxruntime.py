@@ -72,8 +72,6 @@ EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 #: large logits costs a share of the run itself: benchmarks/bench_scale.py); smaller ones are
 #: copied.
 FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
-#: ndarray.copy unbound: ``map`` over it copies a gear's outputs without a Python frame.
-_copy = np.ndarray.copy
 #: The pool keeps at most this many times the bytes of the largest gear's pooled outputs.
 POOL_BUDGET_FACTOR = 2
 #: The oldest ONNX Runtime with everything this backend uses: EXTERNAL_FOLDER_KEY (a gear file
@@ -502,13 +500,8 @@ class OrtSession(BackendSession, BenchSession):
         if self._device is not None:  # a device run returns fresh arrays already
             return self.run_gear(gear)
         big = self._big_outputs[gear]
-        if not big:  # run_gear and a copy of each output, inlined: this is execute()'s path
-            try:  # and every Python frame (super(), run_gear, a comprehension) shows in it
-                self._run_c(self._c_bindings[gear], self._run_options[gear])
-            except Exception as exc:
-                raise self._failed(gear, exc) from exc
-            outs = self._outputs[gear]
-            return [outs[0].copy()] if len(outs) == 1 else list(map(_copy, outs))
+        if not big:  # copies (execute() copies these in the core's direct run instead)
+            return super().run_gear_owned(gear)
         binding, arg, bound = self._owned[gear] or self._owned_binding(gear)
         outs, fresh, array = self._outputs[gear], {}, self._pool.array
         for k in big:
@@ -547,11 +540,8 @@ class OrtSession(BackendSession, BenchSession):
         return self._device.to_host(gear, self._bindings[gear])
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
-        if self._device is None:  # CPU, the hot path: ORT reads the staging buffer itself
-            try:  # run_bound inlined: a Python call frame is a visible share of the budget
-                self._run_c(self._c_bindings[gear], self._run_options[gear])
-            except Exception as exc:
-                raise self._failed(gear, exc) from exc
+        if self._device is None:  # CPU: ORT reads the staging buffer itself (execute()'s
+            self._bare(gear)  # plain requests make this run from the core: direct_runs)
             return self._outputs[gear]
         self._check_thread()
         with cuda_shared(True):

@@ -282,7 +282,7 @@ class Executor:
                     self._refuse_sink_padding()
                 outputs = self._run_sink(self._arrays(inputs))
                 self.last_request_dims = self.last_dynamic_dims
-                return [o.copy() for o in outputs] if copy else list(outputs)
+                return _handed_out(outputs, copy)
             try:
                 # One C++ call: the common request (a dict or list of numpy arrays) read and
                 # staged, then the gear's direct run where the session offers one. None: the
@@ -296,7 +296,7 @@ class Executor:
                 if not self._hybrid:
                     raise
                 outputs = self._run_dynamic(self._arrays(inputs))
-                return [o.copy() for o in outputs] if copy else list(outputs)
+                return _handed_out(outputs, copy)
             except DirectRunFailed as failed:  # the session's direct run, made by the core
                 self.last_gear = None
                 cause = failed.__cause__
@@ -463,6 +463,12 @@ class Executor:
         (:class:`gear_runtime.backends.bench_hooks.BenchSession`), benchmarks time it as the
         floor under ``execute``; running it directly bypasses the executor."""
         return self._session
+
+
+def _handed_out(outputs: Sequence[np.ndarray], copy: bool) -> list[np.ndarray]:
+    """A hybrid miss's or a sink run's outputs as execute returns them: copies the caller
+    keeps, or (``copy=False``) the backend's arrays themselves, in a list of their own."""
+    return [o.copy() for o in outputs] if copy else list(outputs)
 
 
 #: What an executor's lock becomes when its close() begins: a lock held for good, shared by
