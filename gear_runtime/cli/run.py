@@ -164,7 +164,7 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
                              "--shapes NAME:DIMS (synthetic), or a --dynamic-* flag (synthetic "
                              f"inputs of that gear); the model's inputs are {', '.join(names)}")
         wanted.update({n: model.spec.shapes(gear)[n] for n in rest})
-    dtypes = dict(zip(names, model.info.input_dtypes, strict=True))
+    dtypes = model.info.input_dtype_map
     synthetic = synthetic_inputs({n: dtypes[n] for n in names if n in wanted}, wanted,
                                  args.fill, args.seed)
     feeds = {n: _read_npy(n, files[n]) if n in files else synthetic[n] for n in names}

@@ -57,6 +57,11 @@ class ModelInfo:
                              f"outputs ({', '.join(self.output_names)})")
         return int(index)
 
+    @property
+    def input_dtype_map(self) -> dict[str, np.dtype]:
+        """Input name -> dtype, in input order."""
+        return dict(zip(self.spec.input_names, self.input_dtypes, strict=True))
+
     def input_nbytes(self) -> list[list[int]]:
         """[gear][input] bytes of every input in every gear: what the staging layout needs."""
         out = []

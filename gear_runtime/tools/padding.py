@@ -40,6 +40,7 @@ from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 from gear_runtime.tools import jsonout
+from gear_runtime.tools.source import ort_type
 
 InputsFn = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, np.ndarray]]
 
@@ -195,7 +196,7 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
             requests = _requests(spec, samples)
             bar.total = len(requests) + 2
             ex = model.create_executor(pad_values=pad_values)
-            dtypes = dict(zip(spec.input_names, model.info.input_dtypes, strict=True))
+            dtypes = model.info.input_dtype_map
             make = inputs or default_inputs(dtypes, seed)
             source = source_model.SerializeToString() if hasattr(source_model,
                                                                  "SerializeToString") else \
@@ -270,10 +271,11 @@ def _describe(entry: tuple[Any, int] | None) -> str:
     return f"{dtype if dtype is not None else 'of another type'} rank {rank}"
 
 
-_ORT_TYPES = {f"tensor({n})": np.dtype(d) for n, d in (
-    ("float", "float32"), ("double", "float64"), ("float16", "float16"), ("int64", "int64"),
-    ("int32", "int32"), ("int16", "int16"), ("int8", "int8"), ("uint64", "uint64"),
-    ("uint32", "uint32"), ("uint16", "uint16"), ("uint8", "uint8"), ("bool", "bool"))}
+#: ONNX Runtime's type string -> dtype, for the dtypes a source input may have (the string
+#: itself: tools/source.ort_type, its one home).
+_ORT_TYPES = {ort_type(d): d for d in map(np.dtype, (
+    "float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint64", "uint32",
+    "uint16", "uint8", "bool"))}
 
 
 def _run_source(session: Any, model: Any, feeds: Mapping[str, np.ndarray]) -> list[Any]:

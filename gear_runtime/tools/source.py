@@ -1,7 +1,8 @@
-"""Does a plain ONNX model (the source a gear file was compiled from, or a reference to time
-against) take the gear file's inputs? One rule for every tool that runs both (``bench
---reference``, ``check-padding``): checked on ONNX Runtime's view of the model before any run,
-so that a wrong model is one clear error instead of ONNX Runtime's InvalidArgument mid-run."""
+"""Does a plain ONNX model (a reference to time against) take the gear file's inputs, at every
+gear's shapes? The rule of ``bench --reference``: checked on ONNX Runtime's view of the model
+before any run, so that a wrong model is one clear error instead of ONNX Runtime's
+InvalidArgument mid-run. (``check-padding`` feeds its source the request sizes, not the
+gears': it checks names, dtypes and ranks itself, with :func:`ort_type`'s type strings.)"""
 
 from __future__ import annotations
 

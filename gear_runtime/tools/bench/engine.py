@@ -115,7 +115,7 @@ def default_inputs(model: GearModel, gear: int, seed: int = 0,
     :func:`gear_runtime.tools.inputs.synthetic_inputs` (``random``: floats standard normal,
     integers 1, bools True). Pass ``inputs=`` to :func:`bench_model` for models that need
     real data."""
-    dtypes = dict(zip(model.input_names, model.info.input_dtypes, strict=True))
+    dtypes = model.info.input_dtype_map
     return synthetic_inputs(dtypes, model.spec.shapes(gear), fill, seed + gear)
 
 
@@ -140,7 +140,7 @@ def _reference_session(reference: str | os.PathLike[str] | onnx.ModelProto, mode
         sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT's own exception types: one message naming the file
         raise InputError(f"reference model could not be loaded by onnxruntime: {exc}") from None
-    check_source_inputs(sess, dict(zip(model.input_names, model.info.input_dtypes, strict=True)),
+    check_source_inputs(sess, model.info.input_dtype_map,
                         shapes, "the reference model")
     return sess
 
@@ -282,7 +282,7 @@ def _request_gear(model: GearModel, executor: Executor, gears: str | Sequence[in
     if gears is not None and not (isinstance(gears, str) and gears.strip().lower() == "all"):
         raise InputError(f"gears {gears!r} and request shapes exclude each other: the request "
                          "selects its gear")
-    dtypes = dict(zip(model.input_names, model.info.input_dtypes, strict=True))
+    dtypes = model.info.input_dtype_map
     missing = [n for n in model.input_names if n not in request]
     if missing or len(request) != len(dtypes):
         raise InputError(f"request shapes name {sorted(request)}; give every input of the "
