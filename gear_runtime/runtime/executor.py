@@ -318,9 +318,11 @@ class Executor:
             owner.release()
 
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
-        """Inputs as a list of arrays in input order; clear errors for missing/unknown names."""
-        if type(inputs) is dict or isinstance(inputs, Mapping):  # a dict skips the ABC check
-            # Hot path: one lookup per input; the names are diffed only on the error path.
+        """Inputs as a list of arrays in input order; clear errors for missing/unknown names.
+        The Python rules for what the core's ``execute`` leaves to them (nested lists, array
+        subclasses, other mappings, wrong names), and for the hybrid and sink paths."""
+        if type(inputs) is dict or isinstance(inputs, Mapping):
+            # one lookup per input; the names are diffed only when they do not match
             try:
                 values = list(map(inputs.__getitem__, self._names))
             except KeyError:
@@ -335,7 +337,7 @@ class Executor:
         else:
             raise InputError("inputs must be a dict name -> array or a list in input order "
                              f"({', '.join(self._names)}), got {type(inputs).__name__}")
-        if not _NDARRAY.issuperset(map(type, values)):  # C-level, no set built; subclasses: loop
+        if not _NDARRAY.issuperset(map(type, values)):  # all plain arrays: nothing to convert
             for i, v in enumerate(values):
                 if not isinstance(v, np.ndarray):
                     values[i] = inputs_rules.as_input_array(self._names[i], v, self._dtypes[i])
