@@ -94,11 +94,13 @@ def test_non_onnx_bytes(tmp_path: Path, data: bytes) -> None:
         read_gear_file(path)
 
 
-def test_plain_onnx_without_gear_metadata(tmp_path: Path) -> None:
+def test_plain_dynamic_onnx_without_gear_metadata_is_refused(tmp_path: Path) -> None:
+    """A plain ONNX file with dynamic dims has no gears to run: say to compile it."""
     path = tmp_path / "plain.onnx"
     onnx.save(conv_model(), path)
-    with pytest.raises(GearFileError, match=r"plain\.onnx' is not a gear file: it has no "
-                                            r"'gear_runtime.format' metadata"):
+    with pytest.raises(GearFileError, match=r"plain\.onnx' is not a gear file .*not a static "
+                                            r"model: input\(s\) data \[-1, 3, -1, -1\].*"
+                                            r"compile it"):
         read_gear_file(path)
 
 

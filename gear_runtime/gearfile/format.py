@@ -122,7 +122,8 @@ DYNAMIC_SUFFIX = "_ascend_mbatch_dynamic"
 PASSTHROUGH_PREFIX = "ascend_mbatch_passthrough_"
 
 #: spec.mode -> Case ``dynamic_type``.
-DYNAMIC_TYPES = {"batch": "batch", "image_size": "image_size", "dims": "dims"}
+DYNAMIC_TYPES = {"batch": "batch", "image_size": "image_size", "dims": "dims",
+                 "static": "static"}  # static: a plain model read as one gear, never written
 
 #: The AttributeProto type of each Case attribute (``pred_value_<i>``: INTS), as written.
 CASE_ATTR_TYPES = {

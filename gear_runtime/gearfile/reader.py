@@ -244,7 +244,9 @@ def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
 
 
 def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
-    """Read and check a gear file written by :func:`gear_runtime.compiler.compile_model`.
+    """Read and check a gear file written by :func:`gear_runtime.compiler.compile_model`, or
+    a plain ONNX model whose inputs and outputs are all static (a model with one gear ``()``,
+    mode ``"static"``: its source graph is its only branch).
 
     Walks the Case branches (or the If tree of a sink file) by their ``Batch_<i>`` labels and
     checks that every gear 0..G-1 appears exactly once and agrees with ``pred_value_<i>`` /
@@ -288,9 +290,7 @@ class _Reader:
     def read(self) -> GearFile:
         meta = self._metadata()
         if fmt.META_FORMAT not in meta:
-            raise GearFileError(
-                f"{self.path!r} is not a gear file: it has no {fmt.META_FORMAT!r} metadata "
-                f"(compile the model with gear_runtime.compile first)")
+            return self._read_static()
         if meta[fmt.META_FORMAT] != fmt.FORMAT_VERSION:
             raise self.fail(f"format version {meta[fmt.META_FORMAT]!r}, this reader reads "
                             f"version {fmt.FORMAT_VERSION!r}")
@@ -331,6 +331,51 @@ class _Reader:
             return axes
         except (ValueError, TypeError, RecursionError) as exc:  # bad JSON, bad shapes of it
             raise self.fail(f"metadata {fmt.META_OUTPUT_AXES!r}: {exc}") from exc
+
+    # ---- a plain ONNX model with no dynamic axis ------------------------------------------
+    def _read_static(self) -> GearFile:
+        """A model that is no gear file, as the one-gear model it is when every input and
+        output has a static shape (a decode step at fixed shapes): its gear ``()`` runs the
+        graph as it is. A model with a dynamic input needs gears: GearFileError saying to
+        compile it. The weights are checked as a gear file's; a plain file records no digest
+        of its data files, so none is checked."""
+        graph = self.model.graph
+        if not graph.output:  # an empty file parses as an empty ModelProto
+            raise GearFileError(f"{self.path!r} is empty or no ONNX model: it has no gear "
+                                f"metadata and its graph has no outputs")
+        self.folder = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
+        self.opsets = [o for o in self.model.opset_import if o.domain != fmt.DOMAIN]
+        self.weights, self.external = self._weights()
+        weights = {t.name for t in graph.initializer}
+        inputs = [vi for vi in graph.input if vi.name not in weights]
+        dynamic = [(vi.name, _declared(vi)) for vi in inputs if -1 in _declared(vi)]
+        if dynamic:
+            shown = ", ".join(f"{n} {list(s)}" for n, s in dynamic)
+            raise GearFileError(
+                f"{self.path!r} is not a gear file (no {fmt.META_FORMAT!r} metadata) and not "
+                f"a static model: input(s) {shown} have dynamic dims (-1: unnamed or symbolic);"
+                f" compile it with gear_runtime.compile (gear-runtime compile) to give them "
+                f"gears, or export it at fixed shapes")
+        bad = first_bad_text(self.model)
+        if bad is not None:
+            raise self.fail(f"a {bad} field is not valid UTF-8")
+        self.spec = GearSpec.static([vi.name for vi in inputs],
+                                    [_declared(vi) for vi in inputs])
+        outputs = _static_outputs(self.model, self.path)
+        output_names = tuple(o.name for o in outputs)
+        source = onnx.ModelProto()
+        source.CopyFrom(self.model)
+        del source.graph.initializer[:]  # the weights are attached by GearFile.runnable
+        source = self._standalone(source.graph, source.graph.name or "static", inputs,
+                                  output_names)
+        return GearFile(
+            path=self.path, spec=self.spec, kind=fmt.KIND_CASE,
+            input_dtypes=tuple(self._dtype(vi) for vi in inputs), output_names=output_names,
+            output_dtypes=tuple(self._dtype(o) for o in outputs),
+            output_shapes=((tuple(_declared(o) for o in outputs)),),
+            branch_builder=lambda: (source,), weights=self.weights, external=self.external,
+            dynamic=source, model_bytes=None, data_folder=self.folder,
+            output_dynamic_axes=tuple({} for _ in outputs))
 
     # ---- shared pieces ----------------------------------------------------------------------
     def _metadata(self) -> dict[str, str]:
@@ -654,6 +699,40 @@ class _Reader:
                         return self._array(a.t, f"gear table {fmt.GEAR_TABLE_NAME!r}")
         raise self.fail(f"no Constant {fmt.GEAR_TABLE_NAME!r} in the root graph")
 
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple[int, ...]:
+    """A value's declared shape, -1 for every dim without a fixed positive size."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return (-1,)  # no shape at all: not static
+    return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else -1
+                 for d in vi.type.tensor_type.shape.dim)
+
+
+def _static_outputs(model: onnx.ModelProto, path: str) -> list[onnx.ValueInfoProto]:
+    """The outputs of a static model with their shapes: as declared, else as ONNX shape
+    inference gives them from the static inputs; GearFileError naming an output whose shape
+    stays unknown (the executor preallocates every output, and never returns a shape it did
+    not expect)."""
+    outputs = list(model.graph.output)
+    if all(-1 not in _declared(o) for o in outputs):
+        return outputs
+    try:  # reads the weights' dims, never their external bytes
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:  # inference errors on odd graphs: say which file
+        raise GearFileError(f"{path!r}: the outputs of this static model declare no static "
+                            f"shape and ONNX shape inference failed on it ({exc})") from exc
+    found = {o.name: o for o in inferred.graph.output}
+    out = []
+    for o in outputs:
+        shape = _declared(found.get(o.name, o))
+        if -1 in shape:
+            raise GearFileError(
+                f"{path!r}: output {o.name!r} of this static model has no static shape "
+                f"(declared {list(_declared(o))}, inferred {list(shape)}); export it with "
+                "static output shapes")
+        out.append(found[o.name])
+    return out
 
 
 def _is_branch(graph: onnx.GraphProto) -> bool:

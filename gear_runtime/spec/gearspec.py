@@ -24,6 +24,7 @@ from gear_runtime.spec.rules import (
     MAX_DIM,
     MODES,
     OUT_OF_RANGE_CODE,
+    STATIC_GEARS,
     Mode,
     check_gear_rows,
     gear_number,
@@ -94,6 +95,8 @@ class GearSpec:
                 raise GearSpecError(f"input {name!r} shape {list(shape)}: dim {big} is out of "
                                     f"int64 range (at most {MAX_DIM})", code=OUT_OF_RANGE_CODE)
         object.__setattr__(self, "dynamic_positions", _dynamic_positions(self))
+        if self.mode == "static":
+            _check_static(self)
         width = self.values_per_gear
         check_gear_rows(self.gears, width,
                          f"{self.mode} mode over this input_shape needs {width}", "gears")
@@ -177,6 +180,14 @@ class GearSpec:
 
     # ---- constructors (the parsers live in gear_runtime.spec.parse / .config) -------------
     @classmethod
+    def static(cls, input_names: Sequence[str],
+               input_shapes: Sequence[Sequence[int]]) -> GearSpec:
+        """The spec of a model with no dynamic axis: mode ``"static"``, one gear ``()``,
+        every input at exactly its shape (GearSpecError for a ``-1``)."""
+        return cls("static", tuple(input_names), tuple(tuple(s) for s in input_shapes),
+                   STATIC_GEARS)
+
+    @classmethod
     def from_atc(cls, input_shape: str, dynamic_batch_size: str | None = None,
                  dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
                  input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
@@ -237,6 +248,18 @@ def spec_to_config(spec: GearSpec) -> str:
         raise GearSpecError(f"spec_to_config needs a GearSpec, got {type(spec).__name__}",
                             code="E10001")
     return spec.to_config()
+
+
+def _check_static(spec: GearSpec) -> None:
+    """A static spec has no -1 and exactly the one gear ``()`` (E10001 otherwise)."""
+    dynamic = [n for n, s in zip(spec.input_names, spec.input_shapes, strict=True) if -1 in s]
+    if dynamic:
+        raise GearSpecError(f"a static spec has no dynamic axis, but input {dynamic[0]!r} has "
+                            f"a -1: give it gears (batch, image_size or dims mode)",
+                            code="E10001")
+    if spec.gears != STATIC_GEARS:
+        raise GearSpecError(f"a static spec has exactly one gear () (no dynamic values), got "
+                            f"{[list(g) for g in spec.gears]}", code="E10001")
 
 
 def _dynamic_positions(spec: GearSpec) -> tuple[tuple[int, int, int], ...]:

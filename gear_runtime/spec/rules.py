@@ -8,8 +8,13 @@ from typing import Literal
 
 from gear_runtime.errors import GearSpecError, InputError
 
-Mode = Literal["batch", "image_size", "dims"]
-MODES: tuple[str, ...] = ("batch", "image_size", "dims")
+Mode = Literal["batch", "image_size", "dims", "static"]
+#: The gear modes. "static" is no GE mode: a model with no dynamic axis at all (a decode
+#: step at fixed shapes), loaded as it is with its one gear ``()``; no parser produces it and
+#: nothing compiles it.
+MODES: tuple[str, ...] = ("batch", "image_size", "dims", "static")
+#: The one gear of a static model: no dynamic values.
+STATIC_GEARS: tuple[tuple[int, ...], ...] = ((),)
 
 #: GE's old ``kMaxShapesCount``: more gears than this is E10036. A named setting on purpose:
 #: the docs say (1, 100] but 256 on 950-series chips.

@@ -49,7 +49,7 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
         "gears": gears,
         "weights": {"tensors": len(gf.weights), "bytes": int(gf.weight_bytes),
                     "in_data_file": len(gf.external)},
-        "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": True,
+        "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": spec.mode != "static",
                       "data_files": sorted(os.path.basename(p) for p in gf.data_digests)},
         "files": [{"path": f, "bytes": os.path.getsize(f)} for f in gf.files],
     })
@@ -92,8 +92,11 @@ def text(doc: dict[str, Any]) -> str:
     where = f", {w['in_data_file']} in the data file" if w["in_data_file"] else " inside"
     lines.append(f"weights     {w['tensors']} tensors, {_bytes(w['bytes'])}{where}")
     data = "".join(f"; data file {f} verified" for f in doc["integrity"]["data_files"])
-    lines.append(f"integrity   {doc['integrity']['algorithm']}: graph and metadata verified"
-                 f"{data}")
+    if doc["integrity"]["verified"]:
+        lines.append(f"integrity   {doc['integrity']['algorithm']}: graph and metadata verified"
+                     f"{data}")
+    else:  # a plain static model records no digest
+        lines.append("integrity   none recorded (a plain static model, not a gear file)")
     lines.append("files:")
     lines += _table(["path", "size"], [[f["path"], _bytes(f["bytes"])] for f in doc["files"]])
     return "\n".join(lines)
