@@ -71,6 +71,23 @@ class BackendSession(ABC):
         exception of ``call`` becomes :meth:`run_failed`'s error."""
         return None
 
+    def run_gear_into(self, gear: int, out: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """:meth:`run_gear`, with output ``k`` written into ``out[k]`` (C-contiguous, writable,
+        the gear's shape and dtype: the executor checked) and returned in its place; the
+        other outputs as :meth:`run_gear`'s. This default copies each one once after the
+        run; backends that can bind an output to the caller's memory override it."""
+        outputs = list(self.run_gear(gear))
+        for k, buf in out.items():
+            np.copyto(buf, outputs[k])
+            outputs[k] = buf
+        return outputs
+
+    # ---- resident state (sessions created with a StatePlan: HostState below) ---------------
+    def commit_state(self) -> None:
+        """After a successful run: the buffers just written become the ones the next run
+        reads. Sessions without state have nothing to swap."""
+        return None
+
     def run_failed(self, gear: int, exc: Exception) -> BackendError:
         """The error a direct run's exception ``exc`` on gear ``gear`` is raised as."""
         return BackendError(f"{type(self).__name__} run of gear {gear} failed: {exc}")
@@ -89,6 +106,39 @@ class BackendSession(ABC):
     def close(self) -> None:
         """Free device resources; idempotent. Backends with nothing to free keep this."""
         return None
+
+
+class HostState:
+    """Double-buffered resident state in host memory (a CPU backend's own memory): per pair
+    two aligned buffers; a run reads ``read(pair)`` and writes ``write(pair)``; ``swap``
+    after a successful run. Both start zeroed. The executor reaches them through
+    ``session.state``."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.parity = 0
+        self._buffers = [tuple(aligned_buffer(max(p.nbytes, 1))[:p.nbytes].view(p.dtype)
+                               .reshape(p.shape) for _ in range(2)) for p in plan.pairs]
+
+    def read(self, pair: int) -> np.ndarray:
+        """The buffer the next run reads of pair ``pair`` (index in ``plan.pairs``)."""
+        return self._buffers[pair][self.parity]
+
+    def write(self, pair: int, parity: int | None = None) -> np.ndarray:
+        """The buffer a run at ``parity`` (default: the current one) writes."""
+        return self._buffers[pair][1 - (self.parity if parity is None else parity)]
+
+    def buffer(self, pair: int, parity: int) -> np.ndarray:
+        """Buffer ``parity`` (0 or 1) of pair ``pair``: what a run at that parity reads."""
+        return self._buffers[pair][parity]
+
+    def swap(self) -> None:
+        self.parity ^= 1
+
+    def zero(self) -> None:
+        for pair in self._buffers:
+            for buf in pair:
+                buf.fill(0)
 
 
 def split_sink_outputs(
@@ -117,6 +167,10 @@ class BackendModel(ABC):
     #: inputs alone), the layout has no dims buffer and nothing is staged for it.
     stages_dims: ClassVar[bool] = True
 
+    #: Whether :meth:`create_session` takes ``state=`` (resident state, double-buffered in
+    #: the backend's memory: :mod:`gear_runtime.runtime.state`).
+    supports_state: ClassVar[bool] = False
+
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:
         """A new session whose staging buffer fits ``layout`` (a
@@ -124,7 +178,9 @@ class BackendModel(ABC):
 
         The session binds gear ``g``'s input ``i`` to ``layout.offset(g, i)`` of its staging
         (or of the device buffer the merged span is copied to) and the dims buffer to
-        ``layout.dims_offset(g)``.
+        ``layout.dims_offset(g)``. A backend with :attr:`supports_state` also takes
+        ``state=plan`` (a :class:`~gear_runtime.runtime.state.StatePlan`): the layout then
+        covers ``plan.inputs`` alone, in that order, and the session holds the state.
         """
 
     def close(self) -> None:

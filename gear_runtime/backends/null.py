@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.backends.base import BackendModel, BackendSession
+from gear_runtime.backends.base import BackendModel, BackendSession, HostState
 from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
 
@@ -42,20 +42,24 @@ def open_model(path: str | None, *, spec: GearSpec | None = None,
 
 class NullModel(BackendModel):
     name = "null"
+    supports_state = True
 
     def __init__(self, info: ModelInfo) -> None:
         self.info = info
         #: Every call of every session, in order: ("run_gear", g), ("run_dynamic", shapes), ...
         self.calls: list[tuple[str, Any]] = []
 
-    def create_session(self, layout: Any) -> NullSession:
+    def create_session(self, layout: Any, state: Any = None) -> NullSession:
         self.calls.append(("create_session", layout.total_bytes))
-        return NullSession(self, layout)
+        return NullSession(self, layout, state)
 
 
 class NullSession(BackendSession):
-    def __init__(self, model: NullModel, layout: Any) -> None:
+    def __init__(self, model: NullModel, layout: Any, state: Any = None) -> None:
         self.model, self.layout = model, layout
+        #: The resident state (a StatePlan given): each run writes its state outputs (zeros)
+        #: into the buffers the next run reads, as a real backend would.
+        self.state = None if state is None else HostState(state)
         self.staging = np.zeros(max(int(layout.total_bytes), 1), dtype=np.uint8)
         info = model.info
         self._outputs = [[np.zeros(s, dtype=dt) for s, dt in
@@ -64,7 +68,15 @@ class NullSession(BackendSession):
 
     def run_gear(self, gear: int) -> list[np.ndarray]:
         self.model.calls.append(("run_gear", gear))
+        if self.state is not None:
+            for p in range(len(self.state.plan.pairs)):
+                self.state.write(p).fill(0)
         return self._outputs[gear]
+
+    def commit_state(self) -> None:
+        if self.state is not None:
+            self.model.calls.append(("commit_state", self.state.parity))
+            self.state.swap()
 
     def staged_dims(self, gear: int) -> tuple[int, ...]:
         """The int32 dims buffer as staged for ``gear`` (what ascend_mbatch_shape_data holds)."""

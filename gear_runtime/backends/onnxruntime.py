@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import threading
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,9 +43,11 @@ from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
     DirectRun,
+    HostState,
     aligned_buffer,
     split_sink_outputs,
 )
+from gear_runtime.backends import shared_weights
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.backends.capture_check import capture_hazards
 from gear_runtime.backends.onnxruntime_cuda import (
@@ -84,8 +87,9 @@ ORT_FLOOR = (1, 21, 0)
 def open_model(path: str, providers: Sequence[Any] | None = None, *,
                cuda_graph: bool = False, cuda_graph_fallback: bool = True,
                device_id: int = 0, intra_op_num_threads: int | None = None,
-               session_config: dict[str, str] | None = None) -> OrtModel:
-    """Load a gear file made by ``gear_runtime.compile``.
+               session_config: dict[str, str] | None = None,
+               share_weights_with: OrtModel | None = None) -> OrtModel:
+    """Load a gear file made by ``gear_runtime.compile`` (or a static ONNX model).
 
     ``providers``: ORT execution providers (default CPU). Asking for CUDA needs
     onnxruntime-gpu and a GPU; ``device_id`` is passed to the CUDA provider's options (a
@@ -95,7 +99,9 @@ def open_model(path: str, providers: Sequence[Any] | None = None, *,
     without graphs and a RuntimeWarning says why (``cuda_graph_fallback=True``, the default),
     or is refused with a BackendError (``cuda_graph_fallback=False``); either way no output is
     ever computed by a graph that froze a value. ``session_config``: extra ORT session config
-    entries. BackendUnavailableError when the installed onnxruntime is older than ORT_FLOOR.
+    entries. ``share_weights_with``: another OrtModel whose equal weights this one uses
+    instead of a copy (:mod:`.shared_weights`). BackendUnavailableError when the installed
+    onnxruntime is older than ORT_FLOOR.
     """
     providers = provider_items(providers)
     if intra_op_num_threads is not None:
@@ -108,7 +114,8 @@ def open_model(path: str, providers: Sequence[Any] | None = None, *,
                     device_id=arguments.integer("device_id", device_id, 0, arguments.INT32_MAX),
                     intra_op_num_threads=intra_op_num_threads, session_config=config,
                     cuda_graph_fallback=arguments.flag("cuda_graph_fallback",
-                                                       cuda_graph_fallback))
+                                                       cuda_graph_fallback),
+                    share_weights_with=share_weights_with)
 
 
 #: Most ORT threads one session may ask for: far above any host's cores, far below what a
@@ -194,7 +201,8 @@ class OrtModel(BackendModel, BenchModel):
     def __init__(self, gear_file: GearFile, providers: Sequence[Any] | None, cuda_graph: bool,
                  device_id: int, intra_op_num_threads: int | None,
                  session_config: dict[str, str] | None,
-                 cuda_graph_fallback: bool = True) -> None:
+                 cuda_graph_fallback: bool = True,
+                 share_weights_with: OrtModel | None = None) -> None:
         check_ort_version()
         self.file = gear_file
         self.gear_file_path = gear_file.path
@@ -226,12 +234,47 @@ class OrtModel(BackendModel, BenchModel):
             hazards = capture_hazards(proto.graph)
             if hazards:
                 self._without_graphs("; ".join(hazards))
+        self._sessions: weakref.WeakSet[OrtSession] = weakref.WeakSet()
+        self._store: shared_weights.WeightStore | None = None
+        #: the weights this model's session takes from another model's (none: not shared)
+        self.shared_weights = shared_weights.SharedWeights({}, 0)
+        if share_weights_with is not None:
+            self.shared_weights = shared_weights.match(
+                share_weights_with.weight_store(), self._weights(proto))
         # ORT reads the data file by path: checked_load hashes it beside the session build
         # (both release the GIL) and proves afterwards that the path still named the file
         # hashed, unchanged; else the load fails and the session is dropped.
         session = gear_file.checked_load(lambda: self._create(graph))
         self.session: ort.InferenceSession | None = session
         self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
+
+    def _weights(self, proto: onnx.ModelProto | None) -> Any:
+        """(name, array) of the weights this model's session reads (CPU only)."""
+        if self.on_cuda or self.info.sink or proto is None:
+            raise BackendError(f"{self.file.path}: weights are shared on onnxruntime's CPU "
+                               "provider, between non-sink models")
+        return shared_weights.weight_arrays(self.file, [t.name for t in proto.graph.initializer])
+
+    def weight_store(self) -> shared_weights.WeightStore:
+        """This model's weights held as OrtValues another model can share; the first call
+        reads them from the file once and rebuilds the session over them (prepacking off).
+        BackendError once an executor of this model exists (its bindings hold the session):
+        load the models that share weights before creating executors."""
+        if self._store is not None:
+            return self._store
+        if len(self._sessions):
+            raise BackendError(f"share_weights_with: {self.file.path} already has executors "
+                               "(their bindings hold its session): load every model that "
+                               "shares its weights first, then create executors")
+        proto = self.file.runnable(self.file.dynamic)
+        self._store = shared_weights.WeightStore.from_arrays(self._weights(proto))
+        passthrough.wrap(proto.graph, inputs_count=False)
+        try:  # _new_session gives the session the store's OrtValues
+            self.session = self.file.checked_load(lambda: self._create(proto.SerializeToString()))
+        except BaseException:
+            self._store = None
+            raise
+        return self._store
 
     def _use_graphs(self, cuda_graph: bool) -> None:
         """Set whether the session captures CUDA graphs, and the providers to match."""
@@ -273,6 +316,8 @@ class OrtModel(BackendModel, BenchModel):
         so.add_session_config_entry(EXTERNAL_FOLDER_KEY, self.file.data_folder)
         for key, val in self._config.items():
             so.add_session_config_entry(key, val)
+        shared_weights.add_to_options(so, {**(self._store.by_name if self._store else {}),
+                                           **self.shared_weights.values})
         try:
             return ort.InferenceSession(graph, so, providers=self.providers)
         except Exception as exc:  # ORT raises its own types; map them in one place
@@ -307,8 +352,19 @@ class OrtModel(BackendModel, BenchModel):
     def new_graph_id(self) -> int:
         return next(self._graph_ids)
 
-    def create_session(self, layout: Any) -> OrtSession:
-        return OrtSession(self, layout)
+    @property
+    def supports_state(self) -> bool:  # type: ignore[override]
+        """Resident state on the CPU (host buffers bound in place); not yet on CUDA."""
+        return not self.on_cuda
+
+    def create_session(self, layout: Any, state: Any = None) -> OrtSession:
+        if state is not None and not self.supports_state:
+            raise BackendError("state= on onnxruntime's CUDA provider is not built yet: the "
+                               "state would live in host memory and cross to the device on "
+                               "every run; run the stateful model on the CPU provider")
+        session = OrtSession(self, layout, state)
+        self._sessions.add(session)
+        return session
 
     def close(self) -> None:
         self.session = None
@@ -318,10 +374,20 @@ class OrtSession(BackendSession, BenchSession):
     """Per-executor bindings: every gear pre-bound to staging offsets and output buffers.
     Offers the bare run (:class:`~gear_runtime.backends.bench_hooks.BenchSession`)."""
 
-    def __init__(self, model: OrtModel, layout: Any) -> None:
+    def __init__(self, model: OrtModel, layout: Any, state: Any = None) -> None:
         self.model = model
         self.layout = layout
         info = model.info
+        #: the resident state (None: none), and which inputs the staging layout covers:
+        #: (index in the layout, index in the model) per non-state input
+        self.state = None if state is None else HostState(state)
+        staged = range(len(info.spec.input_names)) if state is None else state.inputs
+        self._staged = list(enumerate(staged))
+        self._state_in = {} if state is None else {p.input_index: j
+                                                    for j, p in enumerate(state.pairs)}
+        self._state_out = {} if state is None else {p.output_index: j
+                                                     for j, p in enumerate(state.pairs)}
+        self._into: dict[tuple[int, int], tuple[Any, Any, dict[int, int]]] = {}
         gears = range(info.spec.gear_count)
         on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
         self._thread = threading.get_ident()
@@ -354,8 +420,13 @@ class OrtSession(BackendSession, BenchSession):
                 self._device = None
                 self._host_outputs()
             # A sink file runs whole through run_sink: nothing to bind per gear.
-            self._bindings = [] if info.sink else [self._bind(g) for g in gears]
+            self._bindings = [] if info.sink else [self._bind(g, 0) for g in gears]
             self._run_c, self._c_bindings = self._run_call(model.live_session(), on_device)
+            # With state, the bindings of the other parity (state read from buffer 1, written
+            # to buffer 0); commit_state swaps the two sets after each successful run.
+            self._alt_bindings = [] if state is None else [self._bind(g, 1) for g in gears]
+            self._alt_c_bindings = [b if self._c_bindings[g] is self._bindings[g]
+                                    else b._iobinding for g, b in enumerate(self._alt_bindings)]
             if model.cuda_graph:
                 # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
                 order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
@@ -380,16 +451,19 @@ class OrtSession(BackendSession, BenchSession):
         ``execute(copy=True)`` writes into instead (:meth:`run_gear_owned`)."""
         info = self.model.info
         gears = range(info.spec.gear_count)
+        # a state output is written into the state's buffers: no buffer of its own
         self._out_buffers = [
-            aligned_buffer(max(max(info.output_size(g, k) for g in gears),
+            aligned_buffer(info.output_dtypes[k].itemsize if k in self._state_out else
+                           max(max(info.output_size(g, k) for g in gears),
                                info.output_dtypes[k].itemsize)).view(info.output_dtypes[k])
             for k in range(len(info.output_names))]
-        self._outputs = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
+        self._outputs = [[buf[:0] if k in self._state_out else
+                          buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
             info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
         # Per gear, the outputs execute(copy=True) gets ORT to write into arrays the caller
         # keeps: memory recycled from the pool once the caller drops them (output_pool.py).
-        self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES]
-                             for outs in self._outputs]
+        self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES
+                              and self.state is None] for outs in self._outputs]
         self._pool = OutputPool(POOL_BUDGET_FACTOR * max(
             sum(outs[k].nbytes for k in big) for outs, big in zip(
                 self._outputs, self._big_outputs, strict=True)))
@@ -415,14 +489,22 @@ class OrtSession(BackendSession, BenchSession):
             return session.run_with_iobinding, list(self._bindings)
         return c_run, c_bindings
 
-    def _bind(self, g: int) -> Any:
-        """An IOBinding of gear g: inputs at staging (or device) offsets, outputs preallocated."""
+    def _bind(self, g: int, parity: int | None = None) -> Any:
+        """An IOBinding of gear g: inputs at staging (or device) offsets, outputs preallocated;
+        a state input at its buffer ``parity`` (default: the current one), its output at the
+        other."""
+        if parity is None:
+            parity = 0 if self.state is None else self.state.parity
         binding = self.model.live_session().io_binding()
-        self._bind_inputs(binding, g)
+        self._bind_inputs(binding, g, parity)
         info = self.model.info
         for k, name in enumerate(self._output_names):
             shape, dtype = list(info.output_shapes[g][k]), info.output_dtypes[k]
-            if self._device is not None:
+            if k in self._state_out:
+                assert self.state is not None
+                buf = self.state.write(self._state_out[k], parity)
+                binding.bind_output(name, "cpu", 0, dtype, shape, buf.ctypes.data)
+            elif self._device is not None:
                 binding.bind_output(name, self.model.device[0], self.model.device[1], dtype,
                                     shape, self._device.output_ptr(k))
             else:
@@ -430,16 +512,22 @@ class OrtSession(BackendSession, BenchSession):
                                     self._outputs[g][k].ctypes.data)
         return binding
 
-    def _bind_inputs(self, binding: Any, g: int) -> None:
+    def _bind_inputs(self, binding: Any, g: int, parity: int = 0) -> None:
         spec, info = self.model.info.spec, self.model.info
         shapes = spec.shapes(g)
-        for i, name in enumerate(spec.input_names):
+        for j, i in self._staged:
+            name = spec.input_names[i]
             if self._device is not None:
                 device, ptr = self._device.input_ptr(g, i)
             else:
-                device, ptr = "cpu", self.staging.ctypes.data + self.layout.offset(g, i)
+                device, ptr = "cpu", self.staging.ctypes.data + self.layout.offset(g, j)
             binding.bind_input(name, device, self.model.device[1], info.input_dtypes[i],
                                list(shapes[name]), ptr)
+        for i, pair in self._state_in.items():  # read in place: no copy into staging
+            assert self.state is not None
+            buf = self.state.buffer(pair, parity)
+            binding.bind_input(spec.input_names[i], "cpu", 0, buf.dtype, list(buf.shape),
+                               buf.ctypes.data)
 
     def run_bound(self, gear: int) -> None:
         """Run gear ``gear``'s pre-bound binding as it stands: the bare ORT run that
@@ -469,8 +557,8 @@ class OrtSession(BackendSession, BenchSession):
         :meth:`run_gear` calls), made by the core right after staging; copies of its outputs
         are what :meth:`run_gear_owned` returns for a gear without large outputs (those go
         through the output pool). On a device (copies in and out around the run): None."""
-        if self._device is not None or not self._bindings:
-            return None
+        if self._device is not None or not self._bindings or self.state is not None:
+            return None  # a stateful run swaps its bindings after it: through run_gear
         return [(self._run_c, (self._c_bindings[g], self._run_options[g]), self._outputs[g],
                  not self._big_outputs[g]) for g in range(len(self._bindings))]
 
@@ -493,6 +581,43 @@ class OrtSession(BackendSession, BenchSession):
         if self._device is not None:
             return int(self._device.output_bytes)
         return int(sum(b.nbytes for b in self._out_buffers))
+
+    def commit_state(self) -> None:
+        """The written buffers become the read ones: swap the parity and the binding sets."""
+        if self.state is not None:
+            self.state.swap()
+            self._bindings, self._alt_bindings = self._alt_bindings, self._bindings
+            self._c_bindings, self._alt_c_bindings = self._alt_c_bindings, self._c_bindings
+
+    def run_gear_into(self, gear: int, out: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """CPU: ORT writes output ``k`` straight into ``out[k]`` (no copy): a binding of its
+        own per (parity, gear), an output rebound only when its address changed (the other
+        binding keeps the executor's buffers)."""
+        if self._device is not None:
+            return super().run_gear_into(gear, out)
+        parity = 0 if self.state is None else self.state.parity
+        entry = self._into.get((parity, gear))
+        if entry is None:
+            binding = self._bind(gear, parity)
+            arg = binding if self._c_bindings[gear] is self._bindings[gear] else binding._iobinding
+            bound = {k: o.ctypes.data for k, o in enumerate(self._outputs[gear])
+                     if k not in self._state_out}
+            entry = self._into[(parity, gear)] = (binding, arg, bound)
+        binding, arg, bound = entry
+        outputs = list(self._outputs[gear])
+        for k in bound:
+            target = out.get(k, outputs[k])
+            ptr = target.ctypes.data
+            if bound[k] != ptr:
+                binding.bind_output(self._output_names[k], "cpu", 0, target.dtype,
+                                    list(target.shape), ptr)
+                bound[k] = ptr
+            outputs[k] = target
+        try:
+            self._run_c(arg, self._run_options[gear])
+        except Exception as exc:
+            raise self._failed(gear, exc) from exc
+        return outputs
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
         """The gear's outputs as arrays the caller keeps: small ones copied, large ones written
@@ -586,6 +711,8 @@ class OrtSession(BackendSession, BenchSession):
         self._graph_ids = []
         self._bindings = []
         self._c_bindings = []
+        self._alt_bindings, self._alt_c_bindings, self._into = [], [], {}
+        self.model._sessions.discard(self)
         if self._device is None:
             self._owned = [None] * len(self._owned)
             self._pool.clear()

@@ -48,6 +48,7 @@ from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.runtime import core
 from gear_runtime.runtime import inputs as inputs_rules
 from gear_runtime.runtime.dispatch import GearDispatcher
+from gear_runtime.runtime.state import StatePlan
 from gear_runtime.spec import GearSpec
 
 logger = logging.getLogger("gear_runtime")
@@ -81,19 +82,31 @@ class Executor:
     time: a second thread entering gets ExecutorBusyError (see the module doc)."""
 
     def __init__(self, model: ExecutorModel, session: BackendSession,
-                 pad_values: Mapping[str, Any] | None = None) -> None:
+                 pad_values: Mapping[str, Any] | None = None, state: StatePlan | None = None,
+                 layout: Any = None) -> None:
+        """``state``: the executor's resident state (checked by
+        :func:`~gear_runtime.runtime.state.plan_state`; the session holds it), and
+        ``layout`` the staging layout over ``state.inputs`` the session was created with."""
         spec, info = model.spec, model.info
         self.model = model
         self._session = session
-        self._names = spec.input_names
-        self._dtypes = info.input_dtypes
+        self._plan = state
+        # what execute takes and returns: the model's inputs / outputs less the state's
+        staged = range(len(spec.input_names)) if state is None else state.inputs
+        self._returned = list(range(len(info.output_names)) if state is None else state.outputs)
+        self._names = tuple(spec.input_names[i] for i in staged)
+        self._dtypes = tuple(info.input_dtypes[i] for i in staged)
         self._hybrid = info.hybrid
         self._sink = info.sink
-        self._ranks = sum(len(s) for s in spec.input_shapes)
+        shapes = [spec.input_shapes[i] for i in staged]
+        self._ranks = sum(len(s) for s in shapes)
+        index = {i: j for j, i in enumerate(staged)}  # a state input has no dynamic axis
         self._core = core.ExecutorCore(
-            list(spec.input_names), [list(s) for s in spec.input_shapes],
-            list(spec.dynamic_positions), [list(g) for g in spec.gears],
-            [np.dtype(d) for d in info.input_dtypes], model.layout, session.staging)
+            list(self._names), [list(s) for s in shapes],
+            [(index[i], axis, k) for i, axis, k in spec.dynamic_positions],
+            [list(g) for g in spec.gears], [np.dtype(d) for d in self._dtypes],
+            model.layout if layout is None else layout, session.staging)
+        self._out_names = {info.output_names[k]: k for k in self._returned}
         self._preset: tuple[int, ...] | None = None
         self._gear_values = [tuple(g) for g in spec.gears]  # what an unpadded run reports
         # Held for the whole of every call that reads or writes the executor's state; taken
@@ -112,7 +125,8 @@ class Executor:
         self.last_request_dims: tuple[int, ...] | None = None
         self._pad_values = self._pad_bytes(pad_values or {})
         # Per output, the (axis, value index) pairs a padded run's outputs are trimmed along.
-        self._trim_axes = [sorted(axes.items()) for axes in model.output_dynamic_axes]
+        axes = model.output_dynamic_axes
+        self._trim_axes = [sorted(axes[k].items()) for k in self._returned]
         # which gear: the model's dispatcher's configuration (its costs), answered in C++
         self._core.set_padding(self._pad_values, list(model.dispatcher.costs))
         # The runs the core makes itself right after staging (where the session offers them)
@@ -244,8 +258,8 @@ class Executor:
                 for n, b, dt in zip(self._names, self._pad_values, self._dtypes, strict=True)}
 
     # ---- running -------------------------------------------------------------------------
-    def execute(self, inputs: Inputs, *, pad: bool = False,
-                copy: bool = True) -> list[np.ndarray]:
+    def execute(self, inputs: Inputs, *, pad: bool = False, copy: bool = True,
+                out: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
         """Run the gear that the inputs (or the set dims) select; outputs in model order.
 
         ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or nested
@@ -265,6 +279,17 @@ class Executor:
         runs only uncovered requests on its dynamic-shape graph; a sink model refuses
         padding (InputError). Whether padding is safe for a model: :func:`check_padding`.
 
+        ``out``: output name -> a C-contiguous, writable array of the gear's shape and dtype
+        for that output (else InputError naming it, the value and what was expected): the
+        output is written into it (bound in place on ONNX Runtime's CPU: no copy; one copy
+        on other backends) and that array is returned in its place (a trimmed view of it
+        after a padded run). No state output can be given (its buffers are the state's).
+        Not on hybrid or sink models.
+
+        An executor with resident state (``create_executor(state=...)``) takes only the
+        NON-state inputs and returns the NON-state outputs, in model order; the state
+        outputs become the state the next run reads only when this run succeeded.
+
         The calling thread owns the executor until the call returns: another thread's
         execute / set_* meanwhile raises ExecutorBusyError at once (this call is unaffected);
         after :meth:`close`, ClosedError (145003).
@@ -277,6 +302,8 @@ class Executor:
         if not owner.acquire(False):
             self._refuse("execute")
         try:
+            if out is not None or self._plan is not None:
+                return self._execute_bound(inputs, pad, copy, out)
             if self._sink:
                 if pad:
                     self._refuse_sink_padding()
@@ -316,6 +343,121 @@ class Executor:
             return outputs
         finally:
             owner.release()
+
+    def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
+                       out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
+        """execute with ``out=`` or resident state: staged by the core, run through the
+        session (whose bindings the state swaps), state committed only after success."""
+        if self._sink or self._hybrid:
+            raise InputError("execute(out=...) needs a model that is neither hybrid nor sink "
+                             "(their dynamic-shape and sink runs allocate their outputs)")
+        outs = self._out_indices(out)
+        gear = self._core.stage(self._arrays(inputs), self._preset, pad)
+        self.last_gear = None  # until this run succeeds
+        for k, buf in outs.items():
+            self._check_out(k, buf, gear)
+        if outs:
+            outputs = self._session.run_gear_into(gear, outs)
+        else:
+            outputs = list(self._session.run_gear(gear))
+        self._session.commit_state()
+        outputs = [o if k in outs or not copy else o.copy()
+                   for k, o in ((k, outputs[k]) for k in self._returned)]
+        self.last_gear = gear
+        self.last_dynamic_dims = values = self._gear_values[gear]
+        self.last_request_dims = request = self._core.last_request if pad else values
+        return self._trim(outputs, request) if request != values else outputs
+
+    def _out_indices(self, out: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray]:
+        """``out`` as output index -> array; InputError for anything but a dict of this
+        executor's returned output names to numpy arrays."""
+        if out is None:
+            return {}
+        if not isinstance(out, Mapping):
+            raise InputError(f"out must be a dict output name -> numpy array, got "
+                             f"{type(out).__name__}")
+        outs = {}
+        for name, buf in out.items():
+            if name not in self._out_names:
+                state = [p.output_name for p in self._plan.pairs] if self._plan else []
+                why = (f"{name!r} is a state output (its buffers are the state's)"
+                       if name in state else f"no output {name!r}")
+                raise InputError(f"out: {why}; outputs execute returns: "
+                                 f"{', '.join(self._out_names)}")
+            if not isinstance(buf, np.ndarray):
+                raise InputError(f"out[{name!r}] must be a numpy array, got "
+                                 f"{type(buf).__name__}")
+            outs[self._out_names[name]] = buf
+        return outs
+
+    def _check_out(self, k: int, buf: np.ndarray, gear: int) -> None:
+        """InputError unless ``buf`` can take output ``k`` of ``gear`` as it is."""
+        info = self.model.info
+        name, shape, dtype = info.output_names[k], info.output_shapes[gear][k], info.output_dtypes[k]
+        if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            raise InputError(f"out[{name!r}] is {buf.dtype} {list(buf.shape)}; output {name!r} "
+                             f"of gear {gear} {self._gear_values[gear]} is {np.dtype(dtype)} "
+                             f"{list(shape)}")
+        if not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise InputError(f"out[{name!r}] must be C-contiguous and writable (got "
+                             f"c_contiguous={buf.flags.c_contiguous}, "
+                             f"writeable={buf.flags.writeable}): the output is written in place")
+
+    # ---- resident state ------------------------------------------------------------------
+    @property
+    def state(self) -> Mapping[str, np.ndarray]:
+        """State input name -> the buffer the NEXT run reads (a writable numpy array on the
+        CPU backends; empty without state). That run leaves it as it is (it writes the other
+        buffer); the run after it writes into it. Give it as ``out=`` of another executor to
+        hand a prefill's output over with no copy."""
+        return _StateView(self)
+
+    def _state_buffer(self, name: str) -> np.ndarray:
+        if self._plan is None:
+            raise KeyError(name)
+        pair = self._plan.pair(name)
+        return self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
+
+    def set_state(self, name: str, value: Any) -> None:
+        """Copy ``value`` (its exact shape and dtype) once into state ``name``'s buffer."""
+        owner = self._enter("set_state")
+        try:
+            if self._plan is None:
+                raise InputError("set_state on an executor without state: create it with "
+                                 "model.create_executor(state={input: output})")
+            pair = self._plan.pair(name)
+            arr = inputs_rules.as_input_array(name, value, pair.dtype)
+            if tuple(arr.shape) != pair.shape or arr.dtype != pair.dtype:
+                raise InputError(f"set_state({name!r}): got {arr.dtype} {list(arr.shape)}, the "
+                                 f"state is {pair.dtype} {list(pair.shape)}")
+            np.copyto(self._state_buffer(name), arr)
+        finally:
+            owner.release()
+
+    def reset_state(self) -> None:
+        """Zero every state buffer (a new sequence)."""
+        owner = self._enter("reset_state")
+        try:
+            if self._plan is not None:
+                self._session.state.zero()  # type: ignore[attr-defined]
+        finally:
+            owner.release()
+
+    @property
+    def state_names(self) -> dict[str, str]:
+        """The executor's state pairs: input name -> output name (empty without state)."""
+        return {} if self._plan is None else {p.input_name: p.output_name
+                                              for p in self._plan.pairs}
+
+    @property
+    def input_names(self) -> list[str]:
+        """What execute takes, in order: the model's inputs less the state's."""
+        return list(self._names)
+
+    @property
+    def output_names(self) -> list[str]:
+        """What execute returns, in order: the model's outputs less the state's."""
+        return list(self._out_names)
 
     def _arrays(self, inputs: Inputs) -> list[np.ndarray]:
         """Inputs as a list of arrays in input order; clear errors for missing/unknown names.
@@ -465,6 +607,22 @@ class Executor:
         (:class:`gear_runtime.backends.bench_hooks.BenchSession`), benchmarks time it as the
         floor under ``execute``; running it directly bypasses the executor."""
         return self._session
+
+
+class _StateView(Mapping[str, np.ndarray]):
+    """``executor.state``: each state input's current read buffer, looked up on access."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._executor._state_buffer(name)
+
+    def __iter__(self) -> Any:
+        return iter(self._executor.state_names)
+
+    def __len__(self) -> int:
+        return len(self._executor.state_names)
 
 
 def _handed_out(outputs: Sequence[np.ndarray], copy: bool) -> list[np.ndarray]:

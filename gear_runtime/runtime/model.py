@@ -24,6 +24,7 @@ from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
 from gear_runtime.runtime import core
 from gear_runtime.runtime.dispatch import GearDispatcher
 from gear_runtime.runtime.executor import Executor
+from gear_runtime.runtime.state import plan_state
 from gear_runtime.spec import GearSpec
 
 #: GE's default ``ge.exec.input_fusion_size``: inputs up to this many bytes share the one
@@ -46,7 +47,7 @@ MAX_BUFFER_BYTES_ENV = "GEAR_RUNTIME_MAX_BUFFER_BYTES"
 
 def load(path: str, backend: str = "onnxruntime", *,
          input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE, max_buffer_bytes: int | None = None,
-         **options: Any) -> GearModel:
+         share_weights_with: GearModel | None = None, **options: Any) -> GearModel:
     """Load the gear model at ``path`` on ``backend``.
 
     ``options`` go to the backend (e.g. ``providers=`` for onnxruntime, ``config=`` for
@@ -54,13 +55,33 @@ def load(path: str, backend: str = "onnxruntime", *,
     ``ge.exec.input_fusion_size`` (negative turns merging off). ``max_buffer_bytes``: the
     largest buffer one gear may ask for (default :data:`MAX_GEAR_BUFFER_BYTES`, or the
     environment variable :data:`MAX_BUFFER_BYTES_ENV`); more is a GearFileError.
+    ``share_weights_with``: a model loaded before (same backend; onnxruntime's CPU here)
+    whose weights equal in dtype, shape and bytes this model uses instead of its own copy
+    (a prefill and its decode); load both before creating executors of the first.
     """
     path = arguments.path("path", path)
+    if share_weights_with is not None:
+        options["share_weights_with"] = _weights_source(share_weights_with, backend)
     fusion = arguments.integer("input_fusion_size", input_fusion_size, arguments.INT64_MIN,
                                arguments.INT64_MAX, unit=" of bytes (negative: no merging)")
     limit = buffer_limit(max_buffer_bytes)  # a bad limit fails before the file is opened
     return GearModel(open_model(path, backend, **options), input_fusion_size=fusion,
                      max_buffer_bytes=limit)
+
+
+def _weights_source(other: object, backend: str) -> BackendModel:
+    """The backend model ``share_weights_with=other`` shares with; InputError unless it is
+    an open GearModel on ``backend``, and that backend shares weights."""
+    if not isinstance(other, GearModel):
+        raise InputError(f"share_weights_with must be a GearModel (gear_runtime.load), got "
+                         f"{type(other).__name__}")
+    if other.closed:
+        raise ClosedError("share_weights_with: that model is closed")
+    if other.backend != backend or backend != "onnxruntime":
+        raise InputError(f"share_weights_with: weights are shared between two onnxruntime "
+                         f"models here; this one is on {backend!r}, the other on "
+                         f"{other.backend!r}")
+    return other.backend_model
 
 
 def buffer_limit(max_buffer_bytes: int | None = None) -> int:
@@ -96,6 +117,7 @@ class GearModel:
         self._executors: weakref.WeakSet[Executor] = weakref.WeakSet()
         try:
             self.max_buffer_bytes = buffer_limit(max_buffer_bytes)
+            self._fusion = input_fusion_size
             self.layout = self._plan_layout(input_fusion_size)
             self._output_axes = self._find_output_axes()
             self._dispatcher = GearDispatcher(self.spec)
@@ -112,12 +134,16 @@ class GearModel:
             axes = axes_from_shapes(self.spec.gears, self.info.output_shapes)
         return tuple(dict(a) for a in axes)
 
-    def _plan_layout(self, input_fusion_size: int) -> Any:
+    def _plan_layout(self, input_fusion_size: int,
+                     staged: Sequence[int] | None = None) -> Any:
         """One layout for every executor: computed once here, never on the hot path. The
         backend's device memory rules (alignment, padding) shape it; the user's fusion size
-        decides what merges. Every buffer is checked against the limit first."""
+        decides what merges. Every buffer is checked against the limit first. ``staged``:
+        the inputs it covers (an executor with resident state stages only the others)."""
         nbytes = self._input_nbytes()
         self._check_outputs()
+        if staged is not None:
+            nbytes = [[row[i] for i in staged] for row in nbytes]
         options = {**self._backend.layout_options, "fusion_size": input_fusion_size}
         dims = self.spec.values_per_gear if self._backend.stages_dims else 0
         layout = core.plan_layout(nbytes, dims, **options)
@@ -155,6 +181,13 @@ class GearModel:
     @property
     def backend(self) -> str:
         return self._backend.name
+
+    @property
+    def shared_weights(self) -> tuple[int, int]:
+        """(count, bytes) of the weights this model uses from another's
+        (``load(..., share_weights_with=)``); (0, 0) when none."""
+        shared = getattr(self._backend, "shared_weights", None)
+        return (0, 0) if shared is None else (shared.count, shared.nbytes)
 
     @property
     def backend_model(self) -> BackendModel:
@@ -299,18 +332,29 @@ class GearModel:
         """True once :meth:`close` ran."""
         return self._closed
 
-    def create_executor(self, *, pad_values: Mapping[str, Any] | None = None) -> Executor:
+    def create_executor(self, *, pad_values: Mapping[str, Any] | None = None,
+                        state: Mapping[str, str] | None = None) -> Executor:
         """A new executor: its own staging buffer, bindings and dims; one per thread.
         ``pad_values``: input name -> the value ``execute(pad=True)`` fills padded positions
         of that input with (default 0; e.g. ``{"input_ids": 151643, "attention_mask": 0}``).
-        ClosedError (145003) once the model is closed."""
+        ``state``: input name -> output name, kept resident between runs (a decode's KV
+        cache: see :mod:`gear_runtime.runtime.state`), checked here (InputError naming the
+        pair). ClosedError (145003) once the model is closed."""
+        plan, layout = None, self.layout
+        if state is not None:
+            plan = plan_state(self.info, state)
+            if not self._backend.supports_state:
+                raise InputError(f"state= is not supported on the {self.backend!r} backend "
+                                 "here (resident state runs on: onnxruntime on the CPU, null)")
+            layout = self._plan_layout(self._fusion, plan.inputs)
         with self._lock:
             if self._closed:
                 raise ClosedError("create_executor on a closed model: load it again with "
                                   "gear_runtime.load()")
-            session = self._backend.create_session(self.layout)
+            session = (self._backend.create_session(layout) if plan is None
+                       else self._backend.create_session(layout, state=plan))
             try:
-                executor = Executor(self, session, pad_values)
+                executor = Executor(self, session, pad_values, plan, layout)
             except BaseException:
                 session.close()
                 raise
