@@ -233,6 +233,43 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         out.write("".join(f"  {line}\n" for line in padding.table().splitlines()))
         checks.check("padding is safe (attention_mask padded with 0)", padding.safe)
 
+    _service(workdir, out, checks)
+
+
+#: Tokens the demo generates per prompt in its service section.
+NEW_TOKENS = 16
+
+
+def _service(workdir: Path, out: TextIO, checks: _Checks) -> None:
+    """Seed 004's service: a prefill at seq gears hands its KV cache to a static decode that
+    keeps it resident; tokens checked against plain ORT on the same two files."""
+    from gear_runtime.examples import causal_lm
+    from gear_runtime.tools import generate
+
+    sizes = causal_lm.SMALL
+    with _section(out, "9. The service: prefill at seq gears -> static decode, cache resident"):
+        prefill_src, gear_file, decode_file = generate.build_pair(workdir / "lm", sizes)
+        gen = generate.Generator(gear_file, decode_file)
+        out.write(f"  prefill {gear_file.name}: gears {gen.prefill.gears}; decode "
+                  f"{decode_file.name}: {gen.decode.mode}, gears {gen.decode.gears}\n"
+                  f"  decode executor: state {gen.dex.state_names} "
+                  f"({sizes.cache_nbytes / 2**20:.1f} MiB, double-buffered); weights shared: "
+                  f"{gen.prefill.shared_weights[0]} tensors, "
+                  f"{gen.prefill.shared_weights[1] / 2**20:.1f} MiB held once\n")
+        reference = generate.ort_sessions(prefill_src, decode_file)
+        for length in (5, *sizes.seq_gears):
+            ids = causal_lm.prompt(length, sizes, seed=length)
+            gear = generate.covering_gear(length, sizes.seq_gears)
+            start = time.perf_counter()
+            tokens = gen.generate(ids, NEW_TOKENS)
+            took = time.perf_counter() - start
+            want = generate.reference_tokens(*reference, ids, gear, NEW_TOKENS)
+            out.write(f"  prompt {length:>3} (gear {gear:>3}): {NEW_TOKENS} tokens in "
+                      f"{took * 1000:6.1f} ms  {tokens[:8]}...\n")
+            checks.check(f"prompt {length}: greedy tokens equal plain ORT's", tokens == want,
+                         f"got {tokens}, ORT {want}")
+        gen.close()
+
 
 def _expect_refusal(out: TextIO, checks: _Checks, name: str, call: Callable[[], Any]) -> None:
     """The call must raise GearMismatchError with GE's code 145013; its message (which names
