@@ -262,3 +262,48 @@ def test_the_decode_continues_the_prefill(pair, ort_pair) -> None:
     longer = np.concatenate([ids, [[9]]], axis=1)
     full, _ = prefill.run(None, {"input_ids": longer, "attention_mask": np.ones_like(longer)})
     np.testing.assert_allclose(step, full, atol=1e-5)
+
+
+# ---- check-padding for a cache padded to a fixed length ------------------------------------
+SAMPLES = [(5, 5), (40, 40), (100, 100)]
+
+
+def test_check_padding_compares_a_padded_cache_over_its_valid_part(pair) -> None:
+    plain = gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES)
+    by_name = {o.name: o for o in plain.outputs}
+    assert by_name["logits"].safe and not by_name["present_kv"].safe  # pad slots differ
+    valid = gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES,
+                             valid={"present_kv": 4})
+    assert valid.safe and "valid part" in valid.outputs[1].verdict
+    ignored = gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES,
+                               ignore_outputs=["present_kv"])
+    assert ignored.safe and ignored.outputs[1].verdict == "ignored (not compared)"
+    # one axis further than the sequence: the pad slots are compared again
+    wrong_axis = gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES,
+                                  valid={"present_kv": 3})
+    assert not wrong_axis.safe
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"valid": {"kv": 4}}, "no output 'kv'"),
+    ({"valid": {"present_kv": 6}}, r"valid axis of 'present_kv' is 6; expected an integer in "
+                                   r"\[0, 5\]"),
+    ({"ignore_outputs": ["kv"]}, "no output 'kv'"),
+])
+def test_check_padding_valid_and_ignore_are_checked(pair, kwargs, match) -> None:
+    with pytest.raises(InputError, match=match):
+        gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES, **kwargs)
+
+
+def test_check_padding_cli_valid_and_ignore_output(pair, capsys) -> None:
+    from tests.cli_support import assert_one_line_error, run_cli
+
+    args = ("check-padding", str(pair[1]), str(pair[0]), "--samples", "5,5;40,40",
+            "--no-progress")
+    assert run_cli(capsys, *args)[0] == 1
+    code, out, _ = run_cli(capsys, *args, "--valid", "present_kv:4")
+    assert code == 0 and "padding is SAFE" in out
+    assert run_cli(capsys, *args, "--ignore-output", "present_kv")[0] == 0
+    code, _, err = run_cli(capsys, *args, "--valid", "present_kv")
+    assert code != 0
+    assert_one_line_error(err, "--valid 'present_kv'", "NAME:AXIS")

@@ -33,6 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "rtol * |exact| (default 1e-4); integer outputs must be equal")
     p.add_argument("--atol", type=float_at_least(0.0), default=1e-5, metavar="A",
                    help="absolute tolerance of a float output (default 1e-5)")
+    p.add_argument("--valid", action="append", default=[], metavar="NAME:AXIS",
+                   help="compare output NAME only over the first request-length entries "
+                        "along AXIS (a cache padded to a fixed length; repeatable)")
+    p.add_argument("--ignore-output", action="append", default=[], metavar="NAME",
+                   help="do not compare output NAME (repeatable)")
     p.add_argument("--json", metavar="PATH", help='write the report as JSON (schema '
                    '"gear-runtime-check-padding/1", see docs/json.md); "-" for stdout (then '
                    "the table is not printed)")
@@ -50,12 +55,24 @@ def cmd_check_padding(args: argparse.Namespace) -> int:
     pads = parse_pad_values(args.pad_value)
     samples = _samples(args.samples, MAX_SAMPLES) if args.samples is not None else None
     report = check_padding(args.file, args.source, samples=samples, pad_values=pads,
-                           rtol=args.rtol, atol=args.atol, progress=not args.no_progress)
+                           rtol=args.rtol, atol=args.atol, progress=not args.no_progress,
+                           valid=_valid(args.valid), ignore_outputs=args.ignore_output)
     if args.json != "-":
         print(report.table())
     if args.json is not None:
         jsonout.write(args.json, report.to_json())
     return EXIT_OK if report.safe else EXIT_FAILED
+
+
+def _valid(items: list[str]) -> dict[str, int]:
+    """``--valid NAME:AXIS`` items as {name: axis}; InputError naming a malformed one."""
+    out = {}
+    for item in items:
+        name, sep, axis = item.rpartition(":")
+        if not sep or not name or not axis.isdigit() or len(axis) > 3:
+            raise InputError(f"--valid {item!r}: expected NAME:AXIS, e.g. present_kv:4")
+        out[name] = int(axis)
+    return out
 
 
 def _samples(text: str, limit: int) -> list[list[int]]:

@@ -51,14 +51,15 @@ class Generator:
         decode's state; the first generated token."""
         self.dex.reset_state()
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        logits = self.pex.execute(feeds, pad=True, out={"present_kv": self.dex.state["past_kv"]})[0]
+        logits = self.pex.execute(feeds, pad=True, copy=False,
+                                  out={"present_kv": self.dex.state["past_kv"]})[0]
         return int(logits.argmax())
 
     def step(self, token: int, position: int) -> int:
         """One decode step: ``token`` at ``position``; the next token."""
         feeds = {"input_ids": np.array([[token]], np.int64),
                  "position": np.array([position], np.int64)}
-        return int(self.dex.execute(feeds)[0].argmax())
+        return int(self.dex.execute(feeds, copy=False)[0].argmax())  # read at once: no copy
 
     def generate(self, ids: np.ndarray, new_tokens: int) -> list[int]:
         """``new_tokens`` greedy tokens after the prompt ``ids`` [1, L]."""

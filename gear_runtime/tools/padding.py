@@ -61,19 +61,25 @@ class OutputCheck:
     failed: list[tuple[int, ...]] = field(default_factory=list)
     #: a sample whose trimmed output has another shape than the source's, and both shapes.
     shape_mismatch: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    #: not compared at all (``ignore_outputs``)
+    ignored: bool = False
+    #: compared only over the first request-length entries along this axis (``valid``)
+    valid_axis: int | None = None
 
     @property
     def safe(self) -> bool:
-        return not self.failed and self.shape_mismatch is None
+        return self.ignored or (not self.failed and self.shape_mismatch is None)
 
     @property
     def verdict(self) -> str:
+        if self.ignored:
+            return "ignored (not compared)"
         if self.shape_mismatch is not None:
             sample, got, want = self.shape_mismatch
             return f"UNSAFE: shape {got} padded vs {want} exact (request {sample})"
         if self.failed:
             return f"UNSAFE: differs in {len(self.failed)} sample(s), first {self.failed[0]}"
-        return "safe"
+        return "safe" if self.valid_axis is None else f"safe (axis {self.valid_axis}: valid part)"
 
     def to_json(self) -> dict[str, Any]:
         mismatch = None
@@ -82,7 +88,8 @@ class OutputCheck:
             mismatch = {"sample": list(sample), "padded": list(got), "exact": list(want)}
         return {"name": self.name, "safe": self.safe, "verdict": self.verdict,
                 "max_abs_diff": _finite(self.max_abs), "max_rel_diff": _finite(self.max_rel),
-                "failed_samples": [list(s) for s in self.failed], "shape_mismatch": mismatch}
+                "failed_samples": [list(s) for s in self.failed], "shape_mismatch": mismatch,
+                "ignored": self.ignored, "valid_axis": self.valid_axis}
 
 
 @dataclass
@@ -168,7 +175,8 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                   samples: Sequence[Sequence[int] | int] | None = None,
                   pad_values: Mapping[str, Any] | None = None,
                   inputs: InputsFn | None = None, rtol: float = 1e-4, atol: float = 1e-5,
-                  seed: int = 0, progress: bool = False) -> PaddingReport:
+                  seed: int = 0, progress: bool = False, valid: Mapping[str, int] | None = None,
+                  ignore_outputs: Sequence[str] = ()) -> PaddingReport:
     """Compare ``execute(pad=True)`` of ``gear_file`` with ``source_model`` (a path or an
     onnx.ModelProto: the dynamic model it was compiled from) run at each request's exact size.
 
@@ -181,6 +189,12 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
     covers is GearMismatchError (145013), raised before anything runs; a source model whose
     inputs or outputs are not the gear file's is InputError. ``progress``: a bar on stderr
     (a terminal only) while the samples run.
+
+    For a cache output padded to a fixed length (a prefill's KV cache: its pad slots hold
+    the pad tokens' K / V, which the decode masks), ``valid={"present_kv": 4}`` compares
+    only the first L entries along axis 4, L the request's largest dynamic value (its
+    sequence length); ``ignore_outputs`` are not compared at all. Unknown names or axes
+    are InputError.
     """
     import onnxruntime as ort
 
@@ -203,7 +217,7 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                 os.fspath(source_model)
             with _loading(bar, "loading the source"):
                 session = _source_session(ort, source, model)
-            checks = [OutputCheck(n) for n in model.output_names]
+            checks = _output_checks(model, valid or {}, ignore_outputs)
             for request in requests:
                 bar.set_postfix_str("request " + ",".join(map(str, request)), refresh=False)
                 _check_request(ex, session, model, checks, request,
@@ -211,6 +225,23 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                 bar.update(1)
             return PaddingReport(requests, checks, rtol, atol,
                                  {n: v.item() for n, v in ex.pad_values.items()})
+
+
+def _output_checks(model: Any, valid: Mapping[str, int],
+                   ignore: Sequence[str]) -> list[OutputCheck]:
+    """One check per output, with ``valid`` axes and ``ignore``d outputs (names and axes
+    checked against the model: InputError)."""
+    names, rank = model.output_names, {n: len(model.output_shape(0, k))
+                                        for k, n in enumerate(model.output_names)}
+    for name in [*valid, *ignore]:
+        if name not in names:
+            raise InputError(f"check-padding: the model has no output {name!r}; outputs: "
+                             f"{', '.join(names)}")
+    for name, axis in valid.items():
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < rank[name]:
+            raise InputError(f"check-padding: valid axis of {name!r} is {axis!r}; expected "
+                             f"an integer in [0, {rank[name] - 1}] (its rank is {rank[name]})")
+    return [OutputCheck(n, ignored=n in ignore, valid_axis=valid.get(n)) for n in names]
 
 
 @contextlib.contextmanager
@@ -229,7 +260,13 @@ def _check_request(ex: Any, session: Any, model: Any, checks: list[OutputCheck],
     got = ex.execute(dict(feeds), pad=True, copy=False)  # views: compared at once
     want = _run_source(session, model, feeds)
     for check, g, w in zip(checks, got, want, strict=True):
-        _compare(check, request, np.asarray(g), np.asarray(w), rtol, atol)
+        if check.ignored:
+            continue
+        g, w = np.asarray(g), np.asarray(w)
+        if check.valid_axis is not None and g.shape == w.shape:
+            keep = (slice(None),) * check.valid_axis + (slice(0, max(request)),)
+            g, w = g[keep], w[keep]
+        _compare(check, request, g, w, rtol, atol)
 
 
 def _source_session(ort: Any, source: Any, model: Any) -> Any:
