@@ -307,3 +307,50 @@ def test_check_padding_cli_valid_and_ignore_output(pair, capsys) -> None:
     code, _, err = run_cli(capsys, *args, "--valid", "present_kv")
     assert code != 0
     assert_one_line_error(err, "--valid 'present_kv'", "NAME:AXIS")
+
+
+def test_every_command_takes_a_static_model(pair, capsys, tmp_path) -> None:
+    from tests.cli_support import run_cli
+
+    code, out, _ = run_cli(capsys, "inspect", str(pair[2]))
+    assert code == 0 and "mode        static" in out and "none recorded" in out
+    code, out, _ = run_cli(capsys, "run", str(pair[2]), "--output-dir", str(tmp_path))
+    assert code == 0 and "a static model (its one gear)" in out
+    assert np.load(tmp_path / "present_kv.npy").shape == SIZES.cache_shape
+    code, out, _ = run_cli(capsys, "bench", str(pair[2]), "--iterations", "2", "--warmup", "1")
+    assert code == 0 and "static mode" in out
+
+
+def test_compile_refuses_a_static_spec(pair, tmp_path) -> None:
+    spec = gr.GearSpec.static(["input_ids", "position", "past_kv"],
+                              [[1, 1], [1], list(SIZES.cache_shape)])
+    with pytest.raises(gr.CompileError, match="static spec has no gears to compile"):
+        gr.compile(str(pair[2]), spec, str(tmp_path / "x.gear.onnx"))
+
+
+def test_a_static_model_is_served(pair) -> None:
+    """The static decode served as it is (one request = one step, the cache in and out)."""
+    import sys
+    from pathlib import Path
+
+    import tritonclient.http as triton
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serving_support import HOST, live
+
+    from gear_runtime.serving import ServeOptions, build_server
+
+    server = build_server([str(pair[2])], options=ServeOptions(executors=1))
+    cache = np.random.default_rng(2).standard_normal(SIZES.cache_shape).astype(np.float32)
+    feeds = {**step_feeds(4, 7), "past_kv": cache}
+    want = gr.load(str(pair[2])).create_executor().execute(feeds)
+    with live(server) as running:
+        c = triton.InferenceServerClient(f"{HOST}:{running.port}", network_timeout=60)
+        inputs = []
+        for name, a in feeds.items():
+            t = triton.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32 else "INT64")
+            t.set_data_from_numpy(a, binary_data=True)
+            inputs.append(t)
+        result = c.infer("decode", inputs)
+        np.testing.assert_array_equal(result.as_numpy("logits"), want[0])
+        np.testing.assert_array_equal(result.as_numpy("present_kv"), want[1])

@@ -158,7 +158,7 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
     wanted = dict(shapes)
     rest = [n for n in names if n not in files and n not in wanted]
     if rest:
-        gear = _chosen_gear(model, ex)
+        gear = 0 if model.mode == "static" else _chosen_gear(model, ex)  # its one gear
         if gear is None:
             raise InputError(f"missing --input for {', '.join(rest)}; give --input NAME=FILE.npy, "
                              "--shapes NAME:DIMS (synthetic), or a --dynamic-* flag (synthetic "
@@ -318,7 +318,8 @@ def _print(doc: Mapping[str, Any], stats: Any) -> None:
     if run["gear"] is not None:
         request = (f" (request {','.join(map(str, run['request_dims']))}, padded)"
                    if run["pad"] and run["request_dims"] != run["dynamic_dims"] else "")
-        print(f"gear {run['gear']}: dims {dims}{request}")
+        print(f"gear {run['gear']}: dims {dims}{request}" if dims else
+              f"gear {run['gear']}: a static model (its one gear)")
     else:
         print(f"no gear matched: dims {dims} ran on the dynamic-shape graph (hybrid)")
     synthetic = [i for i in doc["inputs"] if i["synthetic"]]

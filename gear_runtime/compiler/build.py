@@ -127,6 +127,9 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     start = time.perf_counter()
     if not isinstance(spec, GearSpec):
         raise CompileError(f"spec must be a GearSpec, got {type(spec).__name__}")
+    if spec.mode == "static":
+        raise CompileError("a static spec has no gears to compile: a model whose inputs are "
+                           "all static loads as it is (gear_runtime.load / gear-runtime run)")
     if not isinstance(model, onnx.ModelProto):
         model = arguments.path("model", model, CompileError)
     hybrid, sink, progress = (arguments.flag(name, value, CompileError) for name, value in (
