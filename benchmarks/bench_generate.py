@@ -5,10 +5,11 @@ against plain ONNX Runtime driven the two ways a CPU user would.
                                         [--tokens 16] [--threads 1] [--workdir DIR]
 
 The pair is the built-in example (:mod:`gear_runtime.examples.causal_lm`) at ``--size
-bench``: hidden 1024, 16 heads, 8 layers, vocab 32,000, max_seq 1024 -- 159 M parameters
-(606 MiB of float32 weights, in external data), a KV cache of 64 MiB -- with the prefill
+bench``: hidden 1024, 16 heads, 8 layers, vocab 32,000, max_seq 1024 -- 167 M parameters
+(638 MiB of float32 weights, in external data), a KV cache of 64 MiB -- with the prefill
 compiled at seq gears 64/128/256/512. Side by side in ONE process, the same ORT thread count,
-per prompt length, each way of running it in turn (round robin, ``--rounds`` times):
+per prompt length, each way of running it in turn (round robin, ``--rounds`` times, after
+one warm-up generation of each at that gear):
 
 * ``gear shared``: :class:`gear_runtime.tools.generate.Generator`, the recipe: the decode's
   executor keeps the cache resident (``state=``), the prefill writes its cache into it
@@ -182,6 +183,8 @@ def time_ways(pair: tuple[Path, Path, Path], sizes: Any, prompts: Sequence[int],
     for length in prompts:
         ids = causal_lm.prompt(length, sizes, seed=length)
         got: dict[str, dict[str, Any]] = {w: {"ttft": [], "steps": [], "bytes": []} for w in ways}
+        for first, step in ways.values():  # warm-up: each way's first run of this gear
+            step(first(ids), length)
         for _ in range(rounds):
             for way, (first, step) in ways.items():
                 start = time.perf_counter()

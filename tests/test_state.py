@@ -238,9 +238,30 @@ def test_share_weights_with_is_checked(pair) -> None:
         gr.load(str(pair[1]), share_weights_with="decode.onnx")
     with pytest.raises(InputError, match="between two onnxruntime models"):
         gr.load(str(pair[1]), backend="null", share_weights_with=decode)
-    ex = decode.create_executor()  # noqa: F841 (alive: its bindings hold the session)
-    with pytest.raises(GearRuntimeError, match="already has executors"):
-        gr.load(str(pair[1]), share_weights_with=decode)
+
+
+def test_executors_made_before_sharing_keep_their_session(pair, ort_pair) -> None:
+    """The order the contract shows: the decode's executor first, then the prefill shares
+    its weights (the decode's session is rebuilt over them; the executor keeps the old)."""
+    decode = gr.load(str(pair[2]))
+    dex = decode.create_executor(state=causal_lm.STATE)
+    dex.execute(step_feeds(2, 0))
+    prefill = gr.load(str(pair[1]), share_weights_with=decode)
+    assert prefill.shared_weights[0] > 0
+    pex = prefill.create_executor()
+    ids = causal_lm.prompt(40, SIZES, seed=3)
+    dex.reset_state()
+    logits = pex.execute({"input_ids": ids, "attention_mask": np.ones_like(ids)}, pad=True,
+                         out={"present_kv": dex.state["past_kv"]})[0]
+    tokens = [int(logits.argmax())]
+    buf = np.empty((1, 1, SIZES.vocab), np.float32)
+    for t in range(5):  # the old executor; out= makes new bindings: of ITS session
+        tokens.append(int(dex.execute(step_feeds(tokens[-1], 40 + t), out={"logits": buf})[0]
+                          .argmax()))
+    assert tokens == generate.reference_tokens(*ort_pair, ids, 64, 6)
+    fresh = decode.create_executor(state=causal_lm.STATE)  # on the rebuilt session
+    fresh.set_state("past_kv", np.zeros(SIZES.cache_shape, np.float32))
+    assert fresh.execute(step_feeds(1, 0))[0].shape == (1, 1, SIZES.vocab)
 
 
 @pytest.mark.parametrize("length", [5, 32, 50, 128])

@@ -30,7 +30,6 @@ import contextlib
 import itertools
 import threading
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ import onnx
 import onnxruntime as ort
 
 from gear_runtime import arguments
+from gear_runtime.backends import shared_weights
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
@@ -47,7 +47,6 @@ from gear_runtime.backends.base import (
     aligned_buffer,
     split_sink_outputs,
 )
-from gear_runtime.backends import shared_weights
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.backends.capture_check import capture_hazards
 from gear_runtime.backends.onnxruntime_cuda import (
@@ -234,7 +233,6 @@ class OrtModel(BackendModel, BenchModel):
             hazards = capture_hazards(proto.graph)
             if hazards:
                 self._without_graphs("; ".join(hazards))
-        self._sessions: weakref.WeakSet[OrtSession] = weakref.WeakSet()
         self._store: shared_weights.WeightStore | None = None
         #: the weights this model's session takes from another model's (none: not shared)
         self.shared_weights = shared_weights.SharedWeights({}, 0)
@@ -258,14 +256,11 @@ class OrtModel(BackendModel, BenchModel):
     def weight_store(self) -> shared_weights.WeightStore:
         """This model's weights held as OrtValues another model can share; the first call
         reads them from the file once and rebuilds the session over them (prepacking off).
-        BackendError once an executor of this model exists (its bindings hold the session):
-        load the models that share weights before creating executors."""
+        Executors created before keep the session they were bound to (and its own copy of
+        the weights) until they close: create them after loading both models to hold the
+        weights once."""
         if self._store is not None:
             return self._store
-        if len(self._sessions):
-            raise BackendError(f"share_weights_with: {self.file.path} already has executors "
-                               "(their bindings hold its session): load every model that "
-                               "shares its weights first, then create executors")
         proto = self.file.runnable(self.file.dynamic)
         self._store = shared_weights.WeightStore.from_arrays(self._weights(proto))
         passthrough.wrap(proto.graph, inputs_count=False)
@@ -362,9 +357,7 @@ class OrtModel(BackendModel, BenchModel):
             raise BackendError("state= on onnxruntime's CUDA provider is not built yet: the "
                                "state would live in host memory and cross to the device on "
                                "every run; run the stateful model on the CPU provider")
-        session = OrtSession(self, layout, state)
-        self._sessions.add(session)
-        return session
+        return OrtSession(self, layout, state)
 
     def close(self) -> None:
         self.session = None
@@ -392,7 +385,10 @@ class OrtSession(BackendSession, BenchSession):
         on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
         self._thread = threading.get_ident()
         # the session's names: same order as the model's, passthrough outputs renamed
-        self._output_names = [o.name for o in model.live_session().get_outputs()]
+        # The model's session as it is now, for good: a later share_weights_with rebuilds the
+        # model's session, and this executor's bindings belong to this one.
+        self._ort = model.live_session()
+        self._output_names = [o.name for o in self._ort.get_outputs()]
         self._run_options = [ort.RunOptions() for _ in gears]
         # ORT runs without an id under graph id 0, which it captures: other runs say -1. On
         # CUDA every run names its id: the public run_with_iobinding looks it up, and a lookup
@@ -421,7 +417,7 @@ class OrtSession(BackendSession, BenchSession):
                 self._host_outputs()
             # A sink file runs whole through run_sink: nothing to bind per gear.
             self._bindings = [] if info.sink else [self._bind(g, 0) for g in gears]
-            self._run_c, self._c_bindings = self._run_call(model.live_session(), on_device)
+            self._run_c, self._c_bindings = self._run_call(self._ort, on_device)
             # With state, the bindings of the other parity (state read from buffer 1, written
             # to buffer 0); commit_state swaps the two sets after each successful run.
             self._alt_bindings = [] if state is None else [self._bind(g, 1) for g in gears]
@@ -495,7 +491,8 @@ class OrtSession(BackendSession, BenchSession):
         other."""
         if parity is None:
             parity = 0 if self.state is None else self.state.parity
-        binding = self.model.live_session().io_binding()
+        self.model.live_session()  # BackendError once the model is closed
+        binding = self._ort.io_binding()
         self._bind_inputs(binding, g, parity)
         info = self.model.info
         for k, name in enumerate(self._output_names):
@@ -674,7 +671,10 @@ class OrtSession(BackendSession, BenchSession):
 
     def _run_session(self, what: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = dict(zip(self.model.info.spec.input_names, arrays, strict=True))
-        session = self.model.live_session()
+        self.model.live_session()  # BackendError once the model is closed
+        session = self._ort
+        if session is None:
+            raise BackendError(f"this executor's session of {self.model.file.path} is closed")
         try:
             with cuda_shared(self.model.on_cuda):
                 return session.run(None, feeds, self._plain_options)
@@ -699,7 +699,7 @@ class OrtSession(BackendSession, BenchSession):
         frees them. Closed from another thread (or on an older ORT) they are left to the
         session, which frees them when the model closes (docs/cuda.md: ORT ties them to it);
         ``graphs_left`` counts them."""
-        session = self.model.session
+        session = self._ort
         release = getattr(session, "release_captured_graph", None)
         if self._graph_ids and release is not None and threading.get_ident() == self._thread:
             with cuda_exclusive(True):
@@ -712,11 +712,11 @@ class OrtSession(BackendSession, BenchSession):
         self._bindings = []
         self._c_bindings = []
         self._alt_bindings, self._alt_c_bindings, self._into = [], [], {}
-        self.model._sessions.discard(self)
         if self._device is None:
             self._owned = [None] * len(self._owned)
             self._pool.clear()
-        self._run_c = None  # drop the last reference to the model's session (its weights)
+        self._run_c = None  # drop the last references to the model's session (its weights)
+        self._ort = None
 
 
 __all__ = ["OrtModel", "OrtSession", "check_providers", "cuda_available", "gpu_present",

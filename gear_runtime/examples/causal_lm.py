@@ -19,7 +19,7 @@ multi-head causal attention and an MLP, learned positions, an untied LM head. Th
 right-padded to its gear (mask 0 at the pads): the causal mask keeps the valid rows from
 seeing the pads and the decode masks the cache slots past ``position``, so padding changes
 no token. Sizes are parameters: :data:`SMALL` for tests and the demo, :data:`BENCH` for a
-159 M-parameter pair with a 64 MiB cache (``benchmarks/bench_generate.py``).
+167 M-parameter pair with a 64 MiB cache (``benchmarks/bench_generate.py``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Sizes:
 
 
 SMALL = Sizes()
-#: 159 M parameters (606 MiB of float32 weights), a 64 MiB KV cache.
+#: 167 M parameters (638 MiB of float32 weights), a 64 MiB KV cache.
 BENCH = Sizes(vocab=32000, hidden=1024, heads=16, layers=8, max_seq=1024,
               seq_gears=(64, 128, 256, 512))
 

@@ -393,7 +393,8 @@ class Executor:
     def _check_out(self, k: int, buf: np.ndarray, gear: int) -> None:
         """InputError unless ``buf`` can take output ``k`` of ``gear`` as it is."""
         info = self.model.info
-        name, shape, dtype = info.output_names[k], info.output_shapes[gear][k], info.output_dtypes[k]
+        name, dtype = info.output_names[k], info.output_dtypes[k]
+        shape = info.output_shapes[gear][k]
         if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
             raise InputError(f"out[{name!r}] is {buf.dtype} {list(buf.shape)}; output {name!r} "
                              f"of gear {gear} {self._gear_values[gear]} is {np.dtype(dtype)} "
