@@ -234,6 +234,7 @@ class OrtModel(BackendModel, BenchModel):
             if hazards:
                 self._without_graphs("; ".join(hazards))
         self._store: shared_weights.WeightStore | None = None
+        self._store_lock = threading.Lock()
         #: the weights this model's session takes from another model's (none: not shared)
         self.shared_weights = shared_weights.SharedWeights({}, 0)
         if share_weights_with is not None:
@@ -259,17 +260,25 @@ class OrtModel(BackendModel, BenchModel):
         Executors created before keep the session they were bound to (and its own copy of
         the weights) until they close: create them after loading both models to hold the
         weights once."""
-        if self._store is not None:
+        with self._store_lock:  # two models sharing at once build it once
+            if self._store is not None:
+                return self._store
+            proto = self.file.runnable(self.file.dynamic)
+            passthrough.wrap(proto.graph, inputs_count=False)
+            graph = proto.SerializeToString()
+
+            def build() -> ort.InferenceSession:
+                # read while checked_load holds and hashes the data files: the weights held
+                # are the ones compile recorded
+                self._store = shared_weights.WeightStore.from_arrays(self._weights(proto))
+                return self._create(graph)  # _new_session gives it the store's OrtValues
+
+            try:
+                self.session = self.file.checked_load(build)
+            except BaseException:
+                self._store = None
+                raise
             return self._store
-        proto = self.file.runnable(self.file.dynamic)
-        self._store = shared_weights.WeightStore.from_arrays(self._weights(proto))
-        passthrough.wrap(proto.graph, inputs_count=False)
-        try:  # _new_session gives the session the store's OrtValues
-            self.session = self.file.checked_load(lambda: self._create(proto.SerializeToString()))
-        except BaseException:
-            self._store = None
-            raise
-        return self._store
 
     def _use_graphs(self, cuda_graph: bool) -> None:
         """Set whether the session captures CUDA graphs, and the providers to match."""
