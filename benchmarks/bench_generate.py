@@ -8,8 +8,9 @@ The pair is the built-in example (:mod:`gear_runtime.examples.causal_lm`) at ``-
 bench``: hidden 1024, 16 heads, 8 layers, vocab 32,000, max_seq 1024 -- 167 M parameters
 (638 MiB of float32 weights, in external data), a KV cache of 64 MiB -- with the prefill
 compiled at seq gears 64/128/256/512. Side by side in ONE process, the same ORT thread count,
-per prompt length, each way of running it in turn (round robin, ``--rounds`` times, after
-one warm-up generation of each at that gear):
+per prompt length, the ways in lockstep (each way's prefill in turn, then each way's first
+step, each way's second, ...: a slow spell of the machine hits them alike), ``--rounds``
+times, after one warm-up generation of each at that gear:
 
 * ``gear shared``: :class:`gear_runtime.tools.generate.Generator`, the recipe: the decode's
   executor keeps the cache resident (``state=``), the prefill writes its cache into it
@@ -185,19 +186,22 @@ def time_ways(pair: tuple[Path, Path, Path], sizes: Any, prompts: Sequence[int],
         got: dict[str, dict[str, Any]] = {w: {"ttft": [], "steps": [], "bytes": []} for w in ways}
         for first, step in ways.values():  # warm-up: each way's first run of this gear
             step(first(ids), length)
-        for _ in range(rounds):
-            for way, (first, step) in ways.items():
+        for _ in range(rounds):  # in lockstep: each way's prefill in turn, then each step
+            toks = {}
+            for way, (first, _) in ways.items():
                 start = time.perf_counter()
-                toks = [first(ids)]
+                toks[way] = [first(ids)]
                 got[way]["ttft"].append(time.perf_counter() - start)
-                for t in range(tokens - 1):
+            for t in range(tokens - 1):
+                for way, (_, step) in ways.items():
                     before = counter() if counter else 0
                     start = time.perf_counter()
-                    toks.append(step(toks[-1], length + t))
+                    toks[way].append(step(toks[way][-1], length + t))
                     got[way]["steps"].append(time.perf_counter() - start)
                     if counter:
                         got[way]["bytes"].append(counter() - before)
-                got[way]["tokens"] = toks
+            for way in ways:
+                got[way]["tokens"] = toks[way]
         for way, g in got.items():
             rows.append({"prompt": length, "way": way, "ttft": statistics.median(g["ttft"]),
                          "step": statistics.median(g["steps"]),
