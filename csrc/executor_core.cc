@@ -167,8 +167,10 @@ int64_t ExecutorCore::preset_gear(const Values& preset, const int64_t* values, b
 }
 
 // Input i's source: its bytes (the dims checked so far bound them by its slot), and when the
-// gear is larger than the request, the shapes and pad value of a padded copy.
-void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
+// gear is larger than the request (`padded_shape`: room for the input's rank, or nullptr),
+// the shapes and pad value of a padded copy. The request's shape is COPIED there: the copy
+// may run with the GIL released, when numpy may rewrite the array's own dims.
+void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t* padded_shape,
                               StageSource& src) const {
   const InputSpec& in = inputs_[i];
   if (!a.dtype_ok) {
@@ -178,10 +180,11 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, bool pa
   size_t nbytes = in.itemsize;
   for (size_t d = 0; d < a.ndim; ++d) nbytes *= static_cast<size_t>(a.shape[d]);
   src = StageSource{a.data, nbytes};
-  if (!padded) return;
+  if (padded_shape == nullptr) return;
   const std::vector<int64_t>& slot = dispatch_.gear_shape(gear, i);
   if (std::memcmp(slot.data(), a.shape, slot.size() * sizeof(int64_t)) == 0) return;
-  src.shape = a.shape;
+  std::memcpy(padded_shape, a.shape, slot.size() * sizeof(int64_t));  // ndim == slot's: checked
+  src.shape = padded_shape;
   src.slot_shape = slot.data();
   src.ndim = slot.size();
   src.itemsize = in.itemsize;
@@ -201,7 +204,17 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
   const size_t width = dispatch_.values_per_gear();
   const int64_t* gear_values = dispatch_.table().gear(gear);
   const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
-  for (size_t i = 0; i < n; ++i) set_source(gear, i, arrays[i], padded, scratch.sources[i]);
+  if (padded) {  // room for every input's shape, sized once: the pointers into it stay valid
+    size_t ranks = 0;
+    for (size_t i = 0; i < n; ++i) ranks += dispatch_.gear_shape(gear, i).size();
+    scratch.padded_shapes.resize(ranks);
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    set_source(gear, i, arrays[i], padded ? scratch.padded_shapes.data() + at : nullptr,
+               scratch.sources[i]);
+    at += dispatch_.gear_shape(gear, i).size();
+  }
   stager_.check(gear, scratch.sources, n, gear_values, staged_values(), names_.data());
   return gear;
 }

@@ -118,6 +118,10 @@ class ExecutorCore {
     StageSource sources_small[kStackInputs];
     std::vector<ShapeRef> shapes_big;
     std::vector<StageSource> sources_big;
+    // The request's shapes as a padded copy reads them, copied here while the GIL is held:
+    // the copy runs without it, and another thread may rewrite an array's own dims then
+    // (`x.shape = ...` on the array being staged).
+    std::vector<int64_t> padded_shapes;
   };
 
   size_t prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
@@ -132,7 +136,7 @@ class ExecutorCore {
   }
 
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
-  void set_source(size_t gear, size_t i, const ArrayView& a, bool padded,
+  void set_source(size_t gear, size_t i, const ArrayView& a, int64_t* padded_shape,
                   StageSource& src) const;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
