@@ -169,14 +169,20 @@ class ExecutorPool:
         return ex
 
     async def call(self, fn: Callable[[Any], T]) -> T:
-        """``fn(executor)`` on a free worker thread, awaited."""
-        with self._lock:
-            self._waiting += 1
-        return await asyncio.wrap_future(self._threads.submit(self._run, fn))
+        """``fn(executor)`` on a free worker thread, awaited. The task counts as waiting until
+        it starts or, cancelled before it started (the client hung up, a gRPC cancel or
+        timeout), until the cancel: whatever ends the wait ends the count, exactly once."""
+        waiting = _Waiting(self)
+        try:
+            future = self._threads.submit(self._run, fn, waiting)
+        except BaseException:
+            waiting.end()
+            raise
+        future.add_done_callback(lambda f: waiting.end())  # a cancelled task never starts
+        return await asyncio.wrap_future(future)
 
-    def _run(self, fn: Callable[[Any], T]) -> T:
-        with self._lock:
-            self._waiting -= 1
+    def _run(self, fn: Callable[[Any], T], waiting: _Waiting) -> T:
+        waiting.end()
         if self.refusing:
             raise ClosedError("the server is shutting down (past its drain deadline): "
                               "retry on another replica")
@@ -185,6 +191,23 @@ class ExecutorPool:
     def close(self) -> None:
         """Wait for running tasks, stop the threads (the model's close closes executors)."""
         self._threads.shutdown(wait=True, cancel_futures=True)
+
+
+class _Waiting:
+    """One task's place in :attr:`ExecutorPool.waiting`: taken when made, given back once."""
+
+    __slots__ = ("_ended", "_pool")
+
+    def __init__(self, pool: ExecutorPool) -> None:
+        self._pool, self._ended = pool, False
+        with pool._lock:
+            pool._waiting += 1
+
+    def end(self) -> None:
+        with self._pool._lock:
+            if not self._ended:
+                self._ended = True
+                self._pool._waiting -= 1
 
 
 class ServedModel:
