@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import operator
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -114,6 +115,10 @@ class Executor:
         self._owner = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
+        # close() called from inside one of this executor's own calls on that call's thread
+        # (a signal handler, a callback of the inputs): the close finishes when the call ends
+        self._deferred = False
+        self._after_close: Callable[[], None] | None = None
         #: The dynamic dims of the last run: matched on the host, or (GetNext-sink mode) read
         #: back from the device after the run. None before the first run.
         self.last_dynamic_dims: tuple[int, ...] | None = None
@@ -139,7 +144,7 @@ class Executor:
         try:
             self._set_dynamic_dims(dims)
         finally:
-            owner.release()
+            self._leave(owner)
 
     def _set_dynamic_dims(self, dims: Sequence[int]) -> None:
         """aclmdlSetInputDynamicDims: the FULL shapes of all inputs flattened, in input order.
@@ -166,7 +171,7 @@ class Executor:
         try:
             self._set_batch(batch)
         finally:
-            owner.release()
+            self._leave(owner)
 
     def _set_batch(self, batch: int) -> None:
         self._require_mode("batch", "set_dynamic_batch_size")
@@ -182,7 +187,7 @@ class Executor:
         try:
             self._set_hw(height, width)
         finally:
-            owner.release()
+            self._leave(owner)
 
     def _set_hw(self, height: int, width: int) -> None:
         self._require_mode("image_size", "set_dynamic_image_size")
@@ -195,7 +200,7 @@ class Executor:
         """Forget set dims: the next execute derives them from the input shapes again."""
         owner = self._enter("clear_dynamic_dims")
         self._preset = None
-        owner.release()
+        self._leave(owner)
 
     @property
     def dynamic_dims(self) -> tuple[int, ...] | None:
@@ -342,7 +347,9 @@ class Executor:
                 return self._trim(outputs, request)
             return outputs
         finally:
-            owner.release()
+            self._leave(owner)
+            if self._deferred:  # closed from inside this call (a signal handler): now
+                self._finish_close()
 
     def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
                        out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
@@ -433,7 +440,7 @@ class Executor:
                                  f"state is {pair.dtype} {list(pair.shape)}")
             np.copyto(self._state_buffer(name), arr)
         finally:
-            owner.release()
+            self._leave(owner)
 
     def reset_state(self) -> None:
         """Zero every state buffer (a new sequence)."""
@@ -442,7 +449,7 @@ class Executor:
             if self._plan is not None:
                 self._session.state.zero()  # type: ignore[attr-defined]
         finally:
-            owner.release()
+            self._leave(owner)
 
     @property
     def state_names(self) -> dict[str, str]:
@@ -583,18 +590,60 @@ class Executor:
         for :data:`_CLOSED`, which no call can take. Then close waits for the call in flight,
         if any (unlike execute, which refuses at once: a service shutting down should not
         have to retry); as no new call can take the old lock, that is at most one call's time
-        however hard other threads keep calling.
+        however hard other threads keep calling. Called from inside one of this executor's
+        own calls on that thread (a signal handler that interrupted its execute), it does not
+        wait for itself: it returns at once and the call in flight finishes the close as it
+        returns (:attr:`close_deferred` meanwhile).
         """
-        if self._closed:
+        if self._closed or self._deferred:
             return
         with self._closing:  # a second closer waits here, then finds the work done
-            if self._closed:
+            if self._closed or self._deferred:
                 return
             owner, self._owner = self._owner, _CLOSED
+            if owner.locked() and self._owned_here():
+                # Waiting would wait for this very thread's call: the call in flight finishes
+                # the close as it returns (every new call is refused from now on).
+                self._deferred = True
+                return
             owner.acquire()  # the call in flight ends; nobody else can take this lock now
-            self._closed = True
-            self._core.set_runs(None)  # the core lets go of the session's bindings
-            self._session.close()
+            self._release_session()
+
+    def _leave(self, owner: threading.Lock) -> None:
+        """The end of an owned call: release the executor; finish a close made inside it."""
+        owner.release()
+        if self._deferred:
+            self._finish_close()
+
+    def _finish_close(self) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._release_session()
+
+    def _release_session(self) -> None:
+        self._closed = True
+        self._deferred = False
+        self._core.set_runs(None)  # the core lets go of the session's bindings
+        self._session.close()
+        if self._after_close is not None:
+            self._after_close()
+
+    def _owned_here(self) -> bool:
+        """Whether the calling thread is inside one of this executor's owned calls (its
+        frame is on this thread's stack: a signal handler runs on top of the call it
+        interrupted). Only close() asks, and only when the executor is held."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in _OWNING_CODES and frame.f_locals.get("self") is self:
+                return True
+            frame = frame.f_back
+        return False
+
+    @property
+    def close_deferred(self) -> bool:
+        """True while a close made inside this executor's own call waits for that call."""
+        return self._deferred
 
     def __enter__(self) -> Executor:
         return self
@@ -608,6 +657,12 @@ class Executor:
         (:class:`gear_runtime.backends.bench_hooks.BenchSession`), benchmarks time it as the
         floor under ``execute``; running it directly bypasses the executor."""
         return self._session
+
+
+#: The code of the calls that own the executor: what close() looks for on its own stack.
+_OWNING_CODES = frozenset(getattr(Executor, name).__code__ for name in (
+    "execute", "set_dynamic_dims", "set_dynamic_batch_size", "set_dynamic_image_size",
+    "clear_dynamic_dims", "set_state", "reset_state"))
 
 
 class _StateView(Mapping[str, np.ndarray]):

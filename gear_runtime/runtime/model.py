@@ -365,9 +365,10 @@ class GearModel:
         """Unload the model (device memory, sessions). Idempotent.
 
         Closes this model's executors first, each after its call in flight (if any) ends, so
-        that no execute runs on freed buffers; then every use of them, and
-        :meth:`create_executor`, raises ClosedError. What the model is (gears, shapes, names)
-        stays readable.
+        that no execute runs on freed buffers (from inside such a call on its own thread, a
+        signal handler's, close returns at once and the backend closes when the call ends);
+        then every use of them, and :meth:`create_executor`, raises ClosedError. What the
+        model is (gears, shapes, names) stays readable.
         """
         with self._lock:
             if self._closed:
@@ -376,7 +377,18 @@ class GearModel:
             executors = list(self._executors)
         for executor in executors:
             executor.close()
-        self._backend.close()
+        deferred = [e for e in executors if e.close_deferred]
+        if not deferred:
+            self._backend.close()
+            return
+        # closed from inside an executor's own call (a signal handler): the backend goes
+        # when the last such call has returned, never under it
+        def after_close() -> None:
+            if not any(e.close_deferred for e in deferred):
+                self._backend.close()
+
+        for e in deferred:
+            e._after_close = after_close
 
     def __enter__(self) -> GearModel:
         return self
