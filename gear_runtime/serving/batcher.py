@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from gear_runtime.errors import ClosedError
 from gear_runtime.runtime.dispatch import GearDispatcher
 
 logger = logging.getLogger("gear_runtime.serving")
@@ -251,13 +252,32 @@ class Batcher:
             for item, out in zip(items, outputs, strict=True):
                 if not item.future.done():
                     item.future.set_result((run, out))
-        except Exception as exc:  # every request of the batch gets the batch's error
-            for item in items:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+        except Exception as exc:
+            if len(items) == 1 or isinstance(exc, ClosedError):
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+            else:  # one bad request must not fail the others: each runs alone, once
+                await self._run_each(items)
         finally:
             self._busy -= 1
             self._slots.release()
+
+    async def _run_each(self, items: list[_Item]) -> None:
+        """A failed batch's requests, each run alone: only the ones at fault fail (with
+        their own error), the others are answered as if the batch had run."""
+        for item in items:
+            if item.future.done():  # the client went away meanwhile
+                continue
+            try:
+                run, outputs = await self._run([item.inputs])
+                self._on_batch(run, item.rows)
+            except Exception as exc:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+                continue
+            if not item.future.done():
+                item.future.set_result((run, outputs[0]))
 
     def fail_waiting(self, exc: Exception) -> None:
         """Every request waiting (not in a running batch) fails with ``exc`` now."""

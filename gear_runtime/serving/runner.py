@@ -4,7 +4,10 @@ Executors are bound to threads: the pool has N worker threads and each creates O
 on its first task and keeps it for its whole life, so an executor is never entered by two
 threads (the executor would refuse with ExecutorBusyError) and on CUDA its graphs are
 captured on the thread that replays them. Requests are checked against the model before they
-queue, so a bad request never spoils a batch and never reaches an executor.
+queue, so a request the model can check up front never spoils a batch and never reaches an
+executor; one that fails only in the run (a token id past an embedding table) makes its
+batch run request by request (:class:`~gear_runtime.serving.batcher.Batcher`), so it alone
+fails.
 
 A served model counts the requests using it (:meth:`ServedModel.use`): a model replaced or
 unloaded through the model repository is closed only once its last request is answered.
