@@ -223,10 +223,14 @@ class Executor:
         """Integers only (Python or numpy): no silent truncation of 2.5, no "3" strings, none
         beyond int64 (no tensor dimension is; the C++ core takes int64)."""
         try:
-            ints = tuple(operator.index(v) for v in values)
+            items = list(values)
+            ints = tuple(operator.index(v) for v in items)
         except TypeError:
             raise InputError(f"{what} must be a sequence of integers, got "
                              f"{arguments.shown(values)}") from None
+        if any(isinstance(v, bool | np.bool_) for v in items):  # True is 1 to index()
+            raise InputError(f"{what} must be integers, got a bool in "
+                             f"{arguments.shown(values)}")
         for v in ints:
             if not arguments.INT64_MIN <= v <= arguments.INT64_MAX:
                 raise InputError(f"{what} holds {v}, beyond any tensor dimension (int64: "

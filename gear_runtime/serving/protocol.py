@@ -107,10 +107,11 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     """(JSON part, binary part) of a request body, per ``Inference-Header-Content-Length``."""
     if header_length is None:
         return body, memoryview(b"")
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise InputError(f"{HEADER_LENGTH} {header_length!r} is not an integer") from None
+    text = header_length.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:  # int() takes "1_0", "+5"
+        raise InputError(f"{HEADER_LENGTH} {header_length!r} is not a non-negative integer "
+                         "(decimal digits)")
+    n = int(text)
     if not 0 <= n <= len(body):
         raise InputError(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
     return body[:n], memoryview(body)[n:]
@@ -179,6 +180,8 @@ def _decode_tensor(tensor: Any, index: int,
     datatype = check_datatype(name, tensor.get("datatype"))
     dtype = DATATYPES[datatype]
     size = _parameters(tensor, f"input {name!r}").get("binary_data_size")
+    if size is not None and "data" in tensor:
+        raise InputError(f'input {name!r} has both "data" and a binary_data_size; give one')
     if size is not None:
         array, used = binary_tensor(name, shape, dtype, size, binary), size
     elif "data" in tensor:
