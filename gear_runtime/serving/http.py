@@ -304,8 +304,10 @@ class _Connection(asyncio.Protocol):
         self.receiving, self.request, self.chunks = False, None, []
         self.queue.append((request, self.parser.should_keep_alive()))
         self._disarm()
-        if self.current is not None and not self.paused and self.transport is not None:
-            self.transport.pause_reading()  # one request answered, one waiting: enough
+        if not self.paused and self.transport is not None:
+            # Read nothing more until the queue is answered: a client that pipelines without
+            # reading its answers holds at most what one read brought, not the server's RAM.
+            self.transport.pause_reading()
             self.paused = True
         self._answer_next()
 
@@ -326,8 +328,8 @@ class _Connection(asyncio.Protocol):
     async def _answer_queue(self) -> None:
         while self.queue and self.transport is not None:
             item, keep_alive = self.queue.popleft()
-            if self.paused and not self.closing and self.transport is not None:
-                self.transport.resume_reading()
+            if self.paused and not self.queue and not self.closing and self.transport is not None:
+                self.transport.resume_reading()  # the last one queued: read the next meanwhile
                 self.paused = False
             if isinstance(item, HttpReply):
                 reply, keep_alive = item, False
@@ -345,6 +347,8 @@ class _Connection(asyncio.Protocol):
                 self.close_after_reply()
                 return
             await self.writable.wait()
+            if self.queue:  # answers that never wait would keep every other client waiting
+                await asyncio.sleep(0)
         if self.transport is not None and not self.receiving:
             self._arm("idle", self.limits.keep_alive_s)
 
