@@ -45,3 +45,22 @@ def test_a_tensor_with_data_and_binary_data_size_is_refused() -> None:
     text = json.dumps(doc).encode()
     with pytest.raises(InputError, match='both "data" and a binary_data_size'):
         decode_request(text + np.float32(2).tobytes(), str(len(text)))
+
+
+def test_gzip_bodies_are_read_whole_or_refused() -> None:
+    import gzip
+    import zlib
+
+    from gear_runtime.serving.app import inflate
+    from gear_runtime.serving.errors import PayloadTooLargeError
+
+    two = gzip.compress(b"first ") + gzip.compress(b"second")
+    assert inflate(two, "gzip", 100) == b"first second"  # before: b"first " (rest dropped)
+    with pytest.raises(InputError, match="truncated"):
+        inflate(gzip.compress(b"x" * 100)[:-12], "gzip", 1000)
+    with pytest.raises(InputError, match="bytes after the end of its deflate stream"):
+        inflate(zlib.compress(b"abc") + b"junk", "deflate", 100)
+    with pytest.raises(PayloadTooLargeError):
+        inflate(gzip.compress(b"a" * 60) + gzip.compress(b"b" * 60), "gzip", 100)
+    with pytest.raises(InputError, match="not valid gzip"):
+        inflate(gzip.compress(b"a") + b"\x00garbage", "gzip", 100)

@@ -464,15 +464,28 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding not in ("gzip", "deflate"):
         raise InputError(f"Content-Encoding {encoding[:50]!r} is not supported (gzip, deflate)")
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InputError(f"the body is not valid {encoding} data: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLargeError(f"the body inflates past {limit} bytes, the most this "
-                                   "model's largest request needs")
-    return out
+    parts: list[bytes] = []
+    size, rest = 0, body
+    while True:  # gzip: one member after another (RFC 1952), as gzip.decompress reads them
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(rest, limit + 1 - size)
+        except zlib.error as exc:
+            raise InputError(f"the body is not valid {encoding} data: {exc}") from None
+        size += len(part)
+        parts.append(part)
+        if size > limit or inflater.unconsumed_tail:
+            raise PayloadTooLargeError(f"the body inflates past {limit} bytes, the most this "
+                                       "model's largest request needs")
+        if not inflater.eof:
+            raise InputError(f"the body is not valid {encoding} data: it ends inside the "
+                             "compressed stream (truncated)")
+        rest = inflater.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        if encoding != "gzip":
+            raise InputError(f"the body has {len(rest)} bytes after the end of its deflate "
+                             "stream")
 
 
 # ---- building ---------------------------------------------------------------------------------
