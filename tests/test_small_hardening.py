@@ -64,3 +64,16 @@ def test_gzip_bodies_are_read_whole_or_refused() -> None:
         inflate(gzip.compress(b"a" * 60) + gzip.compress(b"b" * 60), "gzip", 100)
     with pytest.raises(InputError, match="not valid gzip"):
         inflate(gzip.compress(b"a") + b"\x00garbage", "gzip", 100)
+
+
+@pytest.mark.parametrize("opset", [1000, 0])
+def test_compile_refuses_an_opset_onnx_does_not_know(tmp_path, opset) -> None:
+    model = conv_model()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = opset
+    onnx.save(model, tmp_path / "future.onnx")
+    spec = gr.GearSpec.from_atc("data:-1,3,8,8", dynamic_batch_size="1,2")
+    with pytest.raises(gr.CompileError, match=f"opset {opset}; this onnx .* knows opsets 1"):
+        gr.compile(str(tmp_path / "future.onnx"), spec, str(tmp_path / "f.gear.onnx"),
+                   progress=False)

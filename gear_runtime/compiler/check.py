@@ -190,6 +190,11 @@ def inspect_model(model: onnx.ModelProto) -> GraphInfo:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise CompileError("the model imports no ai.onnx opset")
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= int(opset) <= newest:  # else it compiles and then fails at load
+        raise CompileError(f"the model imports ai.onnx opset {opset}; this onnx "
+                           f"({onnx.__version__}) knows opsets 1..{newest}: re-export it at "
+                           "a real opset")
     return GraphInfo(inputs, outputs, weights, int(opset))
 
 
