@@ -208,6 +208,29 @@ def test_sigterm_with_many_requests_on_the_wire_answers_every_one(files) -> None
     assert "server stopped" in out
 
 
+def test_requests_received_while_draining_are_answered(files) -> None:
+    """Round 3's F6: SIGTERM starts the drain, and what arrives before the deadline is
+    answered (200), not refused with 503 from the first millisecond."""
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--drain-seconds", "30"])
+    socks = []
+    try:
+        body = _conv_body(1)
+        for _ in range(20):
+            s = socket.create_connection((HOST, server.port), timeout=60)
+            s.sendall(_raw_request("/v2/models/conv/infer", body))
+            socks.append(s)
+        server.proc.send_signal(signal.SIGTERM)
+        replies = [read_reply(s, timeout=60) for s in socks]
+        code, _, err = server.stop()
+    finally:
+        for s in socks:
+            s.close()
+        server.kill()
+    statuses = [r.split(b" ", 2)[1] for r in replies]
+    assert statuses == [b"200"] * 20, statuses
+    assert code == 0, err
+
+
 def test_the_drain_deadline_answers_503_and_exits(files) -> None:
     """Past --drain-seconds, requests still waiting are answered 503 + Retry-After."""
     server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",

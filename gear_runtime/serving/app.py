@@ -85,6 +85,8 @@ class GearServer:
         self.repository = repository
         #: not ready: set at the first SIGTERM (the drain) and at close
         self.closing = False
+        #: past the drain deadline: inference is answered 503 (until then, answered)
+        self.refusing = False
         #: name -> why a repository model is not loaded ("unloaded", a load's error)
         self.unavailable: dict[str, str] = {}
         self._repository_lock: asyncio.Lock | None = None
@@ -246,8 +248,8 @@ class GearServer:
             return self._error(exc, "")
         with model.use():
             try:
-                if self.closing:
-                    raise ClosedError("the server is shutting down")
+                if self.refusing:  # draining answers what it receives until the deadline
+                    raise ClosedError("the server is shutting down (past its drain deadline)")
                 infer_request = await self._decode(request, model.max_request_bytes)
                 admitted = time.perf_counter()
                 timing, outputs = await model.infer(infer_request)
@@ -391,13 +393,15 @@ class GearServer:
         self.closing = True
 
     def refuse_waiting(self) -> None:
-        """Past the drain deadline: what waits for an executor is answered 503."""
+        """Past the drain deadline: what waits for an executor, and every inference request
+        from now on, is answered 503."""
+        self.refusing = True
         for model in self.models.values():
             model.refuse_waiting()
 
     async def close(self) -> None:
         """Stop every model (batchers, executors, the models); idempotent."""
-        self.closing = True
+        self.closing = self.refusing = True
         models, self.models = self.models, {}
         await asyncio.gather(*(m.close() for m in models.values()), *self._retiring,
                              return_exceptions=True)

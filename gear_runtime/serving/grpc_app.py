@@ -166,8 +166,9 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def call() -> Any:
             with model.use():
                 try:
-                    if self.server.closing:
-                        raise ClosedError("the server is shutting down")
+                    if self.server.refusing:  # until the drain deadline: answered
+                        raise ClosedError("the server is shutting down (past its drain "
+                                          "deadline)")
                     size = request.ByteSize()
                     if size > model.max_request_bytes:
                         raise PayloadTooLargeError(
