@@ -350,6 +350,37 @@ def test_a_half_sent_request_is_cut_off_by_the_timeouts(files) -> None:
         assert request(running.port, "GET", "/v2/health/live")[0] == 200
 
 
+def test_a_trickling_body_is_cut_off_by_the_minimum_rate(files) -> None:
+    """Round 3's F5: one body byte every 0.1 s never trips the inactivity limit; below
+    --min-body-rate on average past --body-timeout, it is 408 and closed (a slot freed),
+    while a body at full speed is served."""
+    limits = HttpLimits(body_timeout_s=0.5, min_body_rate=1000)
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    with live(server, limits=limits) as running:
+        raw = _raw_request("/v2/models/conv/infer", _conv_body(1))
+        head = raw.index(b"\r\n\r\n") + 4
+        with socket.create_connection((HOST, running.port), timeout=30) as s:
+            s.sendall(raw[:head])
+            t0, reply = time.monotonic(), b""
+            s.settimeout(0.1)
+            for byte in raw[head:head + 100]:
+                try:
+                    s.sendall(bytes([byte]))
+                    reply = s.recv(4096)
+                    if reply:
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+            took = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 408") and b"bytes/s" in reply, reply[:300]
+        assert 0.4 < took < 5, took
+        with socket.create_connection((HOST, running.port), timeout=30) as s:
+            s.sendall(raw)
+            assert read_reply(s).startswith(b"HTTP/1.1 200")
+
+
 def test_past_the_connection_limit_a_quick_503(files) -> None:
     """--max-connections 8: the 9th connection is answered 503 at once and closed; when
     connections close, new ones are served again (no fd exhaustion, no hang)."""

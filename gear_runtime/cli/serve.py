@@ -95,6 +95,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "then 408)")
     p.add_argument("--body-timeout", type=float_at_least(0.001), default=30.0, metavar="S",
                    help="longest pause within a request body (default 30; then 408)")
+    p.add_argument("--min-body-rate", type=float_at_least(0.0), default=1024.0, metavar="B",
+                   help="after --body-timeout, a body must arrive at B bytes/s on average "
+                   "(default 1024; then 408): a trickling client cannot hold its slot")
     p.add_argument("--keep-alive-timeout", type=float_at_least(0.001), default=75.0,
                    metavar="S", help="an idle keep-alive connection closes after S seconds "
                    "(default 75)")
@@ -155,7 +158,7 @@ def limits_from_args(args: argparse.Namespace) -> HttpLimits:
     from gear_runtime.serving.http import HttpLimits
 
     return HttpLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                      keep_alive_s=args.keep_alive_timeout,
+                      min_body_rate=args.min_body_rate, keep_alive_s=args.keep_alive_timeout,
                       max_connections=args.max_connections)
 
 

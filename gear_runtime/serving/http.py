@@ -53,6 +53,9 @@ class HttpLimits:
     header_timeout_s: float = 10.0
     #: longest pause between two pieces of a body (a client that stops mid-body)
     body_timeout_s: float = 30.0
+    #: after body_timeout_s, a body must have come at this many bytes/s on average (a
+    #: client trickling a byte now and then would hold its connection slot for good)
+    min_body_rate: float = 1024.0
     #: an idle keep-alive connection is closed after this long
     keep_alive_s: float = 75.0
     #: open connections; one more is answered 503 at once and closed
@@ -155,6 +158,7 @@ class _Connection(asyncio.Protocol):
         self.request: HttpRequest | None = None
         self.chunks: list[bytes] = []
         self.body_size = 0
+        self.body_started = 0.0
         self.body_cap = 0
         # complete requests (or replies decided already) waiting their turn, with keep-alive
         self.queue: deque[tuple[HttpRequest | HttpReply, bool]] = deque()
@@ -286,6 +290,7 @@ class _Connection(asyncio.Protocol):
             raise _Refused
         if headers.get("expect", "").lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.body_started = self.loop.time()
         self._arm("body", self.limits.body_timeout_s)
 
     def on_body(self, chunk: bytes) -> None:
@@ -404,10 +409,20 @@ class _Connection(asyncio.Protocol):
         self.timer = None
         if self.transport is None:
             return
-        if kind == "body":  # an inactivity limit: any byte since re-arms it
-            rest = self.last_activity + seconds - self.loop.time()
-            if rest > 0:
-                self.timer = self.loop.call_later(rest, self._expire, kind, seconds)
+        if kind == "body":  # an inactivity limit: any byte since re-arms it ...
+            now = self.loop.time()
+            took = now - self.body_started
+            rest = self.last_activity + seconds - now
+            slow = took >= seconds and self.body_size < self.limits.min_body_rate * took
+            if slow:  # ... unless the bytes come too slowly on average
+                self.server.timeouts += 1
+                self._refuse(408, f"the request's body came at {self.body_size / took:.0f} "
+                                  f"bytes/s, below the {self.limits.min_body_rate:g} bytes/s "
+                                  "the server needs", self.request)
+                return
+            if rest > 0:  # checked again within `seconds`: the rate too
+                self.timer = self.loop.call_later(min(rest, seconds), self._expire, kind,
+                                                  seconds)
                 return
         if kind in ("idle", "linger"):
             self.transport.close()
