@@ -272,12 +272,10 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
         gear_tmp = _new_file(folder, escape_file_name(os.path.basename(path)), temps)
         _write_checked(model, gear_tmp, digests)
         if data_bytes:
-            for t in tensors:  # the temporary name was what the checker saw
-                relocate(t, data_name)
-            with open(gear_tmp, "wb") as f:
-                f.write(_sealed(model, digests))
-            os.replace(temps[0], os.path.join(folder, data_name))
-        os.replace(gear_tmp, path)
+            _replace_pair(model, tensors, path, folder, data_name, digests, gear_tmp, temps)
+        else:
+            os.replace(gear_tmp, path)
+        _remove_stale_temps(folder, [escape_file_name(os.path.basename(path)), data_name])
         if not data_bytes:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, data_name))
@@ -289,6 +287,77 @@ def save_gear_file(model: onnx.ModelProto, path: str, source: Source,
         for tmp in temps:  # gone after a successful replace
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _replace_pair(model: onnx.ModelProto, tensors: list[onnx.TensorProto], path: str,
+                  folder: str, data_name: str, digests: dict[str, DataDigest], gear_tmp: str,
+                  temps: list[str]) -> None:
+    """Put the new gear file and data file in place so that a kill at any moment leaves a
+    pair that belongs together (the old one or the new one), never the old gear file with
+    the new data file.
+
+    1. The gear file as checked -- pointing at the data file's TEMPORARY name, its digest
+       recorded under that name -- replaces ``path``: already a whole new pair.
+    2. A hard link gives the new data file its real name (replacing the old data file);
+       the temporary name still holds it, so step 1's gear file stays whole.
+    3. The gear file pointing at the real name replaces ``path``; the temporary name goes.
+    Where the file system has no hard links, the data file is renamed in place and then the
+    gear file (a kill between the two leaves a mismatched pair, which load refuses)."""
+    data_tmp, data_path = temps[0], os.path.join(folder, data_name)
+    tmp_name = os.path.basename(data_tmp)
+    with open(gear_tmp, "wb") as f:  # 1.
+        f.write(_sealed(model, {tmp_name: digests[data_name]}))
+    try:
+        link = _new_name(folder, data_name)
+        os.link(data_tmp, link)
+    except OSError:
+        linked = False
+    else:
+        temps.append(link)
+        linked = True
+        os.replace(gear_tmp, path)
+        os.replace(link, data_path)  # 2.
+    for t in tensors:
+        relocate(t, data_name)
+    final = _new_file(folder, escape_file_name(os.path.basename(path)), temps)
+    with open(final, "wb") as f:
+        f.write(_sealed(model, digests))
+    if not linked:
+        os.replace(data_tmp, data_path)
+    os.replace(final, path)  # 3.
+
+
+def _remove_stale_temps(folder: str, names: list[str]) -> None:
+    """Remove what killed compiles of these names left (``.tmp-<name>.<pid>.<hex>`` of a
+    process that no longer runs); a live compile's files are left alone."""
+    for entry in os.listdir(folder):
+        for name in names:
+            prefix = f".tmp-{name}."
+            if not entry.startswith(prefix):
+                continue
+            pid = entry[len(prefix):].split(".")[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
+def _new_name(folder: str, name: str) -> str:
+    """A free temporary name for ``name`` in ``folder`` (nothing created)."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".tmp-{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        if not os.path.lexists(tmp):
+            return tmp
+    raise OSError(f"no free temporary file name in {folder!r}")
 
 
 def _new_file(folder: str, name: str, temps: list[str]) -> str:
