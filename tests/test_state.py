@@ -375,3 +375,27 @@ def test_a_static_model_is_served(pair) -> None:
         result = c.infer("decode", inputs)
         np.testing.assert_array_equal(result.as_numpy("logits"), want[0])
         np.testing.assert_array_equal(result.as_numpy("present_kv"), want[1])
+
+
+def test_out_must_be_a_dict_of_names(pair) -> None:
+    ex = gr.load(str(pair[1])).create_executor()
+    ids = causal_lm.prompt(20, SIZES)
+    with pytest.raises(InputError, match="out must be a dict output name -> numpy array, got "
+                                         "list"):
+        ex.execute({"input_ids": ids, "attention_mask": np.ones_like(ids)}, pad=True,
+                   out=[np.zeros(SIZES.cache_shape, np.float32)])
+
+
+def test_check_padding_valid_axis_must_be_an_int(pair) -> None:
+    with pytest.raises(InputError, match="valid axis of 'present_kv' is True"):
+        gr.check_padding(str(pair[1]), str(pair[0]), samples=SAMPLES,
+                         valid={"present_kv": True})
+
+
+@pytest.mark.parametrize("value", ["-1", "fast"])
+def test_serve_refuses_a_bad_min_body_rate(pair, capsys, value) -> None:
+    from tests.cli_support import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(capsys, "serve", str(pair[2]), "--min-body-rate", value)
+    assert code == 2
+    assert_one_line_error(err, "--min-body-rate", repr(value))
