@@ -224,11 +224,7 @@ class OrtModel(BackendModel, BenchModel):
             graph = gear_file.model_bytes  # runnable as it is; the dims come out last
             proto = onnx.load_from_string(graph) if self.cuda_graph else None
         else:
-            assert gear_file.dynamic is not None  # the reader checks every case file has it
-            proto = gear_file.runnable(gear_file.dynamic)
-            # ORT never writes a pre-bound buffer for an output no node computes
-            passthrough.wrap(proto.graph, inputs_count=False)
-            graph = proto.SerializeToString()
+            proto, graph = self._source_graph()
         if self.cuda_graph and proto is not None:
             hazards = capture_hazards(proto.graph)
             if hazards:
@@ -247,6 +243,15 @@ class OrtModel(BackendModel, BenchModel):
         self.session: ort.InferenceSession | None = session
         self._graph_ids = itertools.count(1)  # 0 and -1 mean something to ORT; ours start at 1
 
+    def _source_graph(self) -> tuple[onnx.ModelProto, bytes]:
+        """The graph the session runs (not sink): the source graph with the weights it reads,
+        its passthrough outputs wrapped; and it serialized."""
+        assert self.file.dynamic is not None  # the reader checks every case file has it
+        proto = self.file.runnable(self.file.dynamic)
+        # ORT never writes a pre-bound buffer for an output no node computes
+        passthrough.wrap(proto.graph, inputs_count=False)
+        return proto, proto.SerializeToString()
+
     def _weights(self, proto: onnx.ModelProto | None) -> Any:
         """(name, array) of the weights this model's session reads (CPU only)."""
         if self.on_cuda or self.info.sink or proto is None:
@@ -263,9 +268,7 @@ class OrtModel(BackendModel, BenchModel):
         with self._store_lock:  # two models sharing at once build it once
             if self._store is not None:
                 return self._store
-            proto = self.file.runnable(self.file.dynamic)
-            passthrough.wrap(proto.graph, inputs_count=False)
-            graph = proto.SerializeToString()
+            proto, graph = self._source_graph()
 
             def build() -> ort.InferenceSession:
                 # read while checked_load holds and hashes the data files: the weights held
@@ -430,8 +433,7 @@ class OrtSession(BackendSession, BenchSession):
             # With state, the bindings of the other parity (state read from buffer 1, written
             # to buffer 0); commit_state swaps the two sets after each successful run.
             self._alt_bindings = [] if state is None else [self._bind(g, 1) for g in gears]
-            self._alt_c_bindings = [b if self._c_bindings[g] is self._bindings[g]
-                                    else b._iobinding for g, b in enumerate(self._alt_bindings)]
+            self._alt_c_bindings = [self._run_arg(g, b) for g, b in enumerate(self._alt_bindings)]
             if model.cuda_graph:
                 # Largest gear first, as vLLM captures: later, smaller graphs reuse its pool.
                 order = sorted(gears, key=lambda g: -sum(layout.nbytes(g, i)
@@ -493,6 +495,11 @@ class OrtSession(BackendSession, BenchSession):
         if on_device or c_run is None or any(b is None for b in c_bindings):
             return session.run_with_iobinding, list(self._bindings)
         return c_run, c_bindings
+
+    def _run_arg(self, g: int, binding: Any) -> Any:
+        """What ``_run_c`` takes of another binding of gear ``g``: the form it takes of the
+        first one (:meth:`_run_call`)."""
+        return binding if self._c_bindings[g] is self._bindings[g] else binding._iobinding
 
     def _bind(self, g: int, parity: int | None = None) -> Any:
         """An IOBinding of gear g: inputs at staging (or device) offsets, outputs preallocated;
@@ -605,7 +612,7 @@ class OrtSession(BackendSession, BenchSession):
         entry = self._into.get((parity, gear))
         if entry is None:
             binding = self._bind(gear, parity)
-            arg = binding if self._c_bindings[gear] is self._bindings[gear] else binding._iobinding
+            arg = self._run_arg(gear, binding)
             bound = {k: o.ctypes.data for k, o in enumerate(self._outputs[gear])
                      if k not in self._state_out}
             entry = self._into[(parity, gear)] = (binding, arg, bound)
@@ -654,7 +661,7 @@ class OrtSession(BackendSession, BenchSession):
         """Gear ``gear``'s copy=True binding, what ``_run_c`` takes of it (as for the first
         binding) and its bound output addresses (0: not bound to a pooled block yet)."""
         binding = self._bind(gear)
-        arg = binding if self._c_bindings[gear] is self._bindings[gear] else binding._iobinding
+        arg = self._run_arg(gear, binding)
         self._owned[gear] = binding, arg, [0] * len(self._outputs[gear])
         return self._owned[gear]
 
