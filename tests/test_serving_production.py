@@ -177,25 +177,31 @@ def test_no_thread_spins_between_requests(files) -> None:
 
 
 # ---- nothing accepted is lost -----------------------------------------------------------------
-def test_sigterm_with_many_requests_on_the_wire_answers_every_one(files) -> None:
-    """200 complete requests on the wire (many still in the accept queue), then SIGTERM:
-    every one gets a whole HTTP answer (200, or 503 + Retry-After), then exit 0."""
-    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
-                           "50"])
+def _sigterm_after_requests(args: list[str], count: int) -> tuple[list[bytes], tuple]:
+    """Serve ``args``, put ``count`` complete infer requests on the wire (a connection
+    each), SIGTERM the server: every connection's reply, and ``server.stop()``'s result."""
+    server = ServeProcess(args)
     socks = []
     try:
         body = _conv_body(1)
-        for _ in range(200):
+        for _ in range(count):
             s = socket.create_connection((HOST, server.port), timeout=60)
             s.sendall(_raw_request("/v2/models/conv/infer", body))
             socks.append(s)
         server.proc.send_signal(signal.SIGTERM)
         replies = [read_reply(s, timeout=60) for s in socks]
-        code, out, err = server.stop()
+        return replies, server.stop()
     finally:
         for s in socks:
             s.close()
         server.kill()
+
+
+def test_sigterm_with_many_requests_on_the_wire_answers_every_one(files) -> None:
+    """200 complete requests on the wire (many still in the accept queue), then SIGTERM:
+    every one gets a whole HTTP answer (200, or 503 + Retry-After), then exit 0."""
+    replies, (code, out, err) = _sigterm_after_requests(
+        [str(files["conv"]), "--executors", "1", "--max-batch-delay-ms", "50"], 200)
     statuses = [r.split(b" ", 2)[1] if r.startswith(b"HTTP/1.1 ") else r[:40] for r in replies]
     assert all(s in (b"200", b"503") for s in statuses), statuses
     for r in replies:
@@ -211,21 +217,8 @@ def test_sigterm_with_many_requests_on_the_wire_answers_every_one(files) -> None
 def test_requests_received_while_draining_are_answered(files) -> None:
     """Round 3's F6: SIGTERM starts the drain, and what arrives before the deadline is
     answered (200), not refused with 503 from the first millisecond."""
-    server = ServeProcess([str(files["conv"]), "--executors", "1", "--drain-seconds", "30"])
-    socks = []
-    try:
-        body = _conv_body(1)
-        for _ in range(20):
-            s = socket.create_connection((HOST, server.port), timeout=60)
-            s.sendall(_raw_request("/v2/models/conv/infer", body))
-            socks.append(s)
-        server.proc.send_signal(signal.SIGTERM)
-        replies = [read_reply(s, timeout=60) for s in socks]
-        code, _, err = server.stop()
-    finally:
-        for s in socks:
-            s.close()
-        server.kill()
+    replies, (code, _, err) = _sigterm_after_requests(
+        [str(files["conv"]), "--executors", "1", "--drain-seconds", "30"], 20)
     statuses = [r.split(b" ", 2)[1] for r in replies]
     assert statuses == [b"200"] * 20, statuses
     assert code == 0, err
