@@ -399,3 +399,12 @@ def test_serve_refuses_a_bad_min_body_rate(pair, capsys, value) -> None:
     code, _, err = run_cli(capsys, "serve", str(pair[2]), "--min-body-rate", value)
     assert code == 2
     assert_one_line_error(err, "--min-body-rate", repr(value))
+
+
+def test_the_state_view_is_a_mapping_of_the_state_inputs(pair) -> None:
+    ex = gr.load(str(pair[2])).create_executor(state=causal_lm.STATE)
+    assert "past_kv" in ex.state and "position" not in ex.state
+    assert dict(ex.state).keys() == {"past_kv"}
+    with pytest.raises(KeyError, match="'position' is no state input"):
+        ex.state["position"]
+    assert len(gr.load(str(pair[2])).create_executor().state) == 0

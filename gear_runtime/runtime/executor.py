@@ -351,7 +351,7 @@ class Executor:
                 return self._trim(outputs, request)
             return outputs
         finally:
-            self._leave(owner)
+            owner.release()  # inline, as the acquire above: this is the hot path
             if self._deferred:  # closed from inside this call (a signal handler): now
                 self._finish_close()
 
@@ -425,8 +425,10 @@ class Executor:
         return _StateView(self)
 
     def _state_buffer(self, name: str) -> np.ndarray:
-        if self._plan is None:
-            raise KeyError(name)
+        if name not in self.state_names:  # a KeyError: ``name in ex.state`` is then False
+            raise KeyError(f"{name!r} is no state input of this executor; its state inputs: "
+                           f"{', '.join(self.state_names) or 'none'}")
+        assert self._plan is not None
         pair = self._plan.pair(name)
         return self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
 
