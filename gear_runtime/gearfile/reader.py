@@ -725,13 +725,14 @@ def _static_outputs(model: onnx.ModelProto, path: str) -> list[onnx.ValueInfoPro
     found = {o.name: o for o in inferred.graph.output}
     out = []
     for o in outputs:
-        shape = _declared(found.get(o.name, o))
+        typed = found.get(o.name, o)
+        shape = _declared(typed)
         if -1 in shape:
             raise GearFileError(
                 f"{path!r}: output {o.name!r} of this static model has no static shape "
                 f"(declared {list(_declared(o))}, inferred {list(shape)}); export it with "
                 "static output shapes")
-        out.append(found[o.name])
+        out.append(typed)
     return out
 
 

@@ -57,7 +57,8 @@ def load(path: str, backend: str = "onnxruntime", *,
     environment variable :data:`MAX_BUFFER_BYTES_ENV`); more is a GearFileError.
     ``share_weights_with``: a model loaded before (same backend; onnxruntime's CPU here)
     whose weights equal in dtype, shape and bytes this model uses instead of its own copy
-    (a prefill and its decode); load both before creating executors of the first.
+    (a prefill and its decode). Executors of the other model made before keep their own
+    copy until they close: create them after loading both to hold the weights once.
     """
     path = arguments.path("path", path)
     if share_weights_with is not None:
