@@ -351,10 +351,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _temp_name(folder: str, name: str) -> str:
+    """One candidate temporary name for ``name``: ``.tmp-<name>.<pid>.<hex>`` (the form
+    :func:`_remove_stale_temps` recognises)."""
+    return os.path.join(folder, f".tmp-{name}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
 def _new_name(folder: str, name: str) -> str:
     """A free temporary name for ``name`` in ``folder`` (nothing created)."""
     for _ in range(100):
-        tmp = os.path.join(folder, f".tmp-{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = _temp_name(folder, name)
         if not os.path.lexists(tmp):
             return tmp
     raise OSError(f"no free temporary file name in {folder!r}")
@@ -367,7 +373,7 @@ def _new_file(folder: str, name: str, temps: list[str]) -> str:
     that ``.hidden`` gives no ``..``) with the mode the umask gives new files (0644 under umask
     022; mkstemp would force 0600) and record it in ``temps``."""
     for _ in range(100):
-        tmp = os.path.join(folder, f".tmp-{name}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = _temp_name(folder, name)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
