@@ -9,7 +9,10 @@ the one-copy-in / one-copy-out path and every binding are the code a GPU runs.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -241,6 +244,51 @@ def test_every_gear_runs_right_over_the_shared_arena(tmp_path: Path, monkeypatch
                                        atol=1e-5)
     owned = ex.execute(feeds, copy=True)  # fresh already: no copy on top
     assert owned[0].shape == spec.shapes(g)["x"]
+
+
+def test_each_view_owns_its_struct_until_ort_releases_it(tmp_path: Path) -> None:
+    """A view's DLPack struct lives exactly as long as the view: ORT's deleter reads it when
+    the view dies, so freeing it with the arena's other attributes was a use-after-free."""
+    if not hasattr(ort.OrtValue, "from_dlpack"):
+        pytest.skip("ORT < 1.26 makes no views")
+    before = len(cuda._LIVE)
+    arena = cuda._Arena(4096, ("cpu", 0))
+    assert arena.shared and len(cuda._LIVE) == before  # the probe view died: released
+    views = [arena.region(256 * k, 64) for k in range(4)]
+    assert len(cuda._LIVE) == before + 4
+    del arena  # the owner first, its views after: the order that read freed memory
+    views.pop().update_inplace(np.zeros(64, np.uint8))
+    assert len(cuda._LIVE) == before + 3
+    views.clear()
+    assert len(cuda._LIVE) == before
+
+
+def test_executor_teardown_is_clean_under_the_debug_allocator(tmp_path: Path) -> None:
+    """The device staging torn down in every order under PYTHONMALLOC=debug, which poisons
+    freed memory: the keep-list version of the views crashed here (rc 139)."""
+    _, _, path = _heavy(tmp_path)
+    script = f"""
+import gc, sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import gear_runtime as gr
+from test_backend_ort_device import _on_host_device
+for order in range(3):
+    model = gr.load({path!r})
+    _on_host_device(model)
+    ex = [model.create_executor() for _ in range(2)]
+    if order == 0:
+        ex[0].close(); del ex
+    elif order == 1:
+        staging = ex[1].session._device; del ex; del staging
+    else:
+        del model, ex
+    gc.collect()
+print("clean")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONMALLOC": "debug"},
+                          timeout=120)
+    assert done.returncode == 0 and "clean" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
 def test_the_device_path_runs_through_the_public_run_api(tmp_path: Path, monkeypatch) -> None:

@@ -149,10 +149,21 @@ _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_
                              ("deleter", _DELETER)]
 
 
+#: The ctypes structs of every live view, by the address ORT hands back to the deleter. A view
+#: owns its struct: ORT's DLPack deleter (DlpackToOrtValue, core/dlpack/dlpack_converter.cc)
+#: reads ``dlpack->deleter`` from the struct when the OrtValue dies, so the struct must live
+#: exactly as long as the view, whatever order its holders are torn down in. Keeping them in
+#: the owner's list freed them before the views on teardown (a use-after-free).
+_LIVE: dict[int, tuple[Any, Any]] = {}
+
+
 @_DELETER
-def _keep(_: Any) -> None:
-    """The views' deleter: nothing to free (the structs live as long as their DeviceStaging,
-    which outlives its views); ORT calls it unconditionally, so it must exist."""
+def _release(managed: Any) -> None:
+    """The views' deleter, called by ORT when a view dies: frees the view's structs. ORT reads
+    nothing from them after the call."""
+    live = _LIVE  # None only while the interpreter tears this module down
+    if live is not None:
+        live.pop(ctypes.addressof(managed.contents), None)
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -160,19 +171,23 @@ _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
-def _view(ptr: int, nbytes: int, device: tuple[str, int],
-          keep: list[Any]) -> ort.OrtValue:
-    """A uint8 OrtValue of ``nbytes`` at ``ptr`` on ``device``, owning nothing; the ctypes
-    structs it points at are appended to ``keep`` (they must outlive the view)."""
+def _view(ptr: int, nbytes: int, device: tuple[str, int]) -> ort.OrtValue:
+    """A uint8 OrtValue of ``nbytes`` at ``ptr`` on ``device``, owning nothing. Its ctypes
+    structs stay in :data:`_LIVE` until ORT calls the deleter (when the view dies)."""
     shape = (ctypes.c_int64 * 1)(nbytes)
     managed = _DLManagedTensor()
     t = managed.dl_tensor
     t.data, t.ndim, t.shape, t.strides, t.byte_offset = ptr, 1, shape, None, 0
     t.device = _DLDevice(_KDL_CUDA if device[0] == "cuda" else _KDL_CPU, device[1])
     t.dtype = _DLDataType(_KDL_UINT, 8, 1)
-    managed.manager_ctx, managed.deleter = None, _keep
-    keep.append((managed, shape))
-    return ort.OrtValue.from_dlpack(_capsule_new(ctypes.addressof(managed), b"dltensor", None))
+    managed.manager_ctx, managed.deleter = None, _release
+    address = ctypes.addressof(managed)
+    _LIVE[address] = (managed, shape)
+    try:
+        return ort.OrtValue.from_dlpack(_capsule_new(address, b"dltensor", None))
+    except BaseException:
+        _LIVE.pop(address, None)  # ORT never took it, so it will never call the deleter
+        raise
 
 
 class _Arena:
@@ -183,7 +198,7 @@ class _Arena:
     own instead: correct, only not shared (``shared`` says which)."""
 
     def __init__(self, nbytes: int, device: tuple[str, int]) -> None:
-        self.device, self._keep = device, []
+        self.device = device
         #: device bytes held: the arena, plus the regions of their own when views fail
         self.nbytes = max(int(nbytes), 1)
         self.value = _alloc(nbytes, device)
@@ -192,7 +207,7 @@ class _Arena:
 
     def _views_work(self) -> bool:
         try:
-            probe = _view(self.base, 1, self.device, self._keep)
+            probe = _view(self.base, 1, self.device)
             probe.update_inplace(np.array([0xA5], np.uint8))
             return int(probe.data_ptr()) == self.base and int(probe.numpy()[0]) == 0xA5
         except Exception:  # noqa: BLE001 - any failure means: no views on this ORT
@@ -201,7 +216,7 @@ class _Arena:
     def region(self, offset: int, nbytes: int) -> ort.OrtValue:
         """An OrtValue of ``nbytes`` (at least 1) at ``offset`` of the arena, or of its own."""
         if self.shared:
-            return _view(self.base + offset, max(nbytes, 1), self.device, self._keep)
+            return _view(self.base + offset, max(nbytes, 1), self.device)
         self.nbytes += max(int(nbytes), 1)
         return _alloc(nbytes, self.device)
 
