@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -326,6 +327,65 @@ def test_graph_executor_bare_run_keeps_the_thread_rule(tmp_path: Path) -> None:
     t.start()
     t.join()
     assert len(errors) == 1 and "thread that created it" in str(errors[0])
+
+
+def _overlap(path: str, graphs: bool, monkeypatch) -> int:
+    """The most runs in flight at once on one model's session, two executors each running on
+    its own thread (the thread that made it, as graphs need), plus the naive run."""
+    model = gr.load(path)
+    _on_host_device(model, graphs=graphs)
+    original = heavy_model(width=64, layers=2)
+    spec = model.backend_model.info.spec
+    in_flight, most, lock = [0], [0], threading.Lock()
+    started = threading.Barrier(3)
+
+    def counted(call):
+        def run(*args):
+            with lock:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            try:
+                time.sleep(0.002)  # long enough for the other thread to come in
+                return call(*args)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+        return run
+
+    real_run = ort.InferenceSession.run
+    monkeypatch.setattr(ort.InferenceSession, "run",
+                        lambda self, *a, **k: counted(real_run)(self, *a, **k))
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            ex = model.create_executor()
+            ex.session._run_c = counted(ex.session._run_c)
+            started.wait()
+            for k in range(30):
+                ex.execute(random_inputs(original, spec.shapes(k % spec.gear_count), seed=k))
+            ex.close()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait()
+    for k in range(15):
+        model.backend_model.naive_run(random_inputs(original, spec.shapes(0), seed=k))
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return most[0]
+
+
+def test_runs_on_a_cuda_graph_session_never_overlap(tmp_path: Path, monkeypatch) -> None:
+    """ORT forbids concurrent Run() on a session with CUDA graphs: two executors' runs and
+    the naive run take turns; without graphs they overlap (what shows the count can see it)."""
+    _, _, path = _heavy(tmp_path)
+    assert _overlap(path, graphs=True, monkeypatch=monkeypatch) == 1
+    assert _overlap(path, graphs=False, monkeypatch=monkeypatch) > 1
 
 
 def test_graphs_are_released_only_on_their_thread(tmp_path: Path, monkeypatch) -> None:

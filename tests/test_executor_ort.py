@@ -284,3 +284,61 @@ def test_weights_reach_ort_through_the_model_never_add_initializer(
     for g in range(spec.gear_count):
         feeds = random_inputs(original, spec.shapes(g), seed=g)
         assert_same(ex.execute(feeds), run_model(original, feeds))
+
+
+# ---- ORT's private run call: probed once per session, the public one where it does not fit ---
+class _FakeSession:
+    """What private_run looks at: ``_sess.run_with_iobinding`` and ``io_binding()``."""
+
+    def __init__(self, call) -> None:
+        import types
+        self._sess = types.SimpleNamespace(run_with_iobinding=call) if call else object()
+
+    def io_binding(self):
+        import types
+        return types.SimpleNamespace(_iobinding=object())
+
+
+def test_the_private_run_is_taken_only_when_it_takes_a_binding_and_run_options() -> None:
+    from gear_runtime.backends.onnxruntime import private_run
+
+    def refuses(binding, options):  # what ORT does with a binding that binds nothing
+        raise RuntimeError("At least one output should be requested.")
+
+    def changed(binding, options, extra):  # a future signature
+        raise AssertionError("never reached")
+
+    assert private_run(_FakeSession(refuses)) is refuses
+    assert private_run(_FakeSession(lambda *a: (_ for _ in ()).throw(TypeError("x")))) is None
+    assert private_run(_FakeSession(None)) is None  # the name is gone
+    assert private_run(_FakeSession(changed)) is None  # TypeError from the call itself
+
+
+def test_an_ort_whose_private_run_does_not_fit_runs_through_the_public_one(
+        tmp_path: Path, monkeypatch) -> None:
+    import onnxruntime as ort
+
+    from gear_runtime.backends import onnxruntime as ortb
+    original, spec, path = compiled(tmp_path, "prefill")
+    monkeypatch.setattr(ortb, "private_run", lambda session: None)
+    public: list[int] = []
+    real = ort.InferenceSession.run_with_iobinding
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding",
+                        lambda self, b, o=None: public.append(1) or real(self, b, o))
+    ex = gr.load(path).create_executor()
+    for g in range(spec.gear_count):
+        feeds = random_inputs(original, spec.shapes(g), seed=g)
+        assert_same(ex.execute(feeds), run_model(original, feeds))
+        assert_same(ex.execute(feeds, copy=True), run_model(original, feeds))
+    assert len(public) == 2 * spec.gear_count
+
+
+def test_the_real_ort_takes_the_private_run(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from gear_runtime.backends.onnxruntime import private_run
+    _, _, path = compiled(tmp_path, "prefill")
+    ex = gr.load(path).create_executor()
+    session = ex.session._ort
+    assert private_run(session) is not None, f"onnxruntime {ort.__version__}"
+    assert ex.session._c_bindings[0] is not ex.session._bindings[0]  # the C binding's form

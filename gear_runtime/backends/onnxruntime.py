@@ -30,7 +30,7 @@ import contextlib
 import itertools
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -231,6 +231,9 @@ class OrtModel(BackendModel, BenchModel):
                 self._without_graphs("; ".join(hazards))
         self._store: shared_weights.WeightStore | None = None
         self._store_lock = threading.Lock()
+        # ORT's CUDA EP: with CUDA graphs on, Run() may not be called on one session from
+        # several threads at once (docs "Using CUDA Graphs"), so every run on it is exclusive.
+        self._graph_lock = threading.Lock()
         #: the weights this model's session takes from another model's (none: not shared)
         self.shared_weights = shared_weights.SharedWeights({}, 0)
         if share_weights_with is not None:
@@ -348,8 +351,23 @@ class OrtModel(BackendModel, BenchModel):
         the GPU through the capture gate like every run."""
         options = ort.RunOptions()
         options.add_run_config_entry(GRAPH_ID_KEY, "-1")
-        with cuda_shared(self.on_cuda):
+        with self.run_guard():
             return self.live_session().run(None, feeds, options)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def run_guard(self) -> Iterator[None]:
+        """What every run on this model's session holds. On CUDA: the GPU shared with other
+        runs, never with a capture (:data:`CUDA_GATE`); with CUDA graphs also the session to
+        itself, since ORT forbids concurrent Run() calls on a graph session. The gate is taken
+        first: a run waiting for the session then holds no place a capture waits on that the
+        run holding the session needs. The executors of one model share its stream, so the
+        GPU work is in one queue either way. Off CUDA: nothing."""
+        with cuda_shared(self.on_cuda):
+            if self.cuda_graph:
+                with self._graph_lock:
+                    yield
+            else:
+                yield
 
     def live_session(self) -> ort.InferenceSession:
         if self.session is None:
@@ -373,6 +391,26 @@ class OrtModel(BackendModel, BenchModel):
 
     def close(self) -> None:
         self.session = None
+
+
+def private_run(session: ort.InferenceSession) -> Any:
+    """ORT's C binding ``session._sess.run_with_iobinding(iobinding._iobinding, run_options)``
+    (a private name: checked for 1.21-1.32), or None when this ORT has no such call or it does
+    not take those arguments. Probed once per session with a binding that binds nothing: the
+    call then fails inside ORT ("At least one output should be requested"), a RuntimeError
+    that says the arguments were taken; a TypeError (pybind11's "incompatible function
+    arguments") or a missing name says they were not. Nothing runs either way."""
+    call = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+    empty = getattr(session.io_binding(), "_iobinding", None)
+    if call is None or empty is None:
+        return None
+    try:
+        call(empty, ort.RunOptions())
+    except (TypeError, AttributeError):
+        return None
+    except Exception:  # noqa: BLE001 - ORT refusing the empty binding: the call fits
+        return call
+    return call
 
 
 class OrtSession(BackendSession, BenchSession):
@@ -487,12 +525,12 @@ class OrtSession(BackendSession, BenchSession):
         On a device: ORT's public ``InferenceSession.run_with_iobinding`` (its checks are
         nothing next to a GPU run). On CPU, where they would be a large share of the whole
         executor overhead (benchmarks/bench_core.py), ORT's C binding ``_sess.run_with_iobinding``
-        with each binding's ``_iobinding``, while this ORT has them (the public wrapper is the
-        fallback).
+        with each binding's ``_iobinding``, where this ORT has them and the call takes them
+        (:func:`private_run`); else the public wrapper.
         """
-        c_run = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+        c_run = None if on_device else private_run(session)
         c_bindings = [getattr(b, "_iobinding", None) for b in self._bindings]
-        if on_device or c_run is None or any(b is None for b in c_bindings):
+        if c_run is None or any(b is None for b in c_bindings):
             return session.run_with_iobinding, list(self._bindings)
         return c_run, c_bindings
 
@@ -550,7 +588,7 @@ class OrtSession(BackendSession, BenchSession):
             self._bare(gear)
             return
         self._check_thread()
-        with cuda_shared(True):
+        with self.model.run_guard():
             self._bare(gear)
 
     def _bare(self, gear: int) -> None:
@@ -682,7 +720,7 @@ class OrtSession(BackendSession, BenchSession):
             self._bare(gear)  # plain requests make this run from the core: direct_runs)
             return self._outputs[gear]
         self._check_thread()
-        with cuda_shared(True):
+        with self.model.run_guard():
             return self._run(gear)
 
     def _run_session(self, what: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -692,7 +730,7 @@ class OrtSession(BackendSession, BenchSession):
         if session is None:
             raise BackendError(f"this executor's session of {self.model.file.path} is closed")
         try:
-            with cuda_shared(self.model.on_cuda):
+            with self.model.run_guard():
                 return session.run(None, feeds, self._plain_options)
         except Exception as exc:
             raise BackendError(f"onnxruntime run of the {what} graph failed: {exc}") from exc
@@ -736,4 +774,4 @@ class OrtSession(BackendSession, BenchSession):
 
 
 __all__ = ["OrtModel", "OrtSession", "check_providers", "cuda_available", "gpu_present",
-           "open_model", "provider_list"]
+           "open_model", "private_run", "provider_list"]
