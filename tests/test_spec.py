@@ -289,7 +289,8 @@ HYBRID = {"ge.inputShape": SEED000["input_shape"], "ge.dynamicDims": SEED000["dy
 def test_ge_options_give_the_same_spec_as_atc() -> None:
     opts = {"ge.inputShape": SEED000["input_shape"], "ge.dynamicDims": SEED000["dynamic_dims"],
             "ge.exec.precision_mode": "force_fp32"}
-    assert gr.GearSpec.from_ge_options(opts) == gr.GearSpec.from_atc(**SEED000)
+    assert gr.GearSpec.from_ge_options(opts) == gr.GearSpec.from_atc(
+        **SEED000, precision_mode="force_fp32")  # the precision is the spec's too
     batch = spec_from_ge_options({"ge.inputShape": "a:-1,3", "ge.dynamicBatchSize": "1,4"})
     assert batch.mode == "batch" and batch.gears == ((1,), (4,))
     image = spec_from_ge_options({"ge.inputShape": "i:1,-1,-1,3", "ge.inputFormat": "NHWC",

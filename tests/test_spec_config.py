@@ -70,7 +70,7 @@ def test_seed_004_config_prefill(write) -> None:
     ("ge.inputShape=a:1,-1\nge.dynamicDims=3;5", "dims", ((3,), (5,))),
 ])
 def test_acl_build_options_accepts_atc_and_ge_spellings(write, body, mode, gears) -> None:
-    spec = spec_from_config(write(f"[acl_build_options]\nprecision_mode=x\n{body}\n"))
+    spec = spec_from_config(write(f"[acl_build_options]\nop_select_implmode=x\n{body}\n"))
     assert spec.mode == mode and spec.gears == gears
 
 

@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Compile MODEL.onnx for the gears of an ATC-style spec "
                        "(--input-shape + one gear flag) or a config file (--config). atc's "
                        "spellings work too (--input_shape, --dynamic_batch_size, "
-                       "--dynamic_image_size, --dynamic_dims, --input_format, --model, "
+                       "--dynamic_image_size, --dynamic_dims, --input_format, "
+                       "--precision_mode, --model, "
                        "--output, --framework=5; --soc_version and --log are accepted and "
                        "do not change the gear file), so a pasted atc line compiles.")
     p.add_argument("model", metavar="MODEL.onnx", nargs="?",
@@ -44,6 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="ATC / MindSpore Lite config ([acl_build_options], [ascend_context], "
                    "[ge_graph_options]) instead of the flags")
     p.add_argument("--input-format", "--input_format", metavar="F", help="NCHW, NHWC or ND")
+    p.add_argument("--precision-mode", "--precision_mode", metavar="MODE",
+                   help="GE's precision_mode (force_fp32, force_fp16, allow_fp32_to_fp16, "
+                   "allow_mix_precision, must_keep_origin_dtype, ...): recorded in the gear "
+                   "file; each backend applies it or says what it runs instead "
+                   "(docs/precision.md)")
     p.add_argument("--hybrid", action="store_true",
                    help="also store the dynamic-shape graph: a miss runs it (GE hybrid mode)")
     p.add_argument("--sink", action="store_true",
@@ -106,16 +112,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
             raise UsageError("--config excludes --input-shape and the --dynamic-* flags")
         existing_file(args.config, "config file")
         spec = gr.GearSpec.from_config(args.config)
-        if args.input_format is not None:
+        precision = args.precision_mode
+        if precision is not None and spec.precision_mode not in (None, precision.strip()):
+            raise UsageError(f"--precision_mode {precision!r} and the config's precision_mode "
+                             f"{spec.precision_mode!r} disagree; give one")
+        if args.input_format is not None or precision is not None:
             # parsed again, not replaced: the format is checked (E10001) and picks the H/W
             # axes of dynamic image size, as it would in the config itself
-            spec = spec_from_atc(**{**spec.to_atc(), "input_format": args.input_format},
-                                 hybrid=spec.hybrid)
+            flags = {**spec.to_atc(), **({} if args.input_format is None else
+                                         {"input_format": args.input_format}),
+                     **({} if precision is None else {"precision_mode": precision})}
+            spec = spec_from_atc(**flags, hybrid=spec.hybrid)
     elif args.input_shape is not None:
         if all(v is None for v in gear_flags.values()):
             raise UsageError("--input-shape needs one of --dynamic-batch-size, "
                              "--dynamic-image-size, --dynamic-dims")
         spec = gr.GearSpec.from_atc(args.input_shape, input_format=args.input_format,
+                                    precision_mode=args.precision_mode,
                                     **{k: v for k, v in gear_flags.items() if v is not None})
     else:
         raise UsageError("give --input-shape with a --dynamic-* flag, or --config FILE")
@@ -130,6 +143,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "
           + "; ".join(",".join(map(str, g)) for g in spec.gears)
+          + (f"; precision_mode {spec.precision_mode}" if spec.precision_mode else "")
           + (f"; weights in {report.data_path} ({report.data_bytes} bytes)"
              if report.data_path else ""))
     return EXIT_OK

@@ -143,15 +143,19 @@ def batch_label(gear: int) -> str:
 
 
 def spec_to_json(spec: GearSpec) -> str:
-    """The spec as the JSON stored under :data:`META_SPEC`."""
-    return json.dumps({
+    """The spec as the JSON stored under :data:`META_SPEC` (``precision_mode`` only when set:
+    files written before it existed read the same)."""
+    d = {
         "mode": spec.mode,
         "input_names": list(spec.input_names),
         "input_shapes": [list(s) for s in spec.input_shapes],
         "gears": [list(g) for g in spec.gears],
         "hybrid": bool(spec.hybrid),
         "input_format": spec.input_format,
-    }, separators=(",", ":"))
+    }
+    if spec.precision_mode is not None:
+        d["precision_mode"] = spec.precision_mode
+    return json.dumps(d, separators=(",", ":"))
 
 
 def spec_from_json(text: str) -> GearSpec:
@@ -165,7 +169,7 @@ def spec_from_json(text: str) -> GearSpec:
         raise ValueError(f"'hybrid' must be true or false, got {d['hybrid']!r}")
     return GearSpec(mode=d["mode"], input_names=d["input_names"],
                     input_shapes=d["input_shapes"], gears=d["gears"], hybrid=d["hybrid"],
-                    input_format=d.get("input_format"))
+                    input_format=d.get("input_format"), precision_mode=d.get("precision_mode"))
 
 
 def case_gear_table(spec: GearSpec) -> np.ndarray:

@@ -49,6 +49,7 @@ from gear_runtime.files import read_regular_file, reason
 from gear_runtime.spec.parse import (
     _HW_AXES,
     _OPTION_OF_MODE,
+    PRECISION_MODE_V2_KEYS,
     SpecFields,
     _check_max_gears,
     _fail,
@@ -62,9 +63,9 @@ from gear_runtime.spec.parse import (
     ge_option_fields,
     parse_input_shape,
 )
-from gear_runtime.spec.rules import DEFAULT_MAX_GEARS
+from gear_runtime.spec.rules import DEFAULT_MAX_GEARS, check_precision_mode
 
-__all__ = ["SECTIONS", "config_fields", "config_text"]
+__all__ = ["SECTIONS", "config_fields", "config_sections", "config_text"]
 
 #: The sections looked for, in this order.
 SECTIONS: tuple[str, ...] = ("acl_build_options", "ascend_context", "ge_graph_options")
@@ -81,6 +82,11 @@ _GE_KEYS: dict[str, str] = {
 }
 _ASCEND_KEYS = ("input_shape", "dynamic_dims", "dynamic_batch_size", "dynamic_image_size",
                 "input_format")
+#: Where a config may set the precision (MindSpore Lite reads [acl_init_options] at init, the
+#: seed's config sets ge.exec.precision_mode there, apart from the gear section), and how.
+_PRECISION_SECTIONS = ("acl_init_options", "acl_build_options", "ascend_context",
+                       "ge_session_options", "ge_graph_options")
+_PRECISION_KEYS = ("precision_mode", "ge.exec.precision_mode")
 # Keys whose presence makes a section "carry gear options" (every spelling of input_shape and
 # of the three gear options; _ASCEND_KEYS spells them as _GE_KEYS does).
 _GEAR_KEYS = frozenset(k for k, v in _GE_KEYS.items()
@@ -157,11 +163,42 @@ def config_fields(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEA
     items = {k: _unquote(v) for k, v in parser[section].items()}
     try:
         if section == "ascend_context":
-            return _from_ascend_context(items, max_gears)
-        return ge_option_fields(_ge_options(items), max_gears=max_gears)
+            fields = _from_ascend_context(items, max_gears)
+        else:
+            fields = ge_option_fields(_ge_options(items), max_gears=max_gears)
     except GearSpecError as e:
         raise GearSpecError(f"config file {name!r} [{section}]: {e.message}",
                             code=e.code) from None
+    return fields._replace(precision_mode=_precision(parser, name))
+
+
+def config_sections(path: str | os.PathLike[str]) -> list[str]:
+    """The sections of the config file at ``path``, read as :func:`config_fields` reads it
+    (GearSpecError for a file it cannot read)."""
+    return _read(path)[1].sections()
+
+
+def _precision(parser: configparser.ConfigParser, name: str) -> str | None:
+    """The precision mode a config sets in any of :data:`_PRECISION_SECTIONS` (None: none);
+    E10001 when two places set different ones, or for precision_mode_v2 (see
+    :data:`~gear_runtime.spec.parse.PRECISION_MODE_V2_KEYS`)."""
+    found: dict[str, str] = {}
+    for section in _PRECISION_SECTIONS:
+        if not parser.has_section(section):
+            continue
+        for key, raw in parser[section].items():
+            where = f"config file {_q(name)} [{section}] {key}"
+            if key in PRECISION_MODE_V2_KEYS:
+                _fail("E10001", f"{where}: precision_mode_v2 is not supported here (this "
+                                "runtime reads precision_mode); write precision_mode instead")
+            if key in _PRECISION_KEYS:
+                value = check_precision_mode(_unquote(raw), where)
+                if value is not None:
+                    found[where] = value
+    if len(set(found.values())) > 1:
+        _fail("E10001", "the precision mode is set to different values: "
+                        + ", ".join(f"{w} = {v!r}" for w, v in found.items()))
+    return next(iter(found.values()), None)
 
 
 def _ge_options(items: Mapping[str, str]) -> dict[str, str]:
@@ -171,7 +208,7 @@ def _ge_options(items: Mapping[str, str]) -> dict[str, str]:
     for key, value in items.items():
         ge_key = _GE_KEYS.get(key)
         if ge_key is None:
-            continue  # precision_mode and every other option: not ours
+            continue  # every other option (op_select_implmode, ...): not ours
         if ge_key in out:
             _fail("E10001", f"{key} and {source[ge_key]} both set {ge_key}; keep one")
         out[ge_key], source[ge_key] = value, key
@@ -288,6 +325,8 @@ def config_text(spec: Any) -> str:
         lines = ["[ge_graph_options]"]
         if spec.input_format is not None:
             lines.append(f'ge.inputFormat="{spec.input_format}"')
+        if spec.precision_mode is not None:
+            lines.append(f'ge.exec.precision_mode="{spec.precision_mode}"')
         lines += [f'ge.inputShape="{atc["input_shape"]}"',
                   f'ge.dynamicDims="{atc["dynamic_dims"]}"',
                   'ge.dynamicNodeType="1"', 'ge.compileHybridMode="1"']
@@ -297,5 +336,7 @@ def config_text(spec: Any) -> str:
         lines = ["[acl_build_options]"]
         if spec.input_format is not None:
             lines.append(f'input_format="{spec.input_format}"')
+        if spec.precision_mode is not None:
+            lines.append(f'precision_mode="{spec.precision_mode}"')
         lines += [f'input_shape="{atc["input_shape"]}"', f'{written}="{atc[key]}"']
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ from gear_runtime.spec.rules import (
     STATIC_GEARS,
     Mode,
     check_gear_rows,
+    check_precision_mode,
     gear_number,
     int_rows,
     iter_or_fail,
@@ -47,6 +48,10 @@ class GearSpec:
         hybrid: GE's hybrid mode was asked for (ge.dynamicNodeType == "1" and
             ge.compileHybridMode == "1"): a miss runs the dynamic-shape graph.
         input_format: the ATC ``--input_format`` when given (``"NCHW"``, ``"NHWC"``, ``"ND"``).
+        precision_mode: GE's ``precision_mode`` when given (one of
+            :data:`~gear_runtime.spec.rules.PRECISION_MODES`); None: not given (GE's own
+            default for an .om is force_fp16; the CPU backends run float32). Each backend
+            applies it or says what it does instead (docs/precision.md).
         dynamic_positions: derived, not passed: ``(input index, axis, index into the gear
             tuple)`` for every ``-1`` of input_shapes, in input order then axis order.
     """
@@ -57,6 +62,7 @@ class GearSpec:
     gears: tuple[tuple[int, ...], ...]
     hybrid: bool = False
     input_format: str | None = None
+    precision_mode: str | None = None
     dynamic_positions: tuple[tuple[int, int, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +88,7 @@ class GearSpec:
         if self.input_format is not None and not isinstance(self.input_format, str):
             raise GearSpecError(f"input_format must be a str or None, got {self.input_format!r}",
                                 code="E10001")
+        object.__setattr__(self, "precision_mode", check_precision_mode(self.precision_mode))
         if len(self.input_names) != len(self.input_shapes):
             raise GearSpecError(
                 f"{len(self.input_names)} input names but {len(self.input_shapes)} shapes",
@@ -191,13 +198,14 @@ class GearSpec:
     def from_atc(cls, input_shape: str, dynamic_batch_size: str | None = None,
                  dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
                  input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
-                 hybrid: bool = False) -> GearSpec:
+                 hybrid: bool = False, precision_mode: str | None = None) -> GearSpec:
         """Spec from ATC flag values, validated with GE's rules, codes and order
         (:func:`gear_runtime.spec.parse.atc_fields`)."""
         return cls(*parse.atc_fields(input_shape, dynamic_batch_size=dynamic_batch_size,
                                      dynamic_image_size=dynamic_image_size,
                                      dynamic_dims=dynamic_dims, input_format=input_format,
-                                     max_gears=max_gears, hybrid=hybrid))
+                                     max_gears=max_gears, hybrid=hybrid,
+                                     precision_mode=precision_mode))
 
     @classmethod
     def from_ge_options(cls, options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
@@ -225,7 +233,7 @@ class GearSpec:
     def fields(self) -> parse.SpecFields:
         """What a parser returns for this spec (the constructor's arguments)."""
         return parse.SpecFields(self.mode, self.input_names, self.input_shapes, self.gears,
-                                self.hybrid, self.input_format)
+                                self.hybrid, self.input_format, self.precision_mode)
 
 
 # The parsers as functions, for callers that want them so (``gear_runtime.spec`` exports them).

@@ -57,7 +57,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 from gear_runtime.errors import GearSpecError
-from gear_runtime.spec.rules import DEFAULT_MAX_GEARS, check_gear_rows, int_rows
+from gear_runtime.spec.rules import (
+    DEFAULT_MAX_GEARS,
+    check_gear_rows,
+    check_precision_mode,
+    int_rows,
+)
 
 __all__ = [
     "DEFAULT_MAX_GEARS",
@@ -81,6 +86,7 @@ class SpecFields(NamedTuple):
     gears: tuple[tuple[int, ...], ...]
     hybrid: bool
     input_format: str | None
+    precision_mode: str | None = None
 
 #: ATC ``--input_format`` values accepted (GE's CheckInputFormat rejects unknown formats).
 INPUT_FORMATS: tuple[str, ...] = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC", "NC1HWC0")
@@ -366,13 +372,14 @@ def check_gears(gears: Iterable[Sequence[int]], max_gears: int = DEFAULT_MAX_GEA
 def atc_fields(input_shape: str, dynamic_batch_size: str | None = None,
                dynamic_image_size: str | None = None, dynamic_dims: str | None = None,
                input_format: str | None = None, max_gears: int = DEFAULT_MAX_GEARS,
-               hybrid: bool = False) -> SpecFields:
+               hybrid: bool = False, precision_mode: str | None = None) -> SpecFields:
     """A spec's fields from ATC flag values, validated with GE's rules, codes and order.
 
     Exactly one of ``dynamic_batch_size`` / ``dynamic_image_size`` / ``dynamic_dims`` must be
     given (not None); an empty string counts as given (``dynamic_dims=""`` is E10058).
     ``input_format`` (NCHW default) picks the H/W axes for dynamic_image_size. ``hybrid``
-    (GE's hybrid compile mode) is only meaningful with dynamic_dims. Every rejection is a
+    (GE's hybrid compile mode) is only meaningful with dynamic_dims. ``precision_mode``:
+    GE's, checked against GE's list (E10001), "" or None unset. Every rejection is a
     :class:`GearSpecError` whose ``.code`` is GE's and whose message quotes the bad text.
     """
     _check_max_gears(max_gears)
@@ -413,7 +420,8 @@ def atc_fields(input_shape: str, dynamic_batch_size: str | None = None,
     if hybrid and mode != "dims":
         _fail("E10001", f"hybrid mode needs dynamic_dims (GE recognises it only with "
                         f"ge.inputShape + ge.dynamicDims), got {option}")
-    return SpecFields(mode, names, shapes, gears, hybrid, fmt)
+    return SpecFields(mode, names, shapes, gears, hybrid, fmt,
+                      check_precision_mode(precision_mode))
 
 
 #: GE option keys read by :func:`ge_option_fields` -> :func:`atc_fields` argument.
@@ -424,7 +432,13 @@ GE_OPTION_KEYS: dict[str, str] = {
     "ge.dynamicDims": "dynamic_dims",
     "ge.inputFormat": "input_format",
     "input_format": "input_format",  # GE's ir_option::INPUT_FORMAT is spelled this way
+    "ge.exec.precision_mode": "precision_mode",
+    "precision_mode": "precision_mode",  # ir_option::PRECISION_MODE (atc's flag name)
 }
+#: GE's newer precision option: GE refuses it beside precision_mode (E10056) and this
+#: runtime does not read it yet, so it is refused rather than dropped (a dropped precision
+#: option changes results silently).
+PRECISION_MODE_V2_KEYS = ("ge.exec.precision_mode_v2", "precision_mode_v2")
 
 
 def ge_option_fields(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GEARS,
@@ -432,11 +446,12 @@ def ge_option_fields(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GE
     """A spec's fields from GE session/graph options.
 
     Reads ``ge.inputShape``, ``ge.dynamicDims`` / ``ge.dynamicBatchSize`` /
-    ``ge.dynamicImageSize``, ``ge.inputFormat`` (or ``input_format``), ``ge.dynamicNodeType``
-    and ``ge.compileHybridMode``; other keys are ignored. As in GE an empty value counts as
-    not set. Hybrid mode is on exactly when ge.inputShape and ge.dynamicDims are set,
-    ge.dynamicNodeType == "1" and ge.compileHybridMode == "1" (UserHybridGraphManager), values
-    compared after stripping surrounding whitespace.
+    ``ge.dynamicImageSize``, ``ge.inputFormat`` (or ``input_format``), ``ge.dynamicNodeType``,
+    ``ge.compileHybridMode`` and ``ge.exec.precision_mode`` (or ``precision_mode``); other keys
+    are ignored, but ``precision_mode_v2`` is refused (see :data:`PRECISION_MODE_V2_KEYS`).
+    As in GE an empty value counts as not set. Hybrid mode is on exactly when ge.inputShape
+    and ge.dynamicDims are set, ge.dynamicNodeType == "1" and ge.compileHybridMode == "1"
+    (UserHybridGraphManager), values compared after stripping surrounding whitespace.
     """
     if not isinstance(options, Mapping):
         _fail("E10001", f"GE options must be a mapping of str to str, got "
@@ -449,6 +464,15 @@ def ge_option_fields(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GE
     if fmt and alt and fmt != alt:
         _fail("E10001", f"ge.inputFormat {_q(got['ge.inputFormat'])} and input_format "
                         f"{_q(got['input_format'])} disagree")
+    precision, precision_alt = got["ge.exec.precision_mode"], got["precision_mode"]
+    if precision and precision_alt and precision != precision_alt:
+        _fail("E10001", f"ge.exec.precision_mode {_q(precision)} and precision_mode "
+                        f"{_q(precision_alt)} disagree")
+    v2 = next((k for k in PRECISION_MODE_V2_KEYS
+               if _option_str(k, options.get(k), optional=True)), None)
+    if v2 is not None:
+        _fail("E10001", f"{v2} {_q(options[v2])} is not supported here (this runtime reads "
+                        f"precision_mode, not precision_mode_v2); write precision_mode instead")
     hybrid = (got["ge.inputShape"] is not None and got["ge.dynamicDims"] is not None
               and got["ge.dynamicNodeType"] == "1" and got["ge.compileHybridMode"] == "1")
     return atc_fields(
@@ -457,7 +481,7 @@ def ge_option_fields(options: Mapping[str, str], max_gears: int = DEFAULT_MAX_GE
         dynamic_image_size=got["ge.dynamicImageSize"],
         dynamic_dims=got["ge.dynamicDims"],
         input_format=fmt or alt,
-        max_gears=max_gears, hybrid=hybrid)
+        max_gears=max_gears, hybrid=hybrid, precision_mode=precision or precision_alt)
 
 
 def atc_flags(spec: Any) -> dict[str, str]:
@@ -478,6 +502,8 @@ def atc_flags(spec: Any) -> dict[str, str]:
            _OPTION_OF_MODE[spec.mode]: _gears_text(spec.mode, spec.gears)}
     if spec.input_format is not None:
         out["input_format"] = spec.input_format
+    if spec.precision_mode is not None:
+        out["precision_mode"] = spec.precision_mode
     # Prove the round trip instead of hoping for it: a directly built spec can hold things GE
     # would reject (one gear, a -1 on a non-batch axis in batch mode, ...).
     try:

@@ -33,6 +33,42 @@ MAX_DIM = 2**63 - 1
 OUT_OF_RANGE_CODE = "E10013"
 
 
+#: GE's ``precision_mode`` values (atc ``--precision_mode``, GE option ``ge.exec.precision_mode``),
+#: exactly GE's list (``CheckPrecisionModeParamValid``, hicann/ge; anything else is E10001).
+PRECISION_MODES: tuple[str, ...] = (
+    "force_fp32", "must_keep_origin_dtype", "allow_fp32_to_fp16", "force_fp16",
+    "cube_fp16in_fp32out", "allow_mix_precision", "allow_mix_precision_fp16",
+    "allow_mix_precision_bf16", "allow_fp32_to_bf16")
+#: What each mode lowers float32 compute to on a backend where every op has a float32 kernel
+#: (ONNX Runtime and OpenVINO on the CPU): None keeps float32. allow_fp32_to_fp16 means
+#: "float32 where the op supports it, else float16", so it keeps float32 there.
+PRECISION_LOWERED: dict[str, str | None] = {
+    "force_fp32": None, "must_keep_origin_dtype": None, "allow_fp32_to_fp16": None,
+    "force_fp16": "f16", "cube_fp16in_fp32out": "f16", "allow_mix_precision": "f16",
+    "allow_mix_precision_fp16": "f16", "allow_mix_precision_bf16": "bf16",
+    "allow_fp32_to_bf16": "bf16"}
+#: What GE runs when no precision_mode is given for inference (GELib: not train mode ->
+#: force_fp16): an .om built without the flag computes in float16.
+GE_DEFAULT_PRECISION_MODE = "force_fp16"
+
+
+def check_precision_mode(value: object, where: str = "precision_mode") -> str | None:
+    """``value`` as a precision mode: None or "" is unset (None), else one of
+    :data:`PRECISION_MODES` (surrounding whitespace stripped); GearSpecError E10001 naming
+    ``where``, the value and the valid ones otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise GearSpecError(f"{where} must be a str, got {value!r}", code="E10001")
+    text = value.strip()
+    if not text:
+        return None
+    if text not in PRECISION_MODES:
+        raise GearSpecError(f"{where} {value!r} is not a valid value; valid values are: "
+                            f"{', '.join(PRECISION_MODES)}", code="E10001")
+    return text
+
+
 def iter_or_fail(value: object, what: str) -> tuple[object, ...]:
     try:
         return tuple(value)  # type: ignore[call-overload]

@@ -41,6 +41,7 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
         "gear_count": spec.gear_count, "values_per_gear": spec.values_per_gear,
         "hybrid": bool(spec.hybrid), "sink": gf.kind == KIND_SINK,
         "input_format": spec.input_format or None,
+        "precision_mode": spec.precision_mode,
         "inputs": [{"name": n, "dtype": str(dt), "input_shape": list(s)}
                    for n, dt, s in zip(spec.input_names, gf.input_dtypes, spec.input_shapes,
                                        strict=True)],
@@ -75,6 +76,10 @@ def text(doc: dict[str, Any]) -> str:
     ]
     if doc["input_format"]:
         lines.append(f"input fmt   {doc['input_format']}")
+    precision = doc.get("precision_mode")
+    lines.append(f"precision   {precision} (GE's precision_mode)" if precision else
+                 "precision   not given (an .om built so runs force_fp16; ONNX Runtime and "
+                 "OpenVINO run float32)")
     lines.append("inputs (user_designate_shape_order):")
     lines += _table(["#", "name", "dtype", "input_shape"],
                     [[str(i), x["name"], x["dtype"], _shape(x["input_shape"])]
