@@ -77,7 +77,7 @@ def test_bert_like_encoder_with_weights_in_a_data_file(tmp_path: Path, spec_args
         got, want = ex.execute(feeds), run_model(source, feeds)
         assert [o.shape for o in got] == [model.output_shape(g, k) for k in range(2)]
         for a, b in zip(got, want, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_external_weights_are_one_map_of_the_data_file(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_padding_runs_the_covering_gear_and_trims(tmp_path: Path) -> None:
     assert ex.last_gear == 1 and ex.last_request_dims == (11, 11)
     assert out[0].shape == (1, 11, 32)
     # masked padding keys change nothing: the trimmed states equal the source at size 11
-    np.testing.assert_allclose(out[0], run_model(source, feeds)[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[0], run_model(source, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_hybrid_miss_runs_the_dynamic_graph(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_hybrid_miss_runs_the_dynamic_graph(tmp_path: Path) -> None:
     out = ex.execute(feeds)
     assert ex.last_gear is None and ex.last_dynamic_dims == (11, 11)
     for a, b in zip(out, run_model(source, feeds), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_shared_weights_is_one_compiled_model_routed_by_the_gear_index(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_concurrent_executors_each_get_their_own_gear(tmp_path: Path) -> None:
             for g in order:
                 out = ex.execute(feeds[g])
                 assert ex.last_gear == g
-                np.testing.assert_allclose(out[0], want[g][0], rtol=1e-4, atol=1e-4)
+                np.testing.assert_allclose(out[0], want[g][0], rtol=1e-5, atol=1e-5)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
@@ -276,7 +276,7 @@ def test_the_model_cache_makes_a_second_load_an_import(tmp_path: Path) -> None:
     assert second.backend_model.loaded_from_cache == [True]
     feeds = encoder_inputs(spec.shapes(2), vocab=128)
     np.testing.assert_allclose(second.create_executor().execute(feeds)[0],
-                               run_model(source, feeds)[0], rtol=1e-4, atol=1e-4)
+                               run_model(source, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_naive_run_is_openvinos_dynamic_model(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_naive_run_is_openvinos_dynamic_model(tmp_path: Path) -> None:
     out = backend.naive_run(feeds)
     assert backend.dynamic is not None
     assert not backend.dynamic.inputs[0].get_partial_shape().is_static
-    np.testing.assert_allclose(out[0], run_model(source, feeds)[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[0], run_model(source, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "per_gear"])
@@ -310,7 +310,7 @@ def test_outputs_are_written_in_place(tmp_path: Path, share: bool) -> None:
     want = run_model(source, feeds[1])
     ex.execute(feeds[0])  # another gear into the same buffers: what was kept stays
     for a, b in zip(kept, want, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_served_on_openvino_with_batching_equals_onnxruntime(tmp_path: Path) -> None:

@@ -255,11 +255,11 @@ def test_the_cuda_provider_always_gets_the_device_id() -> None:
     from gear_runtime.backends.onnxruntime import provider_list
 
     assert provider_list(["CUDAExecutionProvider", "CPUExecutionProvider"], 1, False) == [
-        ("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
+        ("CUDAExecutionProvider", {"device_id": "1", "use_tf32": "0"}), "CPUExecutionProvider"]
     assert provider_list([("CUDAExecutionProvider", {"arena_extend_strategy": "x"})], 2,
                          True) == [("CUDAExecutionProvider", {
                              "arena_extend_strategy": "x", "device_id": "2",
-                             "enable_cuda_graph": "1"})]
+                             "enable_cuda_graph": "1", "use_tf32": "0"})]
     with pytest.raises(gr.BackendError, match="device_id=0.*device_id=3"):
         provider_list([("CUDAExecutionProvider", {"device_id": "0"})], 3, False)
     assert provider_list(None, 0, False) == ["CPUExecutionProvider"]

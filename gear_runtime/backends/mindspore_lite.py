@@ -55,6 +55,7 @@ from gear_runtime.errors import (
 )
 from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
+from gear_runtime.spec.config import config_sections
 
 INSTALL_HINT = ("install the MindSpore Lite cloud-inference wheel for Ascend "
                 "(mindspore_lite-*-linux_*.whl from mindspore.cn, built with the Ascend backend) "
@@ -93,7 +94,8 @@ def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
         spec = GearSpec.from_config(os.fspath(config))  # type: ignore[arg-type]
     elif not isinstance(spec, GearSpec):
         raise GearSpecError(f"spec must be a GearSpec, got {type(spec).__name__}")
-    return MsliteModel(mslite, os.fspath(path), spec, device_id)
+    return MsliteModel(mslite, os.fspath(path), spec, device_id,
+                       config_path=None if config is None else os.fspath(config))
 
 
 def _import_mslite() -> Any:
@@ -162,6 +164,27 @@ def _copy_out(outputs: Sequence[Any]) -> list[np.ndarray]:
     return [np.array(_tensor_data(o)) for o in outputs]
 
 
+#: Config sections MindSpore Lite hands to its GE delegate, which only runs with
+#: ``context.ascend.provider = "ge"``: without it ge.inputShape / ge.dynamicDims there would
+#: be read by nothing and the gears never compiled.
+GE_SECTIONS = ("ge_graph_options", "ge_session_options")
+
+
+def build_config(config_path: str | None, spec: GearSpec,
+                 ) -> tuple[str | None, dict[str, dict[str, str]] | None, str]:
+    """What ``build_from_file`` gets: the converter config itself as ``config_path`` (its
+    runtime options, the precision among them, are MindSpore Lite's to read), with provider
+    "ge" when it has a GE section; with ``spec=`` alone, the spec's precision_mode as
+    ``config_dict`` ``[ascend_context] precision_mode``. Returns (config_path, config_dict,
+    provider)."""
+    if config_path is not None:
+        ge = any(s in GE_SECTIONS for s in config_sections(config_path))
+        return config_path, None, "ge" if ge else ""
+    if spec.precision_mode is not None:
+        return None, {"ascend_context": {"precision_mode": spec.precision_mode}}, ""
+    return None, None, ""
+
+
 class MsliteModel(BackendModel):
     """A MindIR built for Ascend, its gears (from the spec) and per-gear output shapes."""
 
@@ -170,7 +193,8 @@ class MsliteModel(BackendModel):
     #: after resize): no dims buffer is staged.
     stages_dims = False
 
-    def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0) -> None:
+    def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0,
+                 config_path: str | None = None) -> None:
         check_model_file(path)
         self.mslite, self.path, self.device_id = mslite, path, check_device_id(device_id)
         #: guards the Model object: resize + set data + predict are one critical section
@@ -179,11 +203,18 @@ class MsliteModel(BackendModel):
         self.current_gear: int | None = None
         self._closed = False
         context = _call("Context()", mslite.Context)
+        # MindSpore Lite appends a CPU device after the Ascend one (context.py's target
+        # setter): ops without an Ascend kernel run on the host, which it does not report
         context.target = ["ascend"]
         context.ascend.device_id = device_id
+        config_path, config_dict, provider = build_config(config_path, spec)
+        if provider:
+            context.ascend.provider = provider
+        #: what the build was given: the converter config (None: none) and the options
+        self.config_path, self.config_dict = config_path, config_dict
         self.model = mslite.Model()
         _call("Model.build_from_file", self.model.build_from_file, path,
-              mslite.ModelType.MINDIR, context)
+              mslite.ModelType.MINDIR, context, config_path or "", config_dict)
         self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
         self.spec = spec
         _check_positive_gears(spec)

@@ -65,6 +65,7 @@ from gear_runtime.backends.output_pool import OutputPool
 from gear_runtime.errors import BackendError, BackendUnavailableError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
+from gear_runtime.spec.rules import PRECISION_LOWERED
 
 #: ORT session config key: the folder external data is resolved against for a model given as
 #: bytes (the gear file's folder, never the working directory).
@@ -215,6 +216,9 @@ class OrtModel(BackendModel, BenchModel):
         self._threads = intra_op_num_threads
         self._config = dict(session_config or {})
         self.info = gear_file.info
+        #: whether the CUDA EP may round float32 MatMul/Conv to TF32 (only when the gear
+        #: file's precision_mode lowers float32 anyway)
+        self.tf32 = self._precision(self.info.spec.precision_mode)
         #: why this model runs without the CUDA graphs it was asked for (None: it was not
         #: asked, or it runs with them)
         self.cuda_graph_refused: str | None = None
@@ -289,7 +293,22 @@ class OrtModel(BackendModel, BenchModel):
     def _use_graphs(self, cuda_graph: bool) -> None:
         """Set whether the session captures CUDA graphs, and the providers to match."""
         self.cuda_graph = cuda_graph
-        self.providers = provider_list(self._providers, self._device_id, cuda_graph)
+        self.providers = provider_list(self._providers, self._device_id, cuda_graph,
+                                       tf32=self.tf32)
+
+    def _precision(self, mode: str | None) -> bool:
+        """How this backend takes the gear file's GE precision_mode: float32 as it is, always
+        (ORT does not convert a model's dtypes). A mode that lowers float32 on the NPU
+        (force_fp16, ...) is said in a RuntimeWarning: the outputs here are float32's; on
+        CUDA it allows TF32, the nearest the CUDA EP has. Returns whether TF32 is allowed."""
+        lowered = PRECISION_LOWERED.get(mode) if mode else None
+        if lowered is None:
+            return False
+        where = "TF32 MatMul/Conv on CUDA" if self.on_cuda else "float32 on the CPU"
+        warnings.warn(f"{self.file.path}: precision_mode {mode!r} computes in {lowered} on "
+                      f"Ascend; ONNX Runtime runs the model's own dtypes ({where}), so its "
+                      "outputs are more precise than the NPU's", RuntimeWarning, stacklevel=5)
+        return self.on_cuda
 
     def _without_graphs(self, why: str) -> None:
         """Run this model without CUDA graphs, with a warning saying ``why``; or, when the

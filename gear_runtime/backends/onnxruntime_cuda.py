@@ -28,10 +28,14 @@ CUDA = "CUDAExecutionProvider"
 
 
 def provider_list(providers: Sequence[Any] | None, device_id: int,
-                  cuda_graph: bool) -> list[Any]:
+                  cuda_graph: bool, tf32: bool = False) -> list[Any]:
     """The providers with the CUDA provider's options made explicit: ``device_id`` always
     (the CUDA EP defaults to device 0, and an input bound on another device would be copied
-    once at bind time and then read stale), ``enable_cuda_graph`` when asked."""
+    once at bind time and then read stale), ``enable_cuda_graph`` when asked, and
+    ``use_tf32`` = ``tf32`` unless the user set it: the CUDA EP's own default is TF32 on
+    (``use_tf32{true}``, cuda_execution_provider_info.h), which rounds float32 MatMul/Conv
+    inputs to 10 mantissa bits on Ampere and later; float32 stays float32 unless the gear
+    file's precision_mode lowers it (docs/precision.md)."""
     out: list[Any] = []
     for p in providers or ["CPUExecutionProvider"]:
         name, options = (p[0], dict(p[1])) if isinstance(p, tuple) else (str(p), {})
@@ -43,6 +47,7 @@ def provider_list(providers: Sequence[Any] | None, device_id: int,
             options["device_id"] = str(device_id)
             if cuda_graph:
                 options["enable_cuda_graph"] = "1"
+            options.setdefault("use_tf32", "1" if tf32 else "0")
         out.append((name, options) if options else name)
     return out
 

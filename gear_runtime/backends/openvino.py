@@ -30,6 +30,10 @@ plugin source behind each choice):
 * Hybrid files: the dynamic-shape source graph is compiled once more and runs the misses.
   Sink files: the whole file (dims computed in its graph, returned last) is compiled as one
   dynamic model.
+* Precision: float32 (``INFERENCE_PRECISION_HINT=f32``) on every device unless the gear
+  file's GE ``precision_mode`` lowers it (f16 / bf16) or ``config=`` says otherwise, because
+  OpenVINO's own defaults are bf16 on CPUs with AVX512_BF16/AMX and f16 on GPUs
+  (:func:`precision_hint`; ``docs/precision.md``).
 
 GPU, NPU and AUTO are written to the same API and NOT run here (no such device on the
 machines this was built on); only CPU is tested.
@@ -62,6 +66,7 @@ from gear_runtime.errors import BackendError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
 from gear_runtime.progress import progress_bar
+from gear_runtime.spec.rules import PRECISION_LOWERED
 
 logger = logging.getLogger("gear_runtime")
 
@@ -110,16 +115,46 @@ def check_options(ov: Any, device: str, graphs: str, num_threads: int | None,
     if num_threads is not None and (isinstance(num_threads, bool)
                                     or not isinstance(num_threads, int) or num_threads < 1):
         raise InputError(f"num_threads must be an integer >= 1, got {num_threads!r}")
+    if num_threads is not None and _family(device) != "CPU":
+        # INFERENCE_NUM_THREADS is the CPU plugin's; the GPU and NPU plugins have no such
+        # property and would refuse it at compile time with their own message
+        raise InputError(f"num_threads={num_threads} is a CPU option of OpenVINO "
+                         f"(INFERENCE_NUM_THREADS); device {device!r} has no such setting")
     if performance_hint not in ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"):
         raise InputError("performance_hint must be LATENCY, THROUGHPUT or "
                          f"CUMULATIVE_THROUGHPUT, got {performance_hint!r}")
     available = list(ov.Core().available_devices)
-    family = device.split(".")[0].split(":")[0]
+    family = _family(device)
     if family not in ("AUTO", "MULTI", "HETERO") and not any(
             d == device or d.split(".")[0] == device for d in available):
         raise BackendError(f"OpenVINO has no device {device!r} here (available: "
                            f"{', '.join(available) or 'none'}); GPU needs Intel's GPU driver, "
                            "NPU an Intel Core Ultra NPU and its driver")
+
+
+def _family(device: str) -> str:
+    """"GPU" of "GPU.1", "AUTO" of "AUTO:GPU,CPU"."""
+    return device.split(".")[0].split(":")[0]
+
+
+#: OpenVINO's INFERENCE_PRECISION_HINT for a GE precision mode that lowers float32
+#: (:data:`~gear_runtime.spec.rules.PRECISION_LOWERED`); the others ask for f32.
+_OV_PRECISION = {"f16": "f16", "bf16": "bf16"}
+
+
+def precision_hint(device: str, precision_mode: str | None) -> str | None:
+    """The INFERENCE_PRECISION_HINT this backend asks for: f32 unless the gear file's
+    precision_mode lowers float32 (then f16 / bf16), because OpenVINO's own default is not
+    f32 everywhere (the CPU plugin runs bf16 on CPUs with AVX512_BF16 or AMX, the GPU plugin
+    f16), and a default that changes results must be the user's choice. None on the NPU,
+    which computes in f16 whatever is asked (a float32-keeping mode is refused there)."""
+    lowered = PRECISION_LOWERED.get(precision_mode) if precision_mode else None
+    if _family(device) == "NPU":
+        if precision_mode is not None and lowered is None:
+            raise BackendError(f"precision_mode {precision_mode!r} keeps float32, but "
+                               "OpenVINO's NPU computes in float16; run it on CPU or GPU")
+        return None
+    return _OV_PRECISION[lowered] if lowered else "f32"
 
 
 # ---- the gear file's graphs as OpenVINO models, the weights mapped once -------------------------
@@ -275,11 +310,18 @@ class OvModel(BackendModel):
         self.properties: dict[str, Any] = {"PERFORMANCE_HINT": performance_hint}
         if num_threads is not None:
             self.properties["INFERENCE_NUM_THREADS"] = num_threads
+        #: what this model asked OpenVINO to compute in (None: the device's own, on NPU);
+        #: a config= INFERENCE_PRECISION_HINT is the user's choice and wins
+        self.precision = precision_hint(device, gear_file.info.spec.precision_mode)
+        if self.precision is not None:
+            self.properties["INFERENCE_PRECISION_HINT"] = self.precision
         if device == "CPU":
             # Pinned inference threads wait for their core when other processes run there:
             # on a shared 2-core machine a pinned run took 2.5-5x as long (docs/openvino.md).
             self.properties["ENABLE_CPU_PINNING"] = False
         self.properties.update(config or {})
+        if "INFERENCE_PRECISION_HINT" in self.properties:
+            self.precision = str(self.properties["INFERENCE_PRECISION_HINT"])
         self._maps = WeightMaps(gear_file)
         #: seconds each compile_model call took, and whether it came from the cache
         self.compile_seconds: list[float] = []

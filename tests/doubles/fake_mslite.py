@@ -92,6 +92,8 @@ class FakeMsliteState:
     #: shapes), ("get_inputs", None), ("get_outputs", None), ("set_data_from_numpy", array)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     contexts: list[Any] = field(default_factory=list)  # the context of each build
+    #: (config_path, config_dict, context.ascend.provider) of each build
+    builds: list[tuple[str, Any, str]] = field(default_factory=list)
     #: call name -> error text: that call raises RuntimeError instead of running
     fail: dict[str, str] = field(default_factory=dict)
 
@@ -238,6 +240,18 @@ class FakeMslite:
                     raise TypeError(f"model_type must be ModelType, but got {type(model_type)}.")
                 if context is not None and not isinstance(context, Context):
                     raise TypeError(f"context must be Context, but got {type(context)}.")
+                # model.py: check_isinstance("config_path", config_path, str), a config_path
+                # that does not exist refused, config_dict a dict of str -> dict of str -> str
+                if not isinstance(config_path, str):
+                    raise TypeError(f"config_path must be str, but got {type(config_path)}.")
+                if config_path and not os.path.exists(config_path):
+                    raise RuntimeError("build_from_file failed, config_path does not exist!")
+                if config_dict is not None and not (isinstance(config_dict, dict) and all(
+                        isinstance(k, str) and isinstance(v, dict)
+                        and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
+                        for k, v in config_dict.items())):
+                    raise TypeError("config_dict must be dict{str: dict{str: str}}, but got "
+                                    f"{config_dict!r}.")
                 self._record("build_from_file", model_path)
                 if not os.path.exists(model_path):
                     raise RuntimeError("build_from_file failed, model_path does not exist!")
@@ -256,6 +270,8 @@ class FakeMslite:
                 self._outputs = [_TensorImpl(n, [-1], np.float32) for n in OUTPUT_NAMES]
                 self._update_outputs(known=self._outputs_known)
                 state.contexts.append(context)
+                state.builds.append((config_path, config_dict,
+                                     "" if context is None else context.ascend.provider))
                 self.model_path_ = model_path
 
             def _gear(self) -> int | None:
