@@ -194,20 +194,43 @@ def test_every_gear_runs_with_one_merged_memcpy(fake, tmp_path, mode):
 
 
 def test_the_dims_call_of_each_mode(fake, tmp_path):
+    """Each gear's dataset gets its set_* once, when the session is made; a run makes none
+    (GE's SetDynamicDims is one aclrtMemcpy per value: per run they would come on top of the
+    ONE merged copy), and still runs the gear it is asked for."""
     calls = {}
     for mode in MODELS:
         model = acl_backend.open_model(write(tmp_path, mode))
-        layout, session = session_for(model)
         n = len(fake.state.calls)
-        run(model, layout, session, 1)
-        calls[mode] = [(name, args[2:]) for name, args in fake.state.calls[n:]
-                       if name.startswith("mdl.set_")]
+        layout, session = session_for(model)
+        made = [(name, args[2:]) for name, args in fake.state.calls[n:]
+                if name.startswith("mdl.set_")]
+        assert len(made) == model.info.spec.gear_count
+        calls[mode] = made[1]
+        n = len(fake.state.calls)
+        for g in (1, 0, 1):
+            arrays, outputs = run(model, layout, session, g)
+            np.testing.assert_array_equal(outputs[0], expected_outputs(arrays)[0])
+            assert fake.state.executions[-1][1] == g
+        assert not [c for c, _ in fake.state.calls[n:] if c.startswith("mdl.set_")]
         model.close()
     dims_index = len(DIMS_INPUTS)  # the dims input is the model's last input
-    assert calls["dims"] == [("mdl.set_input_dynamic_dims", (dims_index, {
-        "name": "", "dimCount": 8, "dims": [1, 1, 40, 40, 1, 40, 2, 2]}))]
-    assert calls["batch"] == [("mdl.set_dynamic_batch_size", (len(BATCH_INPUTS), 4))]
-    assert calls["image_size"] == [("mdl.set_dynamic_hw_size", (len(HW_INPUTS), 16, 24))]
+    assert calls["dims"] == ("mdl.set_input_dynamic_dims", (dims_index, {
+        "name": "", "dimCount": 8, "dims": [1, 1, 40, 40, 1, 40, 2, 2]}))
+    assert calls["batch"] == ("mdl.set_dynamic_batch_size", (len(BATCH_INPUTS), 4))
+    assert calls["image_size"] == ("mdl.set_dynamic_hw_size", (len(HW_INPUTS), 16, 24))
+
+
+def test_a_failing_set_call_fails_the_session_with_call_and_code(fake, tmp_path):
+    model = acl_backend.open_model(write(tmp_path, "dims"))
+    fake.state.fail["mdl.set_input_dynamic_dims"] = 507011
+    with pytest.raises(BackendError, match=r"acl\.mdl\.set_input_dynamic_dims.*gear 0") as info:
+        session_for(model)
+    assert info.value.code == "507011"
+    del fake.state.fail["mdl.set_input_dynamic_dims"]
+    layout, session = session_for(model)
+    arrays, outputs = run(model, layout, session, 0)
+    np.testing.assert_array_equal(outputs[0], expected_outputs(arrays)[0])
+    model.close()
 
 
 def test_separate_inputs_get_one_memcpy_each(fake, tmp_path):
@@ -434,7 +457,6 @@ def test_runs_of_one_model_id_are_serialised(fake, tmp_path):
 @pytest.mark.parametrize(("call", "name"), [
     ("mdl.execute", "acl.mdl.execute"),
     ("rt.memcpy", "acl.rt.memcpy"),
-    ("mdl.set_input_dynamic_dims", "acl.mdl.set_input_dynamic_dims"),
 ])
 def test_a_failing_call_is_a_backend_error_with_call_and_code(fake, tmp_path, call, name):
     model = acl_backend.open_model(write(tmp_path, "dims"))

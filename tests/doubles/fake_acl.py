@@ -772,6 +772,14 @@ class FakeAcl:
                                                          dtype=om.dims_dtype))
         else:
             values = dynamic
+            # The graph's Case reads the dims from the device buffer; the dataset's recorded
+            # dims are what set_* wrote there. Bytes that differ (the buffer overwritten after
+            # set_*, or shared with another gear's dataset) would run another gear on the
+            # NPU: the double refuses them rather than trust the recorded dims.
+            held = tuple(int(v) for v in np.frombuffer(bytes(mem[off:off + need]),
+                                                       dtype=om.dims_dtype))
+            if held[:len(values)] != values:
+                return ACL_ERROR_GE_PARAM_INVALID
         # SetDynamicInputDataFlag (ge_executor.cc): match_idx starts at 0 and stays 0 when no
         # gear matches: GE SILENTLY runs gear 0, never an error
         gear = om.gears.index(values) if values in om.gears else 0

@@ -60,9 +60,10 @@ class AclSession(BackendSession):
         if int(layout.dims_nbytes) >= model.dims_nbytes:
             dims_at = [self._device + int(layout.dims_offset(g)) for g in range(spec.gear_count)]
         else:
-            dims_at = [mem.device(model.dims_nbytes)] * spec.gear_count
+            # one per gear: each gear's dims are set once and must stay in its own buffer
+            dims_at = [mem.device(model.dims_nbytes) for _ in range(spec.gear_count)]
         self._build_outputs()
-        self._in_datasets, self._set_dims = [], []
+        self._in_datasets: list[int] = []
         for g in range(spec.gear_count):
             ds = mem.dataset()
             for j in range(len(model.input_indices) + 1):  # model input order
@@ -72,7 +73,14 @@ class AclSession(BackendSession):
                     i = model.spec_index(j)
                     mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
             self._in_datasets.append(ds)
-            self._set_dims.append(model.dims_call(spec, ds, g))
+            # Each gear has a dataset of its own, so its gear is selected ONCE, here: set_*
+            # records the dims on the dataset (the fields aclmdlExecute reads) and writes them
+            # into the dims buffer, with one aclrtMemcpy per value (GE's SetDynamicDims). Per
+            # run that would be several small copies beside the ONE merged copy; the buffer
+            # is the layout's dims slot, refreshed by the merged copy with the same bytes
+            # (int32), or a buffer of its own that nothing else writes (int64).
+            call, fn, args = model.dims_call(spec, ds, g)
+            check(fn(*args), call, f" (gear {g}: {spec.gears[g]})")
         # error-message suffixes, formatted here rather than on every run
         self._labels = [f" (gear {g}: {values})" for g, values in enumerate(spec.gears)]
         self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
@@ -158,10 +166,6 @@ class AclSession(BackendSession):
             if end > start:
                 self._memcpy(self._device + start, self._total - start, self._host + start,
                              end - start, h2d, "separate input, host to device")
-        # After the copies: set_* writes the dims into ascend_mbatch_shape_data in the
-        # model's own width, overwriting the int32 dims the merged copy may have carried.
-        call, fn, args = self._set_dims[gear]
-        check(fn(*args), call, self._labels[gear])
         check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[gear],
                                      self._out_dataset),
                "acl.mdl.execute", self._labels[gear])
