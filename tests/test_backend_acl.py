@@ -796,3 +796,58 @@ def test_an_out_of_gear_request_fails_before_any_acl_call(fake, tmp_path):
         ex.set_dynamic_dims([1, 1, 40, 30, 1, 20, 1, 1])
     assert fake.state.calls[n:] == []  # no memcpy, no set_*, no execute
     model.close()
+
+
+# ---- AIPP models: refused at load ----------------------------------------------------------------
+@pytest.mark.parametrize(("aipp", "said"), [
+    ({0: 1}, "static AIPP"),
+    ({0: 2, 1: 3}, "dynamic AIPP"),
+])
+def test_a_model_built_with_aipp_is_refused_at_load(fake, tmp_path, aipp, said):
+    inputs, gears = MODELS["batch"]
+    path = fake_acl.write_om(tmp_path / "aipp.om", inputs, "batch", gears, aipp=aipp)
+    with pytest.raises(GearFileError, match=f"input 'x' has {said}.*--insert_op_conf"):
+        acl_backend.open_model(path)
+    assert fake.state.calls_named("mdl.get_aipp_type")
+    # nothing held: the next load works
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    assert model.info.spec.gears == tuple(gears)
+    model.close()
+
+
+def test_a_failing_aipp_query_is_a_backend_error(fake, tmp_path):
+    fake.state.fail["mdl.get_aipp_type"] = 145000
+    with pytest.raises(BackendError, match=r"acl\.mdl\.get_aipp_type"):
+        acl_backend.open_model(write(tmp_path, "batch"))
+
+
+# ---- pyACL holds the GIL while the NPU runs ----------------------------------------------------
+def test_the_double_holds_the_gil_through_execute_as_pyacl_does(fake, tmp_path):
+    """pyACL's execute and memcpy wraps never release the GIL (mdl_wrap.cpp, rt_memory.cpp):
+    while a run is on the NPU, no other Python thread of the process moves. The double does
+    the same, so no test here can show threads overlapping where pyACL would not; parallel
+    runs on Ascend need processes (docs/ascend.md)."""
+    import threading
+    import time
+    model = acl_backend.open_model(write(tmp_path, "batch"))
+    layout, session = session_for(model)
+    fake.state.device_seconds = 0.2
+    ticks, stop = [], threading.Event()
+
+    def ticker() -> None:  # a pure-Python thread: an event loop, another request
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.05)
+    begin = time.perf_counter()
+    run(model, layout, session, 0)
+    end = time.perf_counter()
+    stop.set()
+    t.join()
+    assert end - begin >= 0.2
+    gaps = np.diff([x for x in ticks if begin - 0.01 <= x <= end + 0.01])
+    assert gaps.size and gaps.max() >= 0.15  # the ticker stood still while the NPU ran
+    model.close()

@@ -91,7 +91,7 @@ _DEVICE_BASE = 0x1000_0000_0000
 def write_om(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[int], str]],
              mode: str, gears: Sequence[Sequence[int]], dims_dtype: str = "int32",
              input_shape_order: Sequence[str] | None = None,
-             dims_size: int | None = None) -> str:
+             dims_size: int | None = None, aipp: dict[int, int] | None = None) -> str:
     """Write a fake ``.om``: ``inputs`` = (name, shape with -1, numpy dtype name), in MODEL
     input order.
 
@@ -103,6 +103,8 @@ def write_om(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[
     entries only): the dims then cover the listed inputs alone. ``dims_dtype`` is the width of
     ``ascend_mbatch_shape_data`` ("int32" or "int64"); ``dims_size`` the byte size
     ``get_input_size_by_index`` reports for it (default: exactly count * itemsize).
+    ``aipp``: model input index -> aclmdlInputAippType (1 static, 2 with a dynamic AIPP input,
+    3 the dynamic AIPP input itself) for a model built with atc --insert_op_conf.
     """
     names = [n for n, _, _ in inputs]
     order = list(input_shape_order) if input_shape_order is not None else names
@@ -114,7 +116,8 @@ def write_om(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[
     doc = {"format": "fake-om", "inputs": [{"name": n, "shape": list(s), "dtype": d}
                                            for n, s, d in inputs],
            "mode": mode, "gears": [list(g) for g in gears], "dims_dtype": dims_dtype,
-           "order": order, "dims_size": dims_size}
+           "order": order, "dims_size": dims_size,
+           "aipp": {str(k): int(v) for k, v in (aipp or {}).items()}}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
     return str(path)
@@ -134,6 +137,7 @@ class FakeOm:
     order: list[int] = field(default_factory=list)
     dims_size: int | None = None
     current_gear: int | None = None
+    aipp: dict[int, int] = field(default_factory=dict)  # input index -> AIPP type
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> FakeOm:
@@ -144,7 +148,8 @@ class FakeOm:
         return cls(names, [list(i["shape"]) for i in doc["inputs"]],
                    [np.dtype(i["dtype"]) for i in doc["inputs"]], doc["mode"],
                    [tuple(g) for g in doc["gears"]], np.dtype(doc.get("dims_dtype", "int32")),
-                   order, doc.get("dims_size"))
+                   order, doc.get("dims_size"),
+                   aipp={int(k): int(v) for k, v in (doc.get("aipp") or {}).items()})
 
     def gear_shapes(self, g: int) -> list[tuple[int, ...]]:
         """Every input's static shape in gear ``g``, in model order (ATC's rules for the
@@ -254,6 +259,10 @@ class FakeAclState:
     #: dynamicBatchSize / dynamicResolutionHeight+Width / dynamicDims, acl model.cpp)
     dataset_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
     #: call name -> ret to return instead of running it (failure injection), e.g.
+    #: seconds each execute and memcpy holds the GIL, as pyACL's wraps do (mdl_wrap.cpp
+    #: WrapAclMdlExecute and rt_memory.cpp WrapAclRtMemcpy have no Py_BEGIN_ALLOW_THREADS):
+    #: while the NPU runs, no other Python thread of the process runs
+    device_seconds: float = 0.0
     #: ``state.fail["mdl.execute"] = 507011``
     fail: dict[str, int] = field(default_factory=dict)
     next_handle: int = 0x10
@@ -308,10 +317,15 @@ class FakeAcl:
                 self.state.calls.append((name, args))
                 if name in self.state.fail:
                     ret = self.state.fail[name]
-                    return {"pair": (0, ret), "ret": ret, "value": 0}[conv]
+                    return {"pair": (0, ret), "ret": ret, "value": 0, "triple": (0, 0, ret)}[conv]
                 if name != "init" and not self.state.initialized and conv != "value":
-                    return (0, ACL_ERROR_UNINITIALIZE) if conv == "pair" else ACL_ERROR_UNINITIALIZE
-                return impl(*args)
+                    return {"pair": (0, ACL_ERROR_UNINITIALIZE),
+                            "triple": (0, 0, ACL_ERROR_UNINITIALIZE)}.get(
+                        conv, ACL_ERROR_UNINITIALIZE)
+                result = impl(*args)
+            if name in _HOLDS_GIL:  # outside the double's lock: only the GIL is held
+                _hold_gil(self.state.device_seconds)
+            return result
 
         call.__name__ = name.rsplit(".", 1)[-1]
         return call
@@ -583,6 +597,19 @@ class FakeAcl:
         names = [*om.names, ACL_DYNAMIC_TENSOR_NAME]
         return (names.index(name), ACL_SUCCESS) if name in names else (0, ACL_ERROR_INVALID_PARAM)
 
+    def _mdl_get_aipp_type(self, model_id: int, index: int) -> tuple[int, int, int]:
+        """aclmdlGetAippType: (type, dynamic_attached_data_index, ret); the index is
+        0xFFFFFFFF unless type is ACL_DATA_WITH_DYNAMIC_AIPP (aclpythondevg_01_0157)."""
+        om = self.state.models.get(model_id)
+        if om is None:
+            return 0, 0xFFFFFFFF, ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
+        if not 0 <= index <= len(om.names):
+            return 0, 0xFFFFFFFF, ACL_ERROR_INVALID_PARAM
+        kind = om.aipp.get(index, 0)
+        attached = next((j for j, t in om.aipp.items() if t == 3), 0xFFFFFFFF) if kind == 2 \
+            else 0xFFFFFFFF
+        return kind, attached, ACL_SUCCESS
+
     def _out_dims(self, om: FakeOm, gear: int, index: int) -> dict[str, Any]:
         dims = list(om.output_shapes(gear)[index])
         return {"name": OUTPUT_NAMES[index], "dimCount": len(dims), "dims": dims}
@@ -845,8 +872,21 @@ _UNSIGNED_ARGS: dict[str, tuple[int, ...]] = {
     "mdl.set_input_dynamic_dims": (1, 2),
 }
 
+#: The calls pyACL makes without releasing the GIL for the device's time.
+_HOLDS_GIL = frozenset({"mdl.execute", "rt.memcpy"})
+# PyDLL: ctypes keeps the GIL held for the call, as a C extension that never releases it does
+_LIBC = ctypes.PyDLL(None)
+
+
+def _hold_gil(seconds: float) -> None:
+    """Block the calling thread for ``seconds`` WITH the GIL held (no other Python thread
+    runs meanwhile), as pyACL's execute does while the NPU computes."""
+    if seconds > 0:
+        _LIBC.usleep(int(seconds * 1e6))
+
+
 #: public name -> (namespace, return convention): "pair" = (value, ret), "ret" = ret only,
-#: "value" = a handle or value only (0 / "" on failure, no ret).
+#: "value" = a handle or value only (0 / "" on failure, no ret), "triple" = (value, value, ret).
 _API: dict[str, tuple[str, str]] = {
     "init": ("", "ret"), "finalize": ("", "ret"),
     "create_data_buffer": ("", "value"), "destroy_data_buffer": ("", "ret"),
@@ -878,4 +918,5 @@ _API: dict[str, tuple[str, str]] = {
     "mdl.set_dynamic_batch_size": ("mdl", "ret"), "mdl.set_dynamic_hw_size": ("mdl", "ret"),
     "mdl.set_input_dynamic_dims": ("mdl", "ret"),
     "mdl.execute": ("mdl", "ret"),
+    "mdl.get_aipp_type": ("mdl", "triple"),
 }

@@ -82,6 +82,7 @@ class AclModel(BackendModel):
         self.desc = handle(acl.mdl.create_desc(), "acl.mdl.create_desc")
         check(acl.mdl.get_desc(self.desc, self.model_id), "acl.mdl.get_desc")
         self._read_description()
+        self._refuse_aipp()
         #: for each spec input, its position in :attr:`inputs` (the model's order)
         self.order = describe.declared_order(self.inputs, self._declared, self.path)
         #: how many inputs (the first of :attr:`order`) ACL's dims cover: a partial
@@ -117,6 +118,32 @@ class AclModel(BackendModel):
         if not self.inputs.names or not self.outputs.names:
             raise GearFileError(f"{self.path!r} reports {len(self.inputs.names)} inputs and "
                                 f"{len(self.outputs.names)} outputs besides the dims input")
+
+    #: aclmdlInputAippType (aclpythondevg_01_0932) -> what it means for the input
+    _AIPP = {1: "static AIPP (its data is the raw image, not a tensor of its dims)",
+             2: "dynamic AIPP (its parameters come from another input, set with "
+                "acl.mdl.set_input_aipp)",
+             3: "the dynamic AIPP parameters input (filled by acl.mdl.set_input_aipp)"}
+
+    def _refuse_aipp(self) -> None:
+        """GearFileError for a model built with AIPP (atc --insert_op_conf): an AIPP input
+        takes raw image bytes whose size need not be its dims times its itemsize, and a
+        dynamic-AIPP model needs acl.mdl.set_input_aipp per run, neither of which this runtime
+        does; said at load rather than run wrong. ``acl.mdl.get_aipp_type(model_id, index)
+        -> (type, dynamic_attached_data_index, ret)`` (aclpythondevg_01_0157); an old pyACL
+        without it is not asked."""
+        get = getattr(self.acl.mdl, "get_aipp_type", None)
+        if get is None:
+            return
+        for j in self.input_indices:
+            kind, _, ret = get(self.model_id, j)
+            check(ret, "acl.mdl.get_aipp_type", f" (input {j})")
+            if int(kind) in self._AIPP:
+                name = self.inputs.names[self.input_indices.index(j)]
+                raise GearFileError(
+                    f"{self.path!r}: input {name!r} has {self._AIPP[int(kind)]}; models built "
+                    "with AIPP (atc --insert_op_conf) are not supported by this runtime: "
+                    "convert without --insert_op_conf and preprocess on the host")
 
     def _dims_buffer_size(self) -> int:
         """Bytes of the dims input's data buffer: count * itemsize of its own dtype.
