@@ -110,6 +110,34 @@ def test_an_input_value_feeding_nonzero_is_a_capture_hazard() -> None:
     assert "input 'x'" in capture_hazards(nonzero_model().graph)[0]
 
 
+def test_a_contrib_kernels_cpu_input_fed_by_an_input_is_a_capture_hazard() -> None:
+    """CUDA GroupQueryAttention takes total_sequence_length (input 6) on the CPU: fed from a
+    graph input, a replay would keep the length seen at capture."""
+    names = ["q", "k", "v", "pk", "pv", "seqlens_k", "total_len"]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "pk_out", "pv_out"],
+                            domain="com.microsoft", name="gqa", num_heads=2, kv_num_heads=2)
+    graph = helper.make_graph(
+        [node], "gqa", [helper.make_tensor_value_info(n, TensorProto.FLOAT16, None)
+                        for n in names[:5]]
+        + [helper.make_tensor_value_info(n, TensorProto.INT32, None) for n in names[5:]],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT16, None)
+         for n in ("out", "pk_out", "pv_out")])
+    hazards = capture_hazards(graph)
+    assert len(hazards) == 1 and "input 'total_len'" in hazards[0] and "'gqa'" in hazards[0]
+    graph.node[0].domain = ""  # an op of that name in another domain is not the contrib kernel
+    assert capture_hazards(graph) == []
+
+
+def test_a_random_op_is_a_capture_hazard() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("RandomNormalLike", ["x"], ["n"], name="noise"),
+         helper.make_node("Add", ["x", "n"], ["y"])], "noisy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    hazards = capture_hazards(graph)
+    assert len(hazards) == 1 and "RandomNormalLike node 'noise' draws random" in hazards[0]
+
+
 def test_shapes_computed_from_input_shapes_are_no_hazard() -> None:
     from models import reshape_model
 

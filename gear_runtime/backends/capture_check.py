@@ -17,6 +17,9 @@ Two kinds of hazard, each a sentence naming the node (and the input) it is about
   (NonZero, Unique, Compress, NonMaxSuppression) freeze the same way. ``Shape`` and ``Size``
   read only a tensor's shape, which is static within a gear, so a path through them is safe.
 
+The same freeze hits com.microsoft kernels with CPU inputs (:data:`CONTRIB_CPU_INPUTS`), and
+ops drawing random numbers replay the capture's draw (:data:`RANDOM_OPS`).
+
 Memcpy nodes (compute nodes ORT put on the CPU) are known only once ORT has partitioned the
 graph: ORT refuses such a session itself, and the backend treats that refusal as a hazard too.
 """
@@ -37,6 +40,14 @@ SHAPE_INPUTS: dict[str, tuple[int, ...] | None] = {
     "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
     "NonZero": None, "Unique": None, "Compress": (1,), "NonMaxSuppression": None,
 }
+#: com.microsoft ops with inputs the CUDA EP takes on the CPU (the contrib kernels'
+#: registrations): GroupQueryAttention's total_sequence_length (input 6,
+#: contrib_ops/cuda/bert/group_query_attention.cc) decides how much of the KV cache is read.
+CONTRIB_CPU_INPUTS: dict[str, tuple[int, ...]] = {"GroupQueryAttention": (6,)}
+#: ops drawing random numbers: ORT's CUDA kernels take the generator's seed and offset as
+#: kernel arguments set on the host per run, so a captured graph replays the capture's draw
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                        "RandomUniformLike", "Multinomial", "Bernoulli"})
 #: ops whose output depends on their input's shape only, never its values
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
@@ -52,8 +63,11 @@ def capture_hazards(graph: onnx.GraphProto) -> list[str]:
     producers = {out: node for node in graph.node for out in node.output if out}
     constant = {t.name for t in graph.initializer}
     inputs = {v.name for v in graph.input} - constant
+    hazards += [f"{node.op_type} node {node.name or node.output[0]!r} draws random numbers (a "
+                "CUDA graph would replay the draw made at capture)"
+                for node in graph.node if node.op_type in RANDOM_OPS]
     for node in graph.node:
-        slots = SHAPE_INPUTS.get(node.op_type, ())
+        slots = _cpu_inputs(node)
         positions = range(len(node.input)) if slots is None else slots
         for pos in positions:
             if pos >= len(node.input) or not node.input[pos]:
@@ -65,6 +79,15 @@ def capture_hazards(graph: onnx.GraphProto) -> list[str]:
                     f"{node.name or node.output[0]!r} (a shape computation ORT runs on the "
                     "CPU: a CUDA graph would replay the value seen at capture)")
     return hazards
+
+
+def _cpu_inputs(node: onnx.NodeProto) -> tuple[int, ...] | None:
+    """The input positions of ``node`` the CUDA EP reads on the CPU (None: all of them)."""
+    if node.domain == "com.microsoft":
+        return CONTRIB_CPU_INPUTS.get(node.op_type, ())
+    if node.domain not in ("", "ai.onnx"):
+        return ()
+    return SHAPE_INPUTS.get(node.op_type, ())
 
 
 def _inputs_feeding(tensor: str, producers: dict[str, onnx.NodeProto],
@@ -88,4 +111,4 @@ def _inputs_feeding(tensor: str, producers: dict[str, onnx.NodeProto],
     return found
 
 
-__all__ = ["SHAPE_INPUTS", "capture_hazards"]
+__all__ = ["CONTRIB_CPU_INPUTS", "RANDOM_OPS", "SHAPE_INPUTS", "capture_hazards"]
