@@ -204,3 +204,13 @@ def test_mindspore_lite_gets_the_config_and_the_ge_provider(tmp_path: Path, monk
         (str(acl), None, ""),  # its runtime options are MindSpore Lite's to read
         (str(ge), None, "ge"),  # [ge_graph_options] is read by the GE delegate only
         ("", {"ascend_context": {"precision_mode": "force_fp16"}}, "")]
+
+
+def test_a_hybrid_or_sink_file_is_refused_on_the_npu(tmp_path: Path, ov) -> None:
+    model = heavy_model(width=64, layers=1)
+    spec = gr.GearSpec.from_atc("x:-1,64", dynamic_dims="1;2")  # hybrid needs dims mode
+    for kind in ("hybrid", "sink"):
+        out = str(tmp_path / f"{kind}.gear.onnx")
+        gr.compile(model, spec, out, progress=False, **{kind: True})
+        with pytest.raises(gr.BackendError, match=f"a {kind} gear file.*NPU cannot compile"):
+            gr.load(out, backend="openvino", device="NPU")

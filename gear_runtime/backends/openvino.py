@@ -297,6 +297,14 @@ class OvModel(BackendModel):
                  graphs: str, num_threads: int | None, performance_hint: str,
                  cache_dir: str | None, config: Mapping[str, Any] | None,
                  progress: bool) -> None:
+        info = gear_file.info
+        if isinstance(device, str) and _family(device) == "NPU" and (info.sink or info.hybrid):
+            # the NPU plugin compiles static shapes only; these kinds need a dynamic graph
+            kind = "sink" if info.sink else "hybrid"
+            raise BackendError(f"{gear_file.path}: a {kind} gear file runs a dynamic-shape "
+                               "graph, which OpenVINO's NPU cannot compile (static shapes "
+                               "only); load it on CPU or GPU, or compile it without "
+                               f"--{kind}")
         ov = self._ov = _runtime()
         check_options(ov, device, graphs, num_threads, performance_hint)
         self.file, self.gear_file_path, self.info = gear_file, gear_file.path, gear_file.info
