@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir
@@ -26,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "--dynamic_image_size, --dynamic_dims, --input_format, "
                        "--precision_mode, --model, "
                        "--output, --framework=5; --soc_version and --log are accepted and "
-                       "do not change the gear file), so a pasted atc line compiles.")
+                       "do not change the gear file; --output_type, --insert_op_conf and "
+                       "--input_fp16_nodes are accepted with a line saying what is done "
+                       "instead; --out_nodes is refused), so a pasted atc line compiles.")
     p.add_argument("model", metavar="MODEL.onnx", nargs="?",
                    help="the model with dynamic input dims (or --model)")
     p.add_argument("--model", dest="model_flag", metavar="MODEL.onnx",
@@ -58,6 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="put the weights in one data file beside the gear file (OUT.data); "
                    "auto: from 16 MiB of weights, or when the model keeps its weights in "
                    "external data (needed past 2 GiB)")
+    p.add_argument("--verify", choices=("auto", "yes", "no"), default="auto",
+                   help="run every gear once on ONNX Runtime (zero inputs) before writing and "
+                   "refuse a gear that fails, as atc does; auto: while the runs take under "
+                   "60 s, for sources of at most 2 GiB of weights")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="gear file to write (its folder is created if needed); a name "
                    "without .onnx gets .gear.onnx, as atc's --output gets .om")
@@ -67,6 +74,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="atc's target chip: accepted, no effect (a gear file runs on every "
                    "backend; the chip matters when atc compiles the .om)")
     p.add_argument("--log", metavar="LEVEL", help="atc's log level: accepted, no effect")
+    p.add_argument("--output_type", "--output-type", metavar="T",
+                   help="atc's output dtype (FP32, FP16, UINT8): accepted; the gear file's "
+                   "outputs keep the model's dtypes (a line says so)")
+    p.add_argument("--insert_op_conf", "--insert-op-conf", metavar="FILE",
+                   help="atc's AIPP config: accepted, not applied (a line says so; inputs are "
+                   "preprocessed on the host)")
+    p.add_argument("--input_fp16_nodes", "--input-fp16-nodes", metavar="NODES",
+                   help="atc's float16 inputs: accepted; the inputs keep the model's dtypes "
+                   "(a line says so)")
+    p.add_argument("--out_nodes", "--out-nodes", metavar="NODES",
+                   help="atc's output selection: refused (the gear file's outputs are the "
+                   "model's graph outputs; cut the graph first, e.g. onnx.utils.extract_model)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none when stderr is not a terminal)")
     p.set_defaults(handler=cmd_compile)
@@ -99,11 +118,33 @@ def _output_path(output: str) -> str:
     return output
 
 
+def _atc_only_flags(args: argparse.Namespace) -> None:
+    """atc flags that change nothing in a gear file: one line each on stderr saying what is
+    done instead; --out_nodes, which would change the outputs, is refused."""
+    if args.out_nodes is not None:
+        raise UsageError(f"--out_nodes {args.out_nodes!r}: the gear file's outputs are the "
+                         "model's graph outputs; cut the graph to the outputs you want first "
+                         "(onnx.utils.extract_model) and compile that")
+    notes = {
+        "output_type": "the gear file's outputs keep the model's dtypes (the acl backend runs "
+                       "the .om atc built with it)",
+        "insert_op_conf": "AIPP is not applied: preprocess on the host (an .om built with it "
+                          "is refused by the acl backend)",
+        "input_fp16_nodes": "the inputs keep the model's dtypes",
+    }
+    for flag, note in notes.items():
+        value = getattr(args, flag)
+        if value is not None:
+            print(f"gear-runtime compile: --{flag}={value} accepted, not applied: {note}",
+                  file=sys.stderr)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import gear_runtime as gr
     from gear_runtime.spec import spec_from_atc
 
     model = existing_file(_model_path(args), "model")
+    _atc_only_flags(args)
     gear_flags = {"dynamic_batch_size": args.dynamic_batch_size,
                   "dynamic_image_size": args.dynamic_image_size,
                   "dynamic_dims": args.dynamic_dims}
@@ -136,9 +177,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from gear_runtime.compiler import compile_gears
 
     external = {"auto": None, "yes": True, "no": False}[args.external_data]
+    verify = {"auto": None, "yes": True, "no": False}[args.verify]
     report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
                            sink=args.sink, external_data=external,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, verify=verify)
     kind = "sink" if args.sink else "case"
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "
@@ -146,4 +188,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
           + (f"; precision_mode {spec.precision_mode}" if spec.precision_mode else "")
           + (f"; weights in {report.data_path} ({report.data_bytes} bytes)"
              if report.data_path else ""))
+    if report.unverified:
+        print(f"not run at compile time: gear(s) {report.unverified}"
+              + (" (--verify no)" if verify is False else
+                 " (past the budget: --verify yes runs them all)"))
     return EXIT_OK

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -89,11 +90,23 @@ class CompileReport:
     #: the weights' data file beside the gear file (None: the weights are inside it)
     data_path: str | None = None
     data_bytes: int = 0
+    #: gears run once on ONNX Runtime at compile time (their outputs' shapes checked), and
+    #: those the budget left unrun (``verify=None``) or ``verify=False`` skipped
+    verified: list[int] = field(default_factory=list)
+    unverified: list[int] = field(default_factory=list)
+
+
+#: ``verify=None``: gears are run while the runs so far took less than this many seconds...
+VERIFY_SECONDS = 60.0
+#: ... and only for sources of at most this many bytes of weights (the run loads them all
+#: into an ORT session once more); ``verify=True`` runs every gear whatever they cost.
+VERIFY_MAX_WEIGHT_BYTES = 2 * 2**30
 
 
 def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
-                  progress: bool = True, external_data: bool | None = None) -> str:
+                  progress: bool = True, external_data: bool | None = None,
+                  verify: bool | None = None) -> str:
     """Compile ``model`` (a path or ModelProto with dynamic dims) for the gears of ``spec``
     into the gear file ``output``; return ``output`` as a string.
 
@@ -108,22 +121,32 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     folder); None: when they add up to 16 MiB or more, or the source keeps any weight in
     external data. A source with external data is streamed: its weights are copied file to
     file, never parsed. The gear file and its data file are written atomically (temporary
-    files renamed in place), with the mode the umask gives new files.
+    files renamed in place), with the mode the umask gives new files. ``verify``: run each
+    gear once on ONNX Runtime before writing (see :func:`compile_gears`).
 
     Raises CompileError when the spec does not fit the model (naming the input, the axis, the
     spec's value and the model's), when the output directory does not exist, when ``sink``
     is asked of a model below opset 11 (these before any gear is compiled), when a gear's
-    output shape cannot be determined, when the graph (with any weights kept inside it)
-    would exceed 2 GiB, or when a file cannot be written.
+    output shape cannot be determined or a gear cannot run, when the output is the source
+    itself, when dims the model names alike get different values in a gear, when the graph
+    (with any weights kept inside it) would exceed 2 GiB, or when a file cannot be written.
     """
     return compile_gears(model, spec, output, hybrid=hybrid, sink=sink, progress=progress,
-                         external_data=external_data).path
+                         external_data=external_data, verify=verify).path
 
 
 def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
-                  progress: bool = True, external_data: bool | None = None) -> CompileReport:
-    """:func:`compile_model`, returning a :class:`CompileReport`."""
+                  progress: bool = True, external_data: bool | None = None,
+                  verify: bool | None = None) -> CompileReport:
+    """:func:`compile_model`, returning a :class:`CompileReport`.
+
+    ``verify``: run every gear once on ONNX Runtime (zero inputs, the source graph at the
+    gear's shapes) and refuse a gear that fails (CompileError naming the gear, the node and
+    ORT's reason) before anything is written, as atc refuses a model it cannot build. None
+    (default): within a budget (:data:`VERIFY_SECONDS`, :data:`VERIFY_MAX_WEIGHT_BYTES`; the
+    report lists the gears left unrun); True: every gear; False: none.
+    """
     start = time.perf_counter()
     if not isinstance(spec, GearSpec):
         raise CompileError(f"spec must be a GearSpec, got {type(spec).__name__}")
@@ -136,6 +159,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         ("hybrid", hybrid), ("sink", sink), ("progress", progress)))
     if external_data is not None:
         external_data = arguments.flag("external_data", external_data, CompileError)
+    if verify is not None:
+        verify = arguments.flag("verify", verify, CompileError)
     if (hybrid or spec.hybrid) and spec.mode != "dims":
         # GE builds the hybrid (gear + dynamic-shape) graph only from ge.dynamicDims
         raise CompileError(f"hybrid mode needs a dims spec (GE has it only with ge.inputShape "
@@ -143,6 +168,10 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                            code="E10001")
     # everything that can be refused is refused before the first gear is compiled
     path = _check_output(output)
+    if isinstance(model, str) and os.path.exists(path) and os.path.samefile(model, path):
+        raise CompileError(f"the output {path!r} is the source model itself: compiling would "
+                           "overwrite it; give the gear file another name (e.g. "
+                           f"{os.path.splitext(path)[0]}.gear.onnx)")
     # the bar counts every long step, not only the gears: on a multi-GB model reading the
     # source and writing (checking, hashing) the file take as long as the gears
     with progress_bar(spec.gear_count + 3, "compile", progress, unit="step") as bar:
@@ -163,6 +192,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         branches: list[onnx.GraphProto] = []
         shapes: list[list[tuple[int, ...]]] = []
         runner = ShapeRunner(loaded, info)
+        budget = _VerifyBudget(verify, loaded)
         try:
             for i in range(spec.gear_count):
                 gear_shapes = spec.shapes(i)
@@ -173,6 +203,11 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                 out_shapes, ran = gear_output_shapes(inferred, runner, info, gear_shapes, i)
                 if ran:
                     report.ran_on_ort.append(i)
+                if ran or budget.run(lambda i=i, gear_shapes=gear_shapes, out=out_shapes:
+                                     runner.check(gear_shapes, i, spec.gears[i], out)):
+                    report.verified.append(i)
+                else:
+                    report.unverified.append(i)
                 set_output_shapes(branch, info, out_shapes)
                 branches.append(branch)
                 shapes.append(out_shapes)
@@ -200,6 +235,30 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         bar.update(1)
     report.seconds = time.perf_counter() - start
     return report
+
+
+class _VerifyBudget:
+    """Whether compile runs the next gear (``verify``: True always, False never, None while
+    the runs so far stay under :data:`VERIFY_SECONDS` on a source of at most
+    :data:`VERIFY_MAX_WEIGHT_BYTES` of weights)."""
+
+    def __init__(self, verify: bool | None, source: Source) -> None:
+        self.verify, self.spent = verify, 0.0
+        if verify is None and _weight_bytes(source.model) > VERIFY_MAX_WEIGHT_BYTES:
+            self.verify = False
+
+    def run(self, check: Callable[[], None]) -> bool:
+        """Run ``check`` if the budget allows; whether it ran (its errors propagate)."""
+        if self.verify is False or (self.verify is None and self.spent >= VERIFY_SECONDS):
+            return False
+        start = time.perf_counter()
+        check()
+        self.spent += time.perf_counter() - start
+        return True
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(tensor_nbytes(t) or 0 for t in model.graph.initializer)
 
 
 def _set_metadata(model: onnx.ModelProto, spec: GearSpec, kind: str,

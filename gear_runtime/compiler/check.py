@@ -238,6 +238,7 @@ def check_spec(info: GraphInfo, spec: GearSpec) -> None:
             raise CompileError(f"input_shape names {name!r}, which {what}; model inputs: "
                                f"{', '.join(model_inputs)}", code=E_UNKNOWN_INPUT)
         _check_dims(t, shape)
+    _check_tied(info, spec)
     missing = [n for n in model_inputs if n not in spec.input_names]
     if missing:
         t = info.input(missing[0])
@@ -247,6 +248,30 @@ def check_spec(info: GraphInfo, spec: GearSpec) -> None:
             f"(CheckSequenceOfData: as many Data nodes as input_shape entries) every model "
             f"input must be listed, static ones with their static shape; missing: "
             f"{', '.join(missing)}", code=E_SEQUENCE)
+
+
+def _check_tied(info: GraphInfo, spec: GearSpec) -> None:
+    """Dims the model names alike (one ``dim_param``, e.g. ``seq`` on input_ids and
+    attention_mask) must take one value in every gear: the exporter declared them equal, and
+    a gear that sets them apart fails inside the graph (a broadcast, a Reshape) with an error
+    that names neither input. CompileError naming both inputs, the axes, the name and the
+    gear."""
+    for g in range(spec.gear_count):
+        seen: dict[str, tuple[str, int, int]] = {}
+        for name, shape in spec.shapes(g).items():
+            t = info.input(name)
+            if t is None or t.dims is None:
+                continue
+            for axis, (dim, value) in enumerate(zip(t.dims, shape, strict=False)):
+                if not isinstance(dim, str) or not dim:
+                    continue
+                first = seen.setdefault(dim, (name, axis, value))
+                if first[2] != value:
+                    raise CompileError(
+                        f"gear {g} {list(spec.gears[g])}: input {first[0]!r} axis {first[1]} "
+                        f"is {first[2]} but input {name!r} axis {axis} is {value}, and the "
+                        f"model names both dims {dim!r} (they must be equal); give them the "
+                        "same value in every gear", code="E10001")
 
 
 def _check_gears(spec: GearSpec) -> None:

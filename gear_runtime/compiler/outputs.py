@@ -13,6 +13,7 @@ inputs (kept 0 in both runs) is not caught.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,7 +66,7 @@ class ShapeRunner:
             model.CopyFrom(self._source.model)  # big weights stay external references
             model.graph.ClearField("value_info")  # stale exporter shapes must not get in the way
             opts = ort.SessionOptions()
-            opts.log_severity_level = 3
+            opts.log_severity_level = 4  # a failing run comes back as our error, not a log line
             if self._source.folder is not None:  # external data beside the source file
                 opts.add_session_config_entry(
                     "session.model_external_initializers_file_folder_path", self._source.folder)
@@ -101,6 +102,46 @@ class ShapeRunner:
                     f"{b} with float inputs of one: its shape depends on the input values "
                     f"(NonZero, Unique, ...), so no gear can give it a static shape")
         return runs[0]
+
+
+    def check(self, shapes: Mapping[str, Sequence[int]], gear: int, values: Sequence[int],
+              want: Sequence[tuple[int, ...]]) -> None:
+        """Run the model once at the gear's shapes (zero inputs) and compare the outputs'
+        shapes with ``want`` (the gear's static shapes): CompileError naming the gear, the
+        node ORT failed in and ORT's own reason, so a gear that cannot run (a shape the
+        export baked into a Reshape) is refused at compile time, as atc refuses it."""
+        info = self._info
+        zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+        try:
+            got = [tuple(int(d) for d in np.shape(r)) for r in self._get_session().run(
+                [t.name for t in info.outputs], zeros)]
+        except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
+            raise CompileError(f"gear {gear} {list(values)} cannot run: {ort_failure(exc)}; "
+                               "a shape the export baked into the graph (torch.onnx traces "
+                               "sizes as constants unless they are marked dynamic) fails this "
+                               "way; --verify no skips this check") from None
+        for t, a, b in zip(info.outputs, got, want, strict=True):
+            if a != tuple(b):
+                raise CompileError(f"gear {gear} {list(values)}: output {t.name!r} is {a} when "
+                                   f"run but {tuple(b)} by shape inference")
+
+
+_ORT_NODE = re.compile(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
+#: ORT's source location and function before its reason ("reshape_helper.h:47
+#: onnxruntime::ReshapeHelper::ReshapeHelper(...) input_shape_size == size was false. ")
+_ORT_SOURCE = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ (?:.*? was false\. |\S+\(.*?\) )", re.S)
+
+
+def ort_failure(exc: BaseException) -> str:
+    """ORT's error as one readable line: "OpType node 'name': reason" without ORT's source
+    location and exception prefix; the whole text when it names no node."""
+    text = str(exc).strip()
+    found = _ORT_NODE.search(text)
+    if found is None:
+        return text.splitlines()[0] if text else type(exc).__name__
+    op, name, reason = found.groups()
+    reason = _ORT_SOURCE.sub("", reason.strip()).strip().splitlines()[0]
+    return f"{op} node {name!r}: {reason}"
 
 
 def gear_output_shapes(inferred: onnx.GraphProto, runner: ShapeRunner, info: GraphInfo,
