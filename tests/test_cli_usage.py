@@ -54,6 +54,25 @@ def test_a_pasted_atc_line_compiles(capsys, example, tmp_path) -> None:
     assert model.spec.input_format == "NCHW"
 
 
+def test_an_atc_line_with_the_common_flags_compiles_and_says_what_is_not_applied(
+        capsys, example, tmp_path) -> None:
+    aipp = tmp_path / "aipp.cfg"
+    aipp.write_text("aipp_op {}\n")
+    atc = ("--model={model} --framework=5 --output={out} --input_shape=data:-1,3,32,32 "
+           "--dynamic_batch_size=1,2 --soc_version=Ascend310P3 --precision_mode=force_fp32 "
+           "--output_type=FP32 --insert_op_conf={aipp} --input_fp16_nodes=data --log=error")
+    argv = atc.format(model=example.conv, out=tmp_path / "m", aipp=aipp).split()
+    code, out, err = run_cli(capsys, "compile", *argv)
+    assert code == 0, err
+    assert "precision_mode force_fp32" in out
+    lines = [x for x in err.splitlines() if "accepted, not applied" in x]
+    assert [x.split()[2].split("=")[0] for x in lines] == [
+        "--output_type", "--insert_op_conf", "--input_fp16_nodes"]
+    assert gr.load(str(tmp_path / "m.gear.onnx")).spec.precision_mode == "force_fp32"
+    code, _, err = run_cli(capsys, "compile", *argv, "--out_nodes=conv:0")
+    assert code != 0 and "--out_nodes" in err and "extract_model" in err
+
+
 @pytest.mark.parametrize("flag", ["--dynamic_dims", "--dymDims"])
 def test_run_takes_atc_and_ais_bench_spellings(capsys, example, tmp_path, flag) -> None:
     code, out, err = run_cli(capsys, "run", example.gear, flag, "64,64,64,16",
