@@ -53,7 +53,7 @@ def test_tied_values_are_planned_as_one_and_constants_stay() -> None:
     assert structure_of(np.array(requests)).groups == [[0, 1, 2]]
     plan = plan_gears(requests, 3, "elements")
     assert plan.exact and all(g[0] == g[1] == g[2] and g[3] == 16 for g in plan.gears)
-    assert plan.to_atc().startswith("--dynamic_dims=") and ",16;" in plan.to_atc()
+    assert plan.to_atc().startswith('--dynamic_dims="') and ",16;" in plan.to_atc()
     assert plan.to_config()[0].startswith('ge.dynamicDims="')
     assert plan.to_config()[2].startswith("dynamic_dims=[")
 
@@ -218,3 +218,38 @@ def test_plan_without_matplotlib_still_prints_the_plan(tmp_path, capsys, monkeyp
     captured = capsys.readouterr()
     assert "planned (exact)" in captured.out and not (tmp_path / "p.png").exists()
     assert captured.err.count("\n") == 1 and "--plot: plots need matplotlib" in captured.err
+
+
+def test_plans_atc_line_pastes_into_bash_and_its_block_is_complete(tmp_path, capsys) -> None:
+    """The printed line is one shell word per flag (unquoted, bash ran the compile with the
+    first gear and then '116,116: command not found'); a batch axis gets
+    --dynamic_batch_size; the [ascend_context] block has the input shape and reads back; a
+    line compares the plan with --current."""
+    import shlex
+    import subprocess
+
+    import onnx
+    from models import heavy_model
+
+    from gear_runtime.spec import GearSpec
+    source = tmp_path / "m.onnx"
+    onnx.save(heavy_model(width=16, layers=1), source)
+    trace = tmp_path / "t.jsonl"
+    rng = np.random.default_rng(0)
+    trace.write_text("\n".join(json.dumps({"dims": [int(s)]}) for s in rng.integers(1, 64, 200)))
+    assert main(["plan", str(source), "--input-shape", "x:-1,16", "--trace", str(trace),
+                 "--max-gears", "3", "--current", "16;32;64"]) == 0
+    out = capsys.readouterr().out
+    line = next(x.split("atc: ", 1)[1] for x in out.splitlines() if "atc: " in x)
+    echoed = subprocess.run(["bash", "-c", f"printf '%s\\n' {line}"], capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    assert len(echoed) == 2 and echoed[0] == "--input_shape=x:-1,16"
+    assert echoed[1].startswith("--dynamic_batch_size=")
+    flags = dict(a.lstrip("-").split("=", 1) for a in shlex.split(line))
+    spec = GearSpec.from_atc(**flags)
+    assert spec.mode == "batch" and spec.gear_count == 3
+    block = out[out.index("[ascend_context]"):].splitlines()[:3]
+    ini = tmp_path / "c.ini"
+    ini.write_text("\n".join(block) + "\n")
+    assert GearSpec.from_config(ini).gears == spec.gears
+    assert "planned vs current: mean" in out and "padding waste" in out

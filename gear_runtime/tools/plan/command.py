@@ -8,7 +8,8 @@ The JSON (``--json PATH|-``) is one object, schema ``"gear-runtime-plan/1"``::
      "uncovered_cost": "...",                # how uncovered requests are counted
      "dynamic_values": ["input_ids[1]", ...],  # GE dims order: what a gear's values are
      "planned": PLAN, "current": PLAN | null,
-     "atc": "--dynamic_dims=...", "config": ["ge.dynamicDims=...", ...],
+     "atc": "--input_shape=\"...\" --dynamic_dims=\"...\"",   # pastes into a shell
+     "config": ["ge.dynamicDims=...", "[ascend_context]", "input_shape=...", ...],
      "latency_curve": {"sizes": [...], "latency_ms": [...]} | null,
      "plot": "plan.png" | null}
 
@@ -18,11 +19,14 @@ The JSON (``--json PATH|-``) is one object, schema ``"gear-runtime-plan/1"``::
 
 ``mean`` and ``p99`` are over every request (uncovered ones at their own size, as the
 hybrid fallback runs them); ``covered_mean`` over the covered ones; null where undefined. A
-later version adds fields and bumps the number only when a field changes meaning.
+later version adds fields and bumps the number only when a field changes meaning. Since the
+quoted form, "atc" holds the whole flag line (input shape and gears) rather than the gear
+flag alone, and "config" a complete ``[ascend_context]`` block after the GE option.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -56,17 +60,54 @@ class PlanRun:
     layout: TraceLayout
     curve: LatencyCurve | None = None
     plot: str | None = None
+    #: the --input-shape planned for (the atc line and the config block repeat it)
+    input_shape: str = ""
+
+    def atc_line(self) -> str:
+        """The atc flags for the plan, each quoted, so the line pastes into bash: the
+        input shape and the mode's flag (``--dynamic_batch_size`` when every dynamic axis is
+        axis 0 and the gears tie them, as GE's batch mode needs)."""
+        return f'--input_shape="{self.input_shape}" ' + self._as_mode().to_atc()
+
+    def config_block(self) -> list[str]:
+        """A complete ``[ascend_context]`` block for MindSpore Lite's converter: the input
+        shape in its bracket form and the gears as ``dynamic_dims``."""
+        from gear_runtime.spec.parse import parse_input_shape
+
+        names, shapes = parse_input_shape(self.input_shape)
+        shape = ";".join(f"{n}:[{','.join(map(str, s))}]" for n, s in zip(names, shapes,
+                                                                           strict=True))
+        plan = self._as_mode()
+        groups = ",".join("[" + ",".join(map(str, g[:1] if plan.mode == "batch" else g)) + "]"
+                          for g in plan.gears)
+        return ["[ascend_context]", f"input_shape={shape}", f"dynamic_dims={groups}"]
+
+    def _as_mode(self) -> GearPlan:
+        """The plan in batch mode when the input shape and the gears are GE's batch form."""
+        from gear_runtime.spec.parse import parse_input_shape
+
+        plan = self.planned
+        if not self.input_shape:
+            return plan
+        _, shapes = parse_input_shape(self.input_shape)
+        axes = [a for s in shapes for a, d in enumerate(s) if d == -1]
+        if axes and all(a == 0 for a in axes) and all(len(set(g)) == 1 for g in plan.gears):
+            return dataclasses.replace(plan, mode="batch")
+        return plan
 
     def text(self) -> str:
         plan = self.planned
         lines = [f"{self.requests:,} requests; planned "
                  f"({'exact' if plan.exact else 'heuristic'}): " + plan.summary(),
-                 "  " + plan.to_atc(), *("  " + c for c in plan.to_config())]
+                 "  atc: " + self.atc_line(),
+                 "  " + self._as_mode().to_config()[0],
+                 *("  " + c for c in self.config_block())]
         if len(plan.gears) > GE_MAX_GEARS:
             lines.append(f"  note: {len(plan.gears)} gears; GE accepts at most {GE_MAX_GEARS} "
                          "(E10036): ask for fewer with --max-gears")
         if self.current is not None:
             lines.append("current: " + self.current.summary())
+            lines.append("  " + plan.compare(self.current))
         if any(p.uncovered_count for p in (plan, self.current) if p is not None):
             lines.append("  (" + UNCOVERED_COST + ")")
         if self.curve is not None:
@@ -83,7 +124,8 @@ class PlanRun:
                 "dynamic_values": list(self.layout.labels),
                 "planned": self.planned.to_json(),
                 "current": None if self.current is None else self.current.to_json(),
-                "atc": self.planned.to_atc(), "config": self.planned.to_config(),
+                "atc": self.atc_line(), "config": self._as_mode().to_config()[:1]
+                + self.config_block(),
                 "latency_curve": None if self.curve is None else {
                     "sizes": list(self.curve.sizes), "latency_ms": list(self.curve.latency_ms)},
                 "plot": self.plot}
@@ -114,7 +156,7 @@ def run_plan(model: str, input_shape: str, trace: str, max_gears: int, *,
         fn, unit = cost_fn(cost, spec, curve, structure)
         now = evaluate(gears_now, requests, fn, unit, spec.mode, True,
                        elements_cost(spec, structure))
-    run = PlanRun(len(requests), cost, plan, now, layout, curve)
+    run = PlanRun(len(requests), cost, plan, now, layout, curve, input_shape=input_shape)
     if plot:
         from gear_runtime.tools.plan.plot import plot_plan
 

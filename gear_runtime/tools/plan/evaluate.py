@@ -57,11 +57,27 @@ class GearPlan:
         return 1.0 - self.uncovered
 
     def to_atc(self) -> str:
-        """The ATC flag for these gears, e.g. ``--dynamic_dims=32,32;512,512``."""
+        """The ATC flag for these gears, quoted so that it pastes into a shell as one word
+        (unquoted, bash would end the command at the first ``;``), e.g.
+        ``--dynamic_dims="32,32;512,512"``."""
         if self.mode == "batch":
-            return "--dynamic_batch_size=" + ",".join(str(g[0]) for g in self.gears)
+            return '--dynamic_batch_size="' + ",".join(str(g[0]) for g in self.gears) + '"'
         flag = "dynamic_image_size" if self.mode == "image_size" else "dynamic_dims"
-        return f"--{flag}=" + ";".join(",".join(map(str, g)) for g in self.gears)
+        return f'--{flag}="' + ";".join(",".join(map(str, g)) for g in self.gears) + '"'
+
+    def compare(self, other: GearPlan) -> str:
+        """One line saying how this plan compares with ``other`` (the current gears): mean
+        and p99 cost as ratios, padding waste and coverage side by side."""
+        def ratio(a: float, b: float) -> str:
+            if not (math.isfinite(a) and math.isfinite(b)) or a <= 0 or b <= 0:
+                return "n/a"
+            return f"{b / a:.2f}x lower" if a < b else (
+                "the same" if a == b else f"{a / b:.2f}x higher")
+        return (f"planned vs current: mean {ratio(self.mean_cost, other.mean_cost)} "
+                f"({number_text(self.mean_cost)} vs {number_text(other.mean_cost)} "
+                f"{self.cost_unit}), p99 {ratio(self.p99_cost, other.p99_cost)}, padding waste "
+                f"{100 * self.waste:.1f}% vs {100 * other.waste:.1f}%, coverage "
+                f"{100 * self.coverage:.2f}% vs {100 * other.coverage:.2f}%")
 
     def to_config(self) -> list[str]:
         """Config lines: GE's option and MindSpore Lite's ``[ascend_context]`` form."""
