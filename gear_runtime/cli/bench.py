@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from gear_runtime.cli.common import (
+    DEVICE_FILES,
     EXIT_FAILED,
     EXIT_OK,
     PROG,
@@ -15,6 +16,7 @@ from gear_runtime.cli.common import (
     add_json_flag,
     backend_options,
     check_output_file,
+    device_options,
     existing_file,
     float_at_least,
     int_at_least,
@@ -82,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("give a gear FILE to benchmark, or --compare BEFORE.json AFTER.json")
     if args.fail_on_regression is not None:
         raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
-    existing_file(args.file, "gear file")
+    existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
     if args.reference is not None:
         existing_file(args.reference, "reference model")
     if args.json is not None:  # fail now, not after the benchmark
@@ -99,7 +101,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          warmup=args.warmup, threads=args.threads, reference=args.reference,
                          backend=backend, progress=not args.no_progress,
                          copy=not args.no_copy, providers=options.get("providers"),
-                         request=request, pad=args.pad, fill=args.fill)
+                         request=request, pad=args.pad, fill=args.fill,
+                         load_options=device_options(backend, args))
     quiet = args.json == jsonout.STDOUT  # stdout is the JSON alone
     if not quiet:
         print(report.table())

@@ -100,6 +100,56 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                    help="onnxruntime / openvino: the runtime's threads of every session "
                    "(default: the runtime's)")
+    add_device_flags(p)
+
+
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    """``--device``, ``--config`` and ``--input-shape``: what the device backends need to
+    open their own model files (.om for acl, .mindir for mindspore_lite)."""
+    p.add_argument("--device", metavar="D",
+                   help="acl / mindspore_lite / onnxruntime on CUDA: the device id (ais_bench's "
+                   "--device); openvino: the device name (CPU, GPU, NPU, AUTO)")
+    p.add_argument("--config", dest="model_config", metavar="FILE",
+                   help="mindspore_lite: the converter config the MindIR was built with "
+                   "([acl_build_options] / [ascend_context] / [ge_graph_options]): its gears")
+    p.add_argument("--input-shape", "--input_shape", dest="model_input_shape", metavar="S",
+                   help="acl: the --input_shape atc compiled the .om with (the order of the "
+                   "dims in dims mode, when the .om does not say)")
+
+
+#: the backends whose model files are their own (not gear files), by file suffix
+DEVICE_FILES = {"acl": ".om", "mindspore_lite": ".mindir"}
+
+
+def device_options(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``load`` options ``--device`` / ``--config`` / ``--input-shape`` ask of
+    ``backend``; UsageError naming the flag where the backend has no such option."""
+    options: dict[str, Any] = {}
+    device = getattr(args, "device", None)
+    if device is not None:
+        if backend == "openvino":
+            options["device"] = device
+        elif backend in ("acl", "mindspore_lite", "onnxruntime"):
+            try:
+                options["device_id"] = int(device)
+            except ValueError:
+                raise UsageError(f"--device {device!r}: {backend} takes a device id (an "
+                                 "integer such as 0)") from None
+        else:
+            raise UsageError(f"--device is not an option of --backend {backend!r}")
+    config = getattr(args, "model_config", None)
+    if config is not None:
+        if backend != "mindspore_lite":
+            raise UsageError(f"--config FILE is the mindspore_lite converter config; --backend "
+                             f"is {backend!r}")
+        options["config"] = existing_file(config, "config file")
+    shape = getattr(args, "model_input_shape", None)
+    if shape is not None:
+        if backend != "acl":
+            raise UsageError(f"--input-shape is the acl backend's (atc's --input_shape); "
+                             f"--backend is {backend!r}")
+        options["input_shape"] = shape
+    return options
 
 
 def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -125,6 +175,7 @@ def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             raise UsageError(f"--threads is an option of {', '.join(sorted(THREADS_OPTION))}; "
                              f"--backend is {backend!r}")
         options[THREADS_OPTION[backend]] = args.threads
+    options.update(device_options(backend, args))
     return backend, options
 
 

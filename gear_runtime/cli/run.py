@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gear_runtime.cli.common import (
+    DEVICE_FILES,
     EXIT_OK,
     UsageError,
     add_backend_flags,
@@ -84,8 +85,9 @@ def add_gear_flags(p: argparse.ArgumentParser) -> None:
     """The gear to run, under our, atc's and ais_bench's spellings (one of them)."""
     dims = p.add_mutually_exclusive_group()
     dims.add_argument("--dynamic-dims", "--dynamic_dims", "--dymDims", metavar="D",
-                      help="the gear's dynamic values (e.g. 64,64,64,16), or the full dims of "
-                      "all inputs flattened (aclmdlSetInputDynamicDims)")
+                      help="the gear's dynamic values (e.g. 64,64,64,16), the full dims of "
+                      "all inputs flattened (aclmdlSetInputDynamicDims), or ais_bench's named "
+                      'form "input_ids:1,128;attention_mask:1,128"')
     dims.add_argument("--dynamic-batch-size", "--dynamic_batch_size", "--dymBatch",
                       metavar="N", type=int_at_least(1),
                       help="the batch gear (dynamic batch models)")
@@ -182,8 +184,12 @@ def _chosen_gear(model: GearModel, ex: Executor) -> int | None:
 def gear_flag(args: argparse.Namespace) -> Callable[[Executor], None]:
     """What the --dynamic-* flag asks of the executor, parsed before the model is loaded."""
     if args.dynamic_dims is not None:
-        dims = int_list(args.dynamic_dims, "--dynamic-dims")
-        return lambda ex: _set_dims(ex, dims, args.dynamic_dims)
+        text = args.dynamic_dims
+        if ":" in text:  # ais_bench's named form: "input_ids:1,128;attention_mask:1,128"
+            named = _named_dims(text)
+            return lambda ex: _set_dims(ex, _full_dims(ex, named, text), text)
+        dims = int_list(text, "--dynamic-dims")
+        return lambda ex: _set_dims(ex, dims, text)
     if args.dynamic_batch_size is not None:
         batch = args.dynamic_batch_size
         return lambda ex: ex.set_dynamic_batch_size(batch)
@@ -193,6 +199,39 @@ def gear_flag(args: argparse.Namespace) -> Callable[[Executor], None]:
             raise InputError(f"--dynamic-image-size {args.dynamic_image_size!r} must be H,W")
         return lambda ex: ex.set_dynamic_image_size(*hw)
     return lambda ex: None  # the gear comes from the inputs' shapes
+
+
+def _named_dims(text: str) -> dict[str, list[int]]:
+    """ais_bench's ``--dymDims "name:d,d;name:d,d"`` -> {name: dims}; InputError naming the
+    piece that is not ``NAME:D,D...`` or a name given twice."""
+    named: dict[str, list[int]] = {}
+    for piece in (p.strip() for p in text.split(";")):
+        if not piece:
+            continue
+        name, sep, dims = piece.rpartition(":")
+        if not sep or not name.strip():
+            raise InputError(f"--dymDims {text!r}: {piece!r} is not NAME:D,D,... (ais_bench's "
+                             "named form) and the form without names has no ':'")
+        if name.strip() in named:
+            raise InputError(f"--dymDims {text!r} gives input {name.strip()!r} twice")
+        named[name.strip()] = int_list(dims, f"--dymDims {name.strip()!r}")
+    return named
+
+
+def _full_dims(ex: Executor, named: dict[str, list[int]], text: str) -> list[int]:
+    """The named dims as set_dynamic_dims's full form: every input's dims in the model's
+    input order (user_designate_shape_order). InputError for a name that is not an input
+    or an input left out."""
+    spec = ex.model.spec
+    unknown = [n for n in named if n not in spec.input_names]
+    if unknown:
+        raise InputError(f"--dymDims {text!r} names {unknown[0]!r}, which is not an input; "
+                         f"inputs: {', '.join(spec.input_names)}")
+    missing = [n for n in spec.input_names if n not in named]
+    if missing:
+        raise InputError(f"--dymDims {text!r} leaves out input(s) {', '.join(missing)}; the "
+                         "named form gives every input's dims")
+    return [d for n in spec.input_names for d in named[n]]
 
 
 def _set_dims(ex: Executor, dims: list[int], text: str) -> None:
@@ -247,7 +286,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
     from gear_runtime.tools.bench.report import Stats
 
-    existing_file(args.file, "gear file")
+    existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
     # everything the command line alone can refuse is refused before the model loads
     pairs = _parse_input_args(args.input)
     shapes = parse_shapes(args.shapes) if args.shapes is not None else {}

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from gear_runtime.cli.common import (
     EXIT_FAILED,
     UsageError,
+    add_device_flags,
     backends_help,
+    device_options,
     error,
     existing_file,
     float_at_least,
@@ -54,7 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "Prometheus metrics at /metrics, a graceful drain on SIGTERM. Needs "
                        'the serve extra: pip install "gear_runtime[serve]" ([grpc] for '
                        "--grpc-port, [ray] for --ray).")
-    p.add_argument("files", nargs="*", metavar="FILE", help="gear files written by compile")
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help="gear files written by compile (with --backend acl: .om files; "
+                   "mindspore_lite: .mindir files with --config)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1)")
     p.add_argument("--port", type=port, default=8000,
@@ -109,6 +113,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="onnxruntime: let intra-op threads spin while waiting for work (a "
                    "little faster under load; the server then burns CPU between requests)")
     p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
+    add_device_flags(p)
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (a local Ray instance) instead of one process")
     p.add_argument("--replicas", type=int_at_least(1), default=1, metavar="N",
@@ -150,7 +155,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_batch_delay_ms=args.max_batch_delay_ms,
                         batching=not args.no_batching, max_queue=args.max_queue, pad=args.pad,
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
-                        spin=args.spin, intra_op_threads=args.intra_op_threads)
+                        spin=args.spin, intra_op_threads=args.intra_op_threads,
+                        device_options=tuple(device_options(args.backend, args).items()))
 
 
 def limits_from_args(args: argparse.Namespace) -> HttpLimits:

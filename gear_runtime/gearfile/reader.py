@@ -243,6 +243,19 @@ def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
     return wait
 
 
+#: model files the device backends open themselves, by suffix
+_OWN_FILES = {".om": "acl", ".mindir": "mindspore_lite"}
+
+
+def _backend_hint(path: str) -> str:
+    """For an .om / a MindIR: which backend opens it (they are not ONNX)."""
+    backend = _OWN_FILES.get(os.path.splitext(path)[1].lower())
+    if backend is None:
+        return ""
+    return (f"; a {os.path.splitext(path)[1]} file is opened by the {backend} backend "
+            f"(--backend {backend}, gr.load(..., backend={backend!r}))")
+
+
 def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
     """Read and check a gear file written by :func:`gear_runtime.compiler.compile_model`, or
     a plain ONNX model whose inputs and outputs are all static (a model with one gear ``()``,
@@ -258,7 +271,7 @@ def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
     try:
         model = onnx.load_from_string(data)  # external data stays a reference
     except Exception as exc:  # protobuf DecodeError and friends
-        raise GearFileError(f"{p!r} is not an ONNX model: {exc}") from exc
+        raise GearFileError(f"{p!r} is not an ONNX model: {exc}{_backend_hint(p)}") from exc
     return _Reader(p, model, data).read()
 
 

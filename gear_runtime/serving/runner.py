@@ -78,16 +78,19 @@ class ServeOptions:
     #: under load; an idle server then burns CPU); None: ORT's own thread count
     spin: bool = False
     intra_op_threads: int | None = None
+    #: more ``gr.load`` options (``--device``, ``--config``, ``--input-shape``), as pairs
+    device_options: tuple[tuple[str, Any], ...] = ()
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
         if self.backend != "onnxruntime":
-            return {}
+            return dict(self.device_options)
         spin = "1" if self.spin else "0"
         options: dict[str, Any] = {"session_config": {
             "session.intra_op.allow_spinning": spin, "session.inter_op.allow_spinning": spin}}
         if self.intra_op_threads is not None:
             options["intra_op_num_threads"] = self.intra_op_threads
+        options.update(self.device_options)
         return options
 
 
@@ -119,9 +122,10 @@ def request_limit(model: Any) -> int:
 
 
 def model_name(path: str | os.PathLike[str]) -> str:
-    """The served name of a gear file: its file name without ``.gear.onnx`` / ``.onnx``."""
+    """The served name of a model file: its file name without ``.gear.onnx`` / ``.onnx`` /
+    ``.om`` / ``.mindir`` (``fake_conv.om`` is served as ``fake_conv``)."""
     name = Path(path).name
-    for suffix in (".gear.onnx", ".onnx"):
+    for suffix in (".gear.onnx", ".onnx", ".om", ".mindir"):
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name

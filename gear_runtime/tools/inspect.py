@@ -56,6 +56,38 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     })
 
 
+def model_document(path: str | os.PathLike[str], model: Any) -> dict[str, Any]:
+    """The inspect document of a model a device backend opened from its own file (an .om on
+    acl, a MindIR on mindspore_lite): the facts the backend reports (mode, inputs in
+    user_designate_shape_order, per gear the input and output shapes), in the same schema as
+    a gear file's; no weights or integrity facts (the file is the backend's)."""
+    info = model.backend_model.info
+    spec = info.spec
+    gears = [{"gear": g, "dims": list(spec.gears[g]),
+              "inputs": {n: list(s) for n, s in spec.shapes(g).items()},
+              "outputs": {n: list(s) for n, s in zip(info.output_names, info.output_shapes[g],
+                                                     strict=True)},
+              "output_bytes": sum(info.output_size(g, k)
+                                  for k in range(len(info.output_names)))}
+             for g in range(spec.gear_count)]
+    path = os.fspath(path)
+    return jsonout.document("inspect", JSON_VERSION, {
+        "path": path, "format": None, "kind": model.backend, "backend": model.backend,
+        "mode": spec.mode, "dynamic_type": DYNAMIC_TYPES[spec.mode],
+        "gear_count": spec.gear_count, "values_per_gear": spec.values_per_gear,
+        "hybrid": bool(spec.hybrid), "sink": False, "input_format": spec.input_format,
+        "precision_mode": spec.precision_mode,
+        "inputs": [{"name": n, "dtype": str(dt), "input_shape": list(s)}
+                   for n, dt, s in zip(spec.input_names, info.input_dtypes, spec.input_shapes,
+                                       strict=True)],
+        "outputs": [{"name": n, "dtype": str(dt)}
+                    for n, dt in zip(info.output_names, info.output_dtypes, strict=True)],
+        "gears": gears, "weights": None,
+        "integrity": {"algorithm": None, "verified": False, "data_files": []},
+        "files": [{"path": path, "bytes": os.path.getsize(path)}],
+    })
+
+
 def describe(path: str | os.PathLike[str]) -> str:
     """What ``gear-runtime inspect FILE`` prints: the facts of :func:`inspect_document`, with
     a table of the gears' input and output shapes."""
@@ -64,8 +96,10 @@ def describe(path: str | os.PathLike[str]) -> str:
 
 def text(doc: dict[str, Any]) -> str:
     """The human form of an inspect document."""
+    own = doc.get("backend") is not None  # a device backend's own file, not a gear file
     lines = [
-        f"gear file   {doc['path']}",
+        f"{'model file' if own else 'gear file '}  {doc['path']}",
+        f"backend     {doc['backend']} (the gears as the backend reports them)" if own else
         f"format      {doc['format']}, kind {doc['kind']}",
         f"mode        {doc['mode']} (dynamic_type {doc['dynamic_type']}), "
         f"{doc['gear_count']} gears, {doc['values_per_gear']} value(s) per gear",
@@ -94,10 +128,14 @@ def text(doc: dict[str, Any]) -> str:
              str(g["output_bytes"])] for g in doc["gears"]]
     lines += _table(["gear", "dims", "input shapes", "output shapes", "output bytes"], rows)
     w = doc["weights"]
-    where = f", {w['in_data_file']} in the data file" if w["in_data_file"] else " inside"
-    lines.append(f"weights     {w['tensors']} tensors, {_bytes(w['bytes'])}{where}")
+    if w is not None:
+        where = f", {w['in_data_file']} in the data file" if w["in_data_file"] else " inside"
+        lines.append(f"weights     {w['tensors']} tensors, {_bytes(w['bytes'])}{where}")
     data = "".join(f"; data file {f} verified" for f in doc["integrity"]["data_files"])
-    if doc["integrity"]["verified"]:
+    if own:
+        lines.append(f"integrity   the {doc['backend']} backend's file: not a gear file, no "
+                     "digest")
+    elif doc["integrity"]["verified"]:
         lines.append(f"integrity   {doc['integrity']['algorithm']}: graph and metadata verified"
                      f"{data}")
     else:  # a plain static model records no digest
@@ -119,4 +157,4 @@ def _bytes(n: int) -> str:
     return format_bytes(n, digits=2, exact=True)
 
 
-__all__ = ["describe", "inspect_document", "text"]
+__all__ = ["describe", "inspect_document", "model_document", "text"]

@@ -72,8 +72,15 @@ def versions() -> dict[str, str | None]:
             "python": platform.python_version()}
 
 
-def model_files(path: str) -> list[str]:
-    """The gear file and the data files it names (absolute paths, in a fixed order)."""
+#: backends that open a model file of their own (an .om, a MindIR), not a gear file
+OWN_FILE_BACKENDS = frozenset({"acl", "mindspore_lite"})
+
+
+def model_files(path: str, backend: str = "onnxruntime") -> list[str]:
+    """The gear file and the data files it names (absolute paths, in a fixed order); for a
+    backend that opens its own file kind (:data:`OWN_FILE_BACKENDS`), that file."""
+    if backend in OWN_FILE_BACKENDS:
+        return [os.path.abspath(path)]
     from gear_runtime.gearfile.reader import read_gear_file
 
     return [os.path.abspath(f) for f in read_gear_file(path).files]
@@ -93,7 +100,8 @@ def files_digest(files: Sequence[str]) -> str:
 def model_context(path: str | None, model: GearModel) -> dict[str, Any]:
     """What identifies the model: path, files, total bytes, digest, mode and gears (path,
     files, bytes and digest None when the gear file is not known)."""
-    files = model_files(path) if path is not None and os.path.isfile(path) else None
+    files = (model_files(path, model.backend) if path is not None and os.path.isfile(path)
+             else None)
     return {"path": os.path.abspath(path) if path is not None else None, "files": files,
             "bytes": sum(os.path.getsize(f) for f in files) if files else None,
             "digest": files_digest(files) if files else None, "mode": model.mode,

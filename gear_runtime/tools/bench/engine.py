@@ -194,8 +194,11 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 progress: bool = True, seed: int = 0, copy: bool = True,
                 providers: Sequence[str] | None = None,
                 request: Mapping[str, Sequence[int]] | None = None, pad: bool = False,
-                fill: str = "random") -> BenchReport:
-    """Benchmark every selected gear of ``model`` (a GearModel or a gear file path).
+                fill: str = "random",
+                load_options: Mapping[str, Any] | None = None) -> BenchReport:
+    """Benchmark every selected gear of ``model`` (a GearModel or a gear file path; with
+    ``backend`` acl / mindspore_lite, the backend's own .om / MindIR, ``load_options``
+    carrying what it needs: ``device_id``, ``config``, ``input_shape``).
 
     ``threads`` sets ORT's intra-op threads of every session involved (when the model is
     loaded here and for the reference); ``providers``: ORT's execution providers of the
@@ -226,7 +229,7 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
             from gear_runtime.runtime.model import load
 
             path = os.fspath(model)
-            options: dict[str, Any] = {}
+            options: dict[str, Any] = dict(load_options or {})
             if threads is not None and backend in THREADS_OPTION:
                 options[THREADS_OPTION[backend]] = threads
             if providers is not None:
