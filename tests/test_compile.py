@@ -274,7 +274,8 @@ def test_the_fallback_builds_one_session_for_all_gears(tmp_path: Path,
 
 def test_an_output_shape_that_cannot_be_determined_is_an_error(tmp_path: Path) -> None:
     spec = gr.GearSpec.from_atc(input_shape="x:-1,4", dynamic_batch_size="1,2")
-    with pytest.raises(CompileError, match=r"gear 0 .*could not run on ONNX Runtime"):
+    with pytest.raises(CompileError, match=r"gear 0 .*must run on ONNX Runtime to find them, "
+                                           r"but ONNX Runtime cannot load the source model: .*Foo"):
         compile_model(custom_op_model(), spec, tmp_path / "x.gear.onnx", progress=False)
 
 

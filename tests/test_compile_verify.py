@@ -96,3 +96,20 @@ def test_the_output_may_not_be_the_source(tmp_path, capsys) -> None:
                            "--dynamic_batch_size=1,2", "-o", str(src))
     assert code != 0 and "is the source model itself" in err
     assert src.read_bytes() == before
+
+
+def test_a_source_onnx_runtime_cannot_load_is_said_so_not_blamed_on_a_gear(tmp_path) -> None:
+    """A graph ORT refuses (a node reading a name nothing produces) is the source's fault:
+    one line with ORT's reason, no ORT prefix or source location, no baked-shape advice."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["nope"], ["y"])], "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    spec = gr.GearSpec.from_atc("x:-1,8", dynamic_batch_size="1,2")
+    with pytest.raises(gr.CompileError) as info:
+        gr.compile(model, spec, str(tmp_path / "b.gear.onnx"), progress=False)
+    message = str(info.value)
+    assert "ONNX Runtime cannot load the source model: " in message
+    assert "Node input 'nope' is not a graph input" in message
+    assert "[ONNXRuntimeError]" not in message and "baked" not in message

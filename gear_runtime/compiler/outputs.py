@@ -74,6 +74,15 @@ class ShapeRunner:
                                                  providers=["CPUExecutionProvider"])
         return self._session
 
+    def loaded_session(self, why: str) -> Any:
+        """The session; CompileError saying ONNX Runtime cannot load the source (an invalid
+        graph, an op it lacks: not a gear's fault) and ``why`` it was needed."""
+        try:
+            return self._get_session()
+        except Exception as exc:  # ORT's InvalidGraph / Fail / InvalidArgument
+            raise CompileError(f"{why}, but ONNX Runtime cannot load the source model: "
+                               f"{ort_failure(exc)}") from None
+
     def close(self) -> None:
         """Drop the session (and its copy of the weights)."""
         self._session = None
@@ -87,8 +96,10 @@ class ShapeRunner:
         zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
         ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
         names = [t.name for t in info.outputs]
+        session = self.loaded_session(f"gear {gear} {dict(shapes)}: shape inference left "
+                                      "output shape(s) unknown, so the model must run on ONNX "
+                                      "Runtime to find them")
         try:
-            session = self._get_session()
             runs = [[tuple(int(d) for d in np.shape(r)) for r in session.run(names, feeds)]
                     for feeds in (zeros, ones)]
         except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
@@ -112,8 +123,10 @@ class ShapeRunner:
         export baked into a Reshape) is refused at compile time, as atc refuses it."""
         info = self._info
         zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+        session = self.loaded_session(f"gear {gear} {list(values)} is run once to check it "
+                                      "(--verify no skips this)")
         try:
-            got = [tuple(int(d) for d in np.shape(r)) for r in self._get_session().run(
+            got = [tuple(int(d) for d in np.shape(r)) for r in session.run(
                 [t.name for t in info.outputs], zeros)]
         except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
             raise CompileError(f"gear {gear} {list(values)} cannot run: {ort_failure(exc)}; "
@@ -126,10 +139,12 @@ class ShapeRunner:
                                    f"run but {tuple(b)} by shape inference")
 
 
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 _ORT_NODE = re.compile(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
 #: ORT's source location and function before its reason ("reshape_helper.h:47
 #: onnxruntime::ReshapeHelper::ReshapeHelper(...) input_shape_size == size was false. ")
-_ORT_SOURCE = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ (?:.*? was false\. |\S+\(.*?\) )", re.S)
+_ORT_SOURCE = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ (?:.*? was false\. |[^(\n]*\(.*?\) )",
+                         re.S)
 
 
 def ort_failure(exc: BaseException) -> str:
@@ -138,6 +153,7 @@ def ort_failure(exc: BaseException) -> str:
     text = str(exc).strip()
     found = _ORT_NODE.search(text)
     if found is None:
+        text = _ORT_SOURCE.sub("", _ORT_PREFIX.sub("", text)).strip()
         return text.splitlines()[0] if text else type(exc).__name__
     op, name, reason = found.groups()
     reason = _ORT_SOURCE.sub("", reason.strip()).strip().splitlines()[0]
