@@ -51,3 +51,36 @@ def test_a_task_that_ran_is_counted_out_once() -> None:
 
     asyncio.run(main())
     pool.close()
+
+
+def test_readiness_says_not_ready_while_every_queue_is_full(tmp_path) -> None:
+    """503 [queue_full] is what every request gets while a model's queue is full, so its
+    readiness says so too (HTTP, gRPC and the ASGI app share the one rule), and the server's
+    when no model can take a request; ready again once the queue drains."""
+    from serving_support import compile_models
+
+    from gear_runtime.serving import build_server
+    from gear_runtime.serving.grpc_app import Servicer
+    from gear_runtime.serving.runner import ServeOptions
+
+    path = compile_models(tmp_path)["conv"]
+    server = build_server([str(path)], options=ServeOptions(max_queue=3))
+    model = next(iter(server.models.values()))
+    service = Servicer(server)
+
+    async def main() -> None:
+        assert server.is_ready() and (await server.ready(None)).status == 200
+        release = threading.Event()
+        blockers = [asyncio.ensure_future(model.pool.call(lambda ex: release.wait(30)))
+                    for _ in range(model.pool.size + 3)]
+        await asyncio.sleep(0.1)
+        assert model.saturated
+        assert (await server.ready(None)).status == 503
+        assert (await server.model_ready(None, model.name, "")).status == 503
+        assert not (await service.ServerReady(None, None)).ready
+        release.set()
+        await asyncio.gather(*blockers)
+        assert not model.saturated and (await server.ready(None)).status == 200
+        await server.close()
+
+    asyncio.run(main())

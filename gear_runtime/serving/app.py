@@ -185,8 +185,19 @@ class GearServer:
     async def live(self, request: HttpRequest) -> HttpReply:
         return _json({"live": True})
 
+    def is_ready(self) -> bool:
+        """Server readiness, one rule for HTTP, gRPC and the ASGI app: not draining or
+        closing, and not every model's queue full (then no request could be taken)."""
+        models = list(self.models.values())
+        return not self.closing and not (models and all(m.saturated for m in models))
+
+    def model_is_ready(self, model: ServedModel) -> bool:
+        """A model's readiness: the server's drain, and its own queue not full."""
+        return not self.closing and not model.saturated
+
     async def ready(self, request: HttpRequest) -> HttpReply:
-        return _json({"ready": not self.closing}, 200 if not self.closing else 503)
+        ready = self.is_ready()
+        return _json({"ready": ready}, 200 if ready else 503)
 
     def extensions(self) -> list[str]:
         """The protocol extensions this server implements (server metadata)."""
@@ -207,9 +218,8 @@ class GearServer:
         return _json(self.model(name, version).metadata())
 
     async def model_ready(self, request: HttpRequest, name: str, version: str) -> HttpReply:
-        self.model(name, version)
-        return _json({"name": name, "ready": not self.closing},
-                     200 if not self.closing else 503)
+        ready = self.model_is_ready(self.model(name, version))
+        return _json({"name": name, "ready": ready}, 200 if ready else 503)
 
     async def model_config(self, request: HttpRequest, name: str, version: str) -> HttpReply:
         return _json(self.model(name, version).config())

@@ -88,14 +88,14 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerReadyResponse(ready=not self.server.closing)
+        return service_pb2.ServerReadyResponse(ready=self.server.is_ready())
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
-            self.server.model(request.name, request.version)
+            model = self.server.model(request.name, request.version)
         except GearRuntimeError:
             return service_pb2.ModelReadyResponse(ready=False)
-        return service_pb2.ModelReadyResponse(ready=not self.server.closing)
+        return service_pb2.ModelReadyResponse(ready=self.server.model_is_ready(model))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         from gear_runtime.version import __version__

@@ -350,13 +350,19 @@ class ServedModel:
                 return int(first.shape[0])
         return 1
 
+    @property
+    def saturated(self) -> bool:
+        """Its queue is full: a request now would get 503 [queue_full] (what readiness
+        reports, so a load balancer sends elsewhere until it drains)."""
+        return self.queue_depth() >= self.options.max_queue
+
     async def infer(self, request: InferRequest) -> tuple[RunTiming, list[np.ndarray]]:
         """Run ``request``: (how it ran, outputs in model order). InputError (400) for a
         request that does not fit the model, QueueFullError (503) when the queue is full."""
         arrays = self._inputs(request)
         self._check_outputs(request)
         dims = self._dims(request)
-        if self.queue_depth() >= self.options.max_queue:
+        if self.saturated:
             raise QueueFullError(f"model {self.name!r} has {self.queue_depth()} requests "
                                  f"waiting (--max-queue {self.options.max_queue}); retry later")
         if self.batcher is not None and dims is None:
