@@ -84,3 +84,72 @@ def test_a_long_pipeline_does_not_stall_other_clients(server) -> None:
         t.join(30)
         s.close()
     assert worst < 0.6, f"another client waited {worst:.2f} s"
+
+
+def _read_until(s: socket.socket, marker: bytes, limit: float = 5.0) -> bytes:
+    data, deadline = b"", time.monotonic() + limit
+    s.settimeout(0.2)
+    while marker not in data and time.monotonic() < deadline:
+        try:
+            got = s.recv(65536)
+        except TimeoutError:
+            continue
+        if not got:
+            break
+        data += got
+    return data
+
+
+def test_a_pipelined_100_continue_comes_after_the_earlier_answer(server, monkeypatch) -> None:
+    """Two requests on one connection, the second with Expect: 100-continue while the first
+    is still being answered: the 100 comes after the first answer, never inside it."""
+    import asyncio as aio
+
+    slow = server.models["conv"]
+    real = slow.infer
+
+    async def infer(request):  # the first request takes a while: the 100 would come first
+        await aio.sleep(0.3)
+        return await real(request)
+
+    monkeypatch.setattr(slow, "infer", infer)
+    body = (b'{"inputs":[{"name":"data","shape":[1,3,8,8],"datatype":"FP32","data":['
+            + b",".join([b"0"] * 192) + b"]}]}")
+    first = (b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+             b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+    second = (b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    with live(server) as running:
+        s = socket.create_connection((HOST, running.port))
+        s.sendall(first + second)
+        got = _read_until(s, b"100 Continue")
+        s.sendall(body)
+        got += _read_until(s, b"HTTP/1.1 200", 5.0) if got.count(b"HTTP/1.1 200") < 2 else b""
+        got += _read_until(s, b"\r\n\r\n{", 2.0)
+        s.close()
+    assert b"100 Continue" in got, got[:300]
+    assert b"HTTP/1.1 200" in got, got[:400]
+    assert got.index(b"HTTP/1.1 200") < got.index(b"HTTP/1.1 100 Continue"), got[:300]
+
+
+def test_chunk_extensions_count_against_the_body_limit(server) -> None:
+    """A chunked body whose chunk extensions run past the limit is refused (413) instead of
+    being read for ever (200 MiB went through a 1 MiB limit before)."""
+    with live(server) as running:
+        cap = server.models["conv"].max_request_bytes
+        s = socket.create_connection((HOST, running.port))
+        s.sendall(b"POST /v2/models/conv/infer HTTP/1.1\r\nHost: x\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"1;" + b"e" * 60000 + b"\r\nx\r\n"
+        sent, refused = 0, False
+        try:
+            while sent < 3 * cap + 4 * 2**20:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            refused = True
+        answer = _read_until(s, b"\r\n\r\n", 3.0)
+        s.close()
+    assert refused or b"413" in answer
+    assert sent < 3 * cap + 4 * 2**20 or b"413" in answer

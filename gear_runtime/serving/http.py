@@ -105,6 +105,10 @@ class HttpApp(Protocol):
         complete) was answered."""
 
 
+#: raw body bytes allowed past twice the body limit: framing of ordinary chunk sizes
+RAW_BODY_SLACK = 2**20
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing a request that is already answered."""
 
@@ -172,6 +176,12 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_kind = ""
         self.overflowed = False
+        #: a 100 Continue owed to the request being received, held back until the answers
+        #: before it are written (a 100 may not come before an earlier request's answer)
+        self.continue_owed = False
+        #: bytes read since the request's headers ended: chunk framing and chunk extensions
+        #: count too (the parser hands only the data to on_body)
+        self.raw_body = 0
 
     # ---- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -223,6 +233,14 @@ class _Connection(asyncio.Protocol):
         if self.closing:
             return  # lingering: what a client sends after its answer is discarded
         self.last_activity = self.loop.time()
+        if self.request is not None:  # in a body: its raw bytes are bounded too
+            self.raw_body += len(data)
+            limit = 2 * self.body_cap + RAW_BODY_SLACK
+            if self.raw_body > limit:
+                self._refuse(413, f"the body's bytes on the wire (chunk framing and "
+                                  f"extensions included) exceed {limit}; {self.request.path} "
+                                  f"accepts a body of at most {self.body_cap}", self.request)
+                return
         try:
             self.parser.feed_data(data)
         except _Refused:
@@ -289,11 +307,16 @@ class _Connection(asyncio.Protocol):
                               f"most {self.body_cap}", request)
             raise _Refused
         if headers.get("expect", "").lower() == "100-continue" and self.transport:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.current is not None or self.queue:
+                self.continue_owed = True  # written after the answers before it
+            else:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.raw_body = 0
         self.body_started = self.loop.time()
         self._arm("body", self.limits.body_timeout_s)
 
     def on_body(self, chunk: bytes) -> None:
+        self.continue_owed = False  # the body comes without waiting: no 100 is needed
         self.body_size += len(chunk)
         if self.body_size > self.body_cap:
             self._refuse(413, f"the body exceeds {self.body_cap} bytes, the most "
@@ -307,6 +330,7 @@ class _Connection(asyncio.Protocol):
         assert request is not None
         request.body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.receiving, self.request, self.chunks = False, None, []
+        self.continue_owed = False
         self.queue.append((request, self.parser.should_keep_alive()))
         self._disarm()
         if not self.paused and self.transport is not None:
@@ -351,6 +375,9 @@ class _Connection(asyncio.Protocol):
             if not keep_alive:
                 self.close_after_reply()
                 return
+            if self.continue_owed and not self.queue and self.current is None:
+                self.continue_owed = False  # every earlier answer is out: now the 100
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await self.writable.wait()
             if self.queue:  # answers that never wait would keep every other client waiting
                 await asyncio.sleep(0)
