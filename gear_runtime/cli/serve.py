@@ -113,6 +113,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="onnxruntime: let intra-op threads spin while waiting for work (a "
                    "little faster under load; the server then burns CPU between requests)")
     p.add_argument("--backend", default="onnxruntime", metavar="B", help=backends_help())
+    p.add_argument("--state", action="append", default=[], metavar="IN=OUT",
+                   help="a resident state pair of a stateful model (a decode step's KV cache: "
+                   "past_kv=present_kv); the model is then served over Triton's sequence "
+                   "protocol (sequence_id / sequence_start / sequence_end), one executor per "
+                   "live sequence")
+    p.add_argument("--max-sequences", type=int_at_least(1), default=4, metavar="N",
+                   help="with --state: sequences live at once, one executor (and one copy "
+                   "of the state) each (default 4)")
+    p.add_argument("--sequence-idle-seconds", type=float_at_least(0.001), default=60.0,
+                   metavar="S", help="with --state: a sequence idle this long gives its slot "
+                   "to a new one (Triton's max_sequence_idle_microseconds; default 60)")
     add_device_flags(p)
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (a local Ray instance) instead of one process")
@@ -156,7 +167,21 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         batching=not args.no_batching, max_queue=args.max_queue, pad=args.pad,
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
                         spin=args.spin, intra_op_threads=args.intra_op_threads,
-                        device_options=tuple(device_options(args.backend, args).items()))
+                        device_options=tuple(device_options(args.backend, args).items()),
+                        state=_state_pairs(args.state), max_sequences=args.max_sequences,
+                        sequence_idle_s=args.sequence_idle_seconds)
+
+
+def _state_pairs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``IN=OUT`` items -> ((in, out), ...); UsageError naming the item otherwise."""
+    pairs = []
+    for item in items:
+        name, sep, out = item.partition("=")
+        if not sep or not name.strip() or not out.strip():
+            raise UsageError(f"--state {item!r}: expected INPUT=OUTPUT (e.g. "
+                             "past_kv=present_kv)")
+        pairs.append((name.strip(), out.strip()))
+    return tuple(pairs)
 
 
 def limits_from_args(args: argparse.Namespace) -> HttpLimits:

@@ -457,7 +457,7 @@ def _json_body(body: bytes) -> dict[str, Any]:
 def _selected(model: ServedModel, requested: dict[str, bool] | None,
               outputs: Sequence[Any]) -> tuple[list[str], list[Any]]:
     """The outputs the request asked for (all, in model order, when it named none)."""
-    names = list(model.model.output_names)
+    names = list(model.output_names)
     if requested is None:
         return names, list(outputs)
     by_name = dict(zip(names, outputs, strict=True))

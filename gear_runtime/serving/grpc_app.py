@@ -252,7 +252,7 @@ def _parameters(params: Any) -> dict[str, Any]:
 
 def _response(model: Any, request: Any, infer_request: InferRequest,
               outputs: list[np.ndarray]) -> Any:
-    names = list(model.model.output_names)
+    names = list(model.output_names)
     if infer_request.outputs is not None:
         by_name = dict(zip(names, outputs, strict=True))
         names = list(infer_request.outputs)

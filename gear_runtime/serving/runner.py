@@ -45,6 +45,11 @@ from gear_runtime.serving.protocol import (
     datatype_of,
     json_width,
 )
+from gear_runtime.serving.sequences import (
+    DEFAULT_IDLE_S,
+    SequenceSlots,
+    sequence_control,
+)
 from gear_runtime.serving.stats import ModelStats, RunTiming
 
 T = TypeVar("T")
@@ -80,6 +85,12 @@ class ServeOptions:
     intra_op_threads: int | None = None
     #: more ``gr.load`` options (``--device``, ``--config``, ``--input-shape``), as pairs
     device_options: tuple[tuple[str, Any], ...] = ()
+    #: resident state pairs (input, output) of a stateful model (``--state past_kv=present_kv``):
+    #: the model is served over Triton's sequence protocol (serving/sequences.py)
+    state: tuple[tuple[str, str], ...] = ()
+    #: sequences live at once (one executor each) and how long an idle one keeps its slot
+    max_sequences: int = 4
+    sequence_idle_s: float = DEFAULT_IDLE_S
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
@@ -225,17 +236,30 @@ class ServedModel:
         self.name, self.model, self.options, self.metrics = name, model, options, metrics
         self.path = path
         spec = model.spec
-        self._names = list(spec.input_names)
-        self._dtypes = [np.dtype(d) for d in model.info.input_dtypes]
+        state = dict(options.state)
+        #: the state pairs' names: neither a request nor an answer carries them
+        self.state_names = set(state) | set(state.values())
+        keep = [i for i, n in enumerate(spec.input_names) if n not in state]
+        self._names = [spec.input_names[i] for i in keep]
+        self._dtypes = [np.dtype(model.info.input_dtypes[i]) for i in keep]
         self._datatypes = [datatype_of(d) for d in self._dtypes]
-        self._shapes = [tuple(s) for s in spec.input_shapes]
+        self._shapes = [tuple(spec.input_shapes[i]) for i in keep]
+        #: the outputs a request is answered with (model order, state outputs left out)
+        self.output_names = [n for n in model.output_names if n not in self.state_names]
         self.max_request_bytes = options.max_body_bytes or request_limit(model)
         self.stats = ModelStats(name, MODEL_VERSION)
-        self.pool = ExecutorPool(model, options.executors, name)
+        #: the sequence slots of a stateful model (None: stateless, served by the pool)
+        self.sequences: SequenceSlots | None = None
+        if state:
+            self.sequences = SequenceSlots(model, state, options.max_sequences, name,
+                                           options.sequence_idle_s)
+        # a stateful model's requests run on their sequences' executors: its pool has one
+        # thread and never makes an executor
+        self.pool = ExecutorPool(model, 1 if state else options.executors, name)
         self.plan, why = BatchPlan.for_model(model.dispatcher, model.info.output_shapes)
         self.batcher: Batcher | None = None
         self.no_batching_reason = "batching is off" if self.plan else why
-        if options.batching and self.plan is not None:
+        if options.batching and self.plan is not None and not state:
             self.batcher = Batcher(self.plan, self._run_batch,
                                    max_delay_s=options.max_batch_delay_ms / 1000,
                                    slots=options.executors, on_batch=self._count_batch,
@@ -243,11 +267,13 @@ class ServedModel:
         self._users = 0
         self._unused: asyncio.Event | None = None
         metrics.track_queue(name, self.queue_depth)
-        self.pool.warm_up()
+        if not state:
+            self.pool.warm_up()
 
     def queue_depth(self) -> int:
         """Requests admitted and not yet running."""
-        return self.pool.waiting + (len(self.batcher) if self.batcher else 0)
+        return (self.pool.waiting + (len(self.batcher) if self.batcher else 0)
+                + (self.sequences.waiting if self.sequences else 0))
 
     def gear_label(self, gear: int | None) -> str:
         """The metrics label of gear index ``gear``: its dims, or "dynamic" (hybrid miss)."""
@@ -276,6 +302,8 @@ class ServedModel:
         """Past the drain deadline: requests not started yet fail with ClosedError (503);
         those running finish."""
         self.pool.refusing = True
+        if self.sequences is not None:
+            self.sequences.refusing = True
         if self.batcher is not None:
             self.batcher.fail_waiting(ClosedError(
                 "the server is shutting down (past its drain deadline): retry on another "
@@ -288,7 +316,8 @@ class ServedModel:
         info = self.model.info
         outputs = [{"name": n, "datatype": datatype_of(dt), "shape": shape}
                    for n, dt, shape in zip(info.output_names, info.output_dtypes,
-                                           self._output_shapes(), strict=True)]
+                                           self._output_shapes(), strict=True)
+                   if n not in self.state_names]
         inputs = [{"name": n, "datatype": d, "shape": list(s)}
                   for n, d, s in zip(self._names, self._datatypes, self._shapes, strict=True)]
         params: dict[str, Any] = {"mode": self.model.mode,
@@ -297,6 +326,10 @@ class ServedModel:
                                   "pad": self.options.pad and self.batcher is None}
         if self.batcher is not None:
             params["max_batch_delay_ms"] = self.options.max_batch_delay_ms
+        if self.sequences is not None:
+            params["sequences"] = {"max": self.sequences.size,
+                                   "idle_seconds": self.sequences.idle_s,
+                                   "state": dict(self.options.state)}
         return {"name": self.name, "versions": [MODEL_VERSION],
                 "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
                 "outputs": outputs, "parameters": params}
@@ -320,7 +353,8 @@ class ServedModel:
                   for n, d, s in zip(self._names, self._datatypes, self._shapes, strict=True)]
         outputs = [{"name": n, "data_type": f"TYPE_{datatype_of(dt)}", "dims": shape[skip:]}
                    for n, dt, shape in zip(info.output_names, info.output_dtypes,
-                                           self._output_shapes(), strict=True)]
+                                           self._output_shapes(), strict=True)
+                   if n not in self.state_names]
         config: dict[str, Any] = {
             "name": self.name, "platform": f"gear_runtime_{self.model.backend}",
             "backend": "gear_runtime", "version_policy": {"latest": {"num_versions": 1}},
@@ -335,11 +369,30 @@ class ServedModel:
                            "pad": {"string_value": str(self.options.pad and
                                                        self.batcher is None).lower()}},
         }
+        if self.sequences is not None:
+            config["sequence_batching"] = self._sequence_config()
         if self.batcher is not None:
             config["dynamic_batching"] = {
                 "preferred_batch_size": list(self.batcher.plan.sizes),
                 "max_queue_delay_microseconds": round(self.options.max_batch_delay_ms * 1000)}
         return config
+
+    def _sequence_config(self) -> dict[str, Any]:
+        """Triton's ``sequence_batching`` with implicit state (model_config.proto): the
+        direct strategy (one slot per live sequence), the idle limit, each state pair."""
+        info, spec = self.model.info, self.model.spec
+        index = {n: i for i, n in enumerate(spec.input_names)}
+        assert self.sequences is not None
+        return {"direct": {}, "max_sequence_idle_microseconds":
+                round(self.sequences.idle_s * 1e6),
+                "state": [{"input_name": i, "output_name": o,
+                           "data_type": f"TYPE_{datatype_of(info.input_dtypes[index[i]])}",
+                           "dims": list(spec.input_shapes[index[i]]),
+                           "initial_state": [{"name": f"{i}_zeros", "zero_data": True,
+                                              "data_type": "TYPE_"
+                                              + datatype_of(info.input_dtypes[index[i]]),
+                                              "dims": list(spec.input_shapes[index[i]])}]}
+                          for i, o in self.options.state]}
 
     # ---- running -------------------------------------------------------------------------
     def rows(self, request: InferRequest) -> int:
@@ -362,6 +415,12 @@ class ServedModel:
         arrays = self._inputs(request)
         self._check_outputs(request)
         dims = self._dims(request)
+        if self.sequences is not None:
+            control = sequence_control(request.parameters)
+            if dims is not None:
+                raise InputError(f"model {self.name!r} is static: its one gear takes no "
+                                 '"dynamic_dims"')
+            return await self.sequences.call(control, partial(self._run_one, arrays, None))
         if self.saturated:
             raise QueueFullError(f"model {self.name!r} has {self.queue_depth()} requests "
                                  f"waiting (--max-queue {self.options.max_queue}); retry later")
@@ -382,10 +441,10 @@ class ServedModel:
     def _check_outputs(self, request: InferRequest) -> None:
         if request.outputs is None:
             return
-        unknown = [n for n in request.outputs if n not in self.model.output_names]
+        unknown = [n for n in request.outputs if n not in self.output_names]
         if unknown:
             raise InputError(f"model {self.name!r} has no output {unknown[0]!r}; its outputs "
-                             f"are {', '.join(self.model.output_names)}")
+                             f"are {', '.join(self.output_names)}")
 
     @staticmethod
     def _dims(request: InferRequest) -> list[int] | None:
@@ -475,6 +534,8 @@ class ServedModel:
         if self.batcher is not None:
             await self.batcher.close()
         await asyncio.to_thread(self.pool.close)
+        if self.sequences is not None:
+            await asyncio.to_thread(self.sequences.close)
         self.model.close()
 
 
@@ -501,6 +562,8 @@ def load_models(files: Sequence[str], names: Sequence[str] | None, options: Serv
     except BaseException:
         for m in served.values():
             m.pool.close()
+            if m.sequences is not None:
+                m.sequences.close()
             m.model.close()
         raise
     return served
