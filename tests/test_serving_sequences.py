@@ -207,3 +207,55 @@ def test_a_start_resets_the_slots_state_and_nothing_else_does() -> None:
     asyncio.run(main())
     slots.close()
     assert [e.closed for e in model.made] == [True]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):
+    from gear_runtime.tools import generate
+    return generate.build_pair(tmp_path_factory.mktemp("pair"), SIZES)
+
+
+def test_a_start_model_takes_the_prompt_in_one_request(pair) -> None:
+    """serve --sequence-start prefill.gear.onnx: the prompt goes in ONE start request (the
+    prefill at its covering gear writes the cache straight into the new sequence's state),
+    then one request per token: the tokens of the in-process prefill -> decode pipeline."""
+    from gear_runtime.tools import generate
+    _, prefill_gear, decode = pair
+    prompt = causal_lm.prompt(11, SIZES, seed=3)
+    gen = generate.Generator(prefill_gear, decode)
+    want = gen.generate(prompt, 8)
+    gen.close()
+    server = build_server([str(decode)], options=ServeOptions(
+        state=STATE, max_sequences=2, sequence_start=str(prefill_gear)))
+    for kind in ("http", "grpc"):
+        with live(server if kind == "http" else build_server([str(decode)], options=ServeOptions(
+                state=STATE, max_sequences=2, sequence_start=str(prefill_gear))),
+                grpc=kind == "grpc") as running:
+            module = triton if kind == "http" else tgrpc
+            client = module.InferenceServerClient(
+                f"{HOST}:{running.port if kind == 'http' else running.grpc_port}")
+            first = [module.InferInput("input_ids", list(prompt.shape), "INT64"),
+                     module.InferInput("attention_mask", list(prompt.shape), "INT64")]
+            first[0].set_data_from_numpy(prompt)
+            first[1].set_data_from_numpy(np.ones_like(prompt))
+            result = client.infer("decode", first, sequence_id=21, sequence_start=True)
+            tokens = [int(result.as_numpy("logits").argmax())]
+            for t in range(7):
+                step = [module.InferInput("input_ids", [1, 1], "INT64"),
+                        module.InferInput("position", [1], "INT64")]
+                step[0].set_data_from_numpy(np.array([[tokens[-1]]], np.int64))
+                step[1].set_data_from_numpy(np.array([prompt.shape[1] + t], np.int64))
+                result = client.infer("decode", step, sequence_id=21, sequence_end=t == 6)
+                tokens.append(int(result.as_numpy("logits").argmax()))
+            assert tokens == want, kind
+
+
+def test_a_start_model_without_the_state_output_is_refused(pair, tmp_path) -> None:
+    from models import heavy_model
+    _, _, decode = pair
+    other = str(tmp_path / "other.gear.onnx")
+    gr.compile(heavy_model(width=8, layers=1), gr.GearSpec.from_atc(
+        "x:-1,8", dynamic_batch_size="1,2"), other, progress=False)
+    with pytest.raises(gr.InputError, match="has no output 'present_kv' to start the state "
+                                            "'past_kv'"):
+        build_server([str(decode)], options=ServeOptions(state=STATE, sequence_start=other))

@@ -118,6 +118,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "past_kv=present_kv); the model is then served over Triton's sequence "
                    "protocol (sequence_id / sequence_start / sequence_end), one executor per "
                    "live sequence")
+    p.add_argument("--sequence-start", metavar="GEAR",
+                   help="with --state: the model a sequence_start request runs (a prefill gear "
+                   "file, padded to its covering gear); its outputs named like the state "
+                   "outputs become the new sequence's state, so a client sends the prompt "
+                   "once, then one request per token")
     p.add_argument("--max-sequences", type=int_at_least(1), default=4, metavar="N",
                    help="with --state: sequences live at once, one executor (and one copy "
                    "of the state) each (default 4)")
@@ -168,12 +173,18 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
                         spin=args.spin, intra_op_threads=args.intra_op_threads,
                         device_options=tuple(device_options(args.backend, args).items()),
-                        state=_state_pairs(args.state), max_sequences=args.max_sequences,
+                        state=_state_pairs(args.state, args.sequence_start),
+                        max_sequences=args.max_sequences,
+                        sequence_start=args.sequence_start,
                         sequence_idle_s=args.sequence_idle_seconds)
 
 
-def _state_pairs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """``IN=OUT`` items -> ((in, out), ...); UsageError naming the item otherwise."""
+def _state_pairs(items: Sequence[str], start: str | None = None
+                 ) -> tuple[tuple[str, str], ...]:
+    """``IN=OUT`` items -> ((in, out), ...); UsageError naming the item otherwise, or for a
+    ``--sequence-start`` without state to start."""
+    if start is not None and not items:
+        raise UsageError("--sequence-start needs --state IN=OUT: it starts a sequence's state")
     pairs = []
     for item in items:
         name, sep, out = item.partition("=")

@@ -91,6 +91,9 @@ class ServeOptions:
     #: sequences live at once (one executor each) and how long an idle one keeps its slot
     max_sequences: int = 4
     sequence_idle_s: float = DEFAULT_IDLE_S
+    #: the model a sequence_start request runs (a prefill gear file, padded to its covering
+    #: gear), its outputs named like the state outputs written into the new sequence's state
+    sequence_start: str | None = None
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
@@ -250,9 +253,14 @@ class ServedModel:
         self.stats = ModelStats(name, MODEL_VERSION)
         #: the sequence slots of a stateful model (None: stateless, served by the pool)
         self.sequences: SequenceSlots | None = None
+        #: the start model (None: a start runs the step model like any step)
+        self.start: StartModel | None = None
         if state:
             self.sequences = SequenceSlots(model, state, options.max_sequences, name,
                                            options.sequence_idle_s)
+            if options.sequence_start is not None:
+                self.start = StartModel(options.sequence_start, model, state,
+                                        self.output_names, options)
         # a stateful model's requests run on their sequences' executors: its pool has one
         # thread and never makes an executor
         self.pool = ExecutorPool(model, 1 if state else options.executors, name)
@@ -412,11 +420,18 @@ class ServedModel:
     async def infer(self, request: InferRequest) -> tuple[RunTiming, list[np.ndarray]]:
         """Run ``request``: (how it ran, outputs in model order). InputError (400) for a
         request that does not fit the model, QueueFullError (503) when the queue is full."""
+        control = None
+        if self.sequences is not None:
+            control = sequence_control(request.parameters)
+            if control.start and self.start is not None:  # the prompt, on the start model
+                self._check_outputs(request)
+                arrays = self.start.inputs(request)
+                return await self.sequences.call(control, partial(self.start.run, arrays,
+                                                                  self.stats))
         arrays = self._inputs(request)
         self._check_outputs(request)
         dims = self._dims(request)
         if self.sequences is not None:
-            control = sequence_control(request.parameters)
             if dims is not None:
                 raise InputError(f"model {self.name!r} is static: its one gear takes no "
                                  '"dynamic_dims"')
@@ -530,12 +545,90 @@ class ServedModel:
         self.stats.executed(timing)
 
     async def close(self) -> None:
-        """Stop batching, wait for running work, close the executors and the model."""
+        """Stop batching, wait for running work, close the executors and the model(s)."""
         if self.batcher is not None:
             await self.batcher.close()
         await asyncio.to_thread(self.pool.close)
         if self.sequences is not None:
             await asyncio.to_thread(self.sequences.close)
+        if self.start is not None:
+            self.start.close()
+        self.model.close()
+
+
+class StartModel:
+    """The model a sequence's start request runs (``serve --sequence-start``): the prompt at
+    its covering gear (``execute(pad=True)``), each output named like a state output written
+    straight into the new sequence's state (``out=``: no copy through the host), the other
+    outputs answered. Its weights are shared with the step model's where they are equal
+    (``load(..., share_weights_with=)``). One executor, runs one at a time: starts are few
+    next to steps."""
+
+    def __init__(self, path: str, step: Any, state: dict[str, str],
+                 answered: Sequence[str], options: ServeOptions) -> None:
+        import gear_runtime as gr
+
+        share = {"share_weights_with": step} if options.backend == "onnxruntime" else {}
+        self.model = gr.load(path, backend=options.backend, **options.load_options(), **share)
+        try:
+            self._check(step, state, answered, path)
+            self.state = state
+            self.names = list(self.model.input_names)
+            self.dtypes = [np.dtype(d) for d in self.model.info.input_dtypes]
+            self.datatypes = [datatype_of(d) for d in self.dtypes]
+            self.executor = self.model.create_executor()
+        except BaseException:
+            self.model.close()
+            raise
+        self._lock = threading.Lock()
+
+    def _check(self, step: Any, state: dict[str, str], answered: Sequence[str],
+               path: str) -> None:
+        """InputError unless the start model has each state output (the step model's shape
+        and dtype) and answers the step model's other outputs, by name."""
+        outputs = list(self.model.output_names)
+        for inp, out in state.items():
+            if out not in outputs:
+                raise InputError(f"--sequence-start {path!r} has no output {out!r} to start "
+                                 f"the state {inp!r} with; its outputs: {', '.join(outputs)}")
+            k, j = outputs.index(out), list(step.input_names).index(inp)
+            want = tuple(step.spec.input_shapes[j])
+            shapes = {tuple(self.model.output_shape(g, k)) for g in range(self.model.gear_count)}
+            if shapes != {want} or self.model.info.output_dtypes[k] != \
+                    step.info.input_dtypes[j]:
+                raise InputError(f"--sequence-start {path!r}: output {out!r} is "
+                                 f"{self.model.info.output_dtypes[k]} {sorted(shapes)}, the "
+                                 f"state {inp!r} is {step.info.input_dtypes[j]} {list(want)}")
+        others = [n for n in outputs if n not in state.values()]
+        if others != list(answered):
+            raise InputError(f"--sequence-start {path!r} answers {others}, the step model "
+                             f"{list(answered)}: a sequence's answers must have one set of "
+                             "outputs")
+
+    def inputs(self, request: InferRequest) -> list[np.ndarray]:
+        """The start request's arrays in the start model's input order, checked."""
+        check_names(request.inputs, self.names, "the sequence's start model")
+        for name, datatype in zip(self.names, self.datatypes, strict=True):
+            if request.datatypes[name] != datatype:
+                raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
+                                 f"the sequence's start model takes {datatype}")
+        return [request.inputs[n] for n in self.names]
+
+    def run(self, arrays: list[np.ndarray], stats: ModelStats,
+            ex: Any) -> tuple[RunTiming, list[np.ndarray]]:
+        """The prompt on the start model, its state outputs written into ``ex``'s state."""
+        started = time.perf_counter()
+        out = {o: ex.state[i] for i, o in self.state.items()}
+        with self._lock:
+            outputs = self.executor.execute(dict(zip(self.names, arrays, strict=True)),
+                                            pad=True, out=out)
+            gear = self.executor.last_gear
+        keep = [k for k, n in enumerate(self.model.output_names) if n not in out]
+        timing = RunTiming(gear, 1, started, 0.0, time.perf_counter() - started, 0.0)
+        stats.executed(timing)
+        return timing, [outputs[k] for k in keep]
+
+    def close(self) -> None:
         self.model.close()
 
 
@@ -564,6 +657,8 @@ def load_models(files: Sequence[str], names: Sequence[str] | None, options: Serv
             m.pool.close()
             if m.sequences is not None:
                 m.sequences.close()
+            if m.start is not None:
+                m.start.close()
             m.model.close()
         raise
     return served
