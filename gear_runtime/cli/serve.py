@@ -90,7 +90,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "largest gear's inputs take in JSON; more: 413)")
     p.add_argument("--pad", action="store_true",
                    help="dims / image-size mode: serve requests of any shape padded to the "
-                   "covering gear (a batched batch-mode model pads its batches already)")
+                   "covering gear (a batched batch-mode model pads its batches already); "
+                   "a warning says to run check-padding unless --padding-checked")
+    p.add_argument("--padding-checked", action="store_true",
+                   help="with --pad: gear-runtime check-padding said the model is SAFE "
+                   "(padding does not change its valid outputs): no warning")
     p.add_argument("--drain-seconds", type=float_at_least(0), default=DRAIN_SECONDS,
                    metavar="S", help="on SIGTERM, answer what was received for at most S "
                    f"seconds, then answer 503 + Retry-After (default {DRAIN_SECONDS:g})")
@@ -152,6 +156,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray and (args.grpc_port is not None or args.model_repository):
         raise UsageError("--ray serves HTTP through Ray Serve's proxy: --grpc-port and "
                          "--model-repository are for the single-process server")
+    if args.replicas > 1 and not args.ray:
+        raise UsageError(f"--replicas {args.replicas} needs --ray (replicas are Ray Serve "
+                         "deployments); the single-process server runs one copy, with "
+                         "--executors N executors per model")
+    if args.model_repository:
+        _check_repository(args.model_repository, bool(args.files))
+    if args.pad and not args.padding_checked:
+        print("gear-runtime serve: warning: --pad serves requests padded to their covering "
+              "gear; a model whose outputs change with padding answers wrongly: run "
+              "gear-runtime check-padding on each model first (--padding-checked silences "
+              "this)", file=sys.stderr)
     for path in args.files:
         existing_file(path, "gear file")
     try:  # the extra is optional: a missing one is one line, not a traceback
@@ -160,6 +175,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         error(str(exc))
         return EXIT_FAILED
     return serve_from_args(args)
+
+
+def _check_repository(directory: str, files_given: bool) -> None:
+    """A folder of Triton's layout (``NAME/1/model.onnx`` + ``config.pbtxt``) is refused with
+    what to do; one without gear files is served empty with a warning (models can be
+    loaded into it later through the repository API)."""
+    from pathlib import Path
+
+    from gear_runtime.serving.repository import SUFFIX
+
+    root = Path(directory)
+    if any(root.glob(f"*{SUFFIX}")):
+        return
+    triton = sorted({p.parent.parent.name for p in root.glob("*/*/model.onnx")}
+                    | {p.parent.name for p in root.glob("*/config.pbtxt")})
+    if triton:
+        name = triton[0]
+        raise UsageError(
+            f"--model-repository {directory!r} has Triton's layout ({', '.join(triton)}: "
+            "NAME/1/model.onnx + config.pbtxt); gear-runtime serves compiled gear files, one "
+            f"per model: gear-runtime compile {directory}/{name}/1/model.onnx --input_shape=... "
+            f"--dynamic_... -o {directory}/{name}{SUFFIX}")
+    if not files_given:
+        print(f"gear-runtime serve: warning: --model-repository {directory!r} has no "
+              f"*{SUFFIX} file: serving no model until one is loaded (POST "
+              "/v2/repository/models/NAME/load)", file=sys.stderr)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:

@@ -7,7 +7,9 @@ grpc_service.proto and model_config.proto), so ``tritonclient.grpc`` works uncha
 Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
 ModelStatistics, ModelInfer (inputs as ``raw_input_contents`` or typed ``contents``; outputs
 as ``raw_output_contents``), RepositoryIndex, RepositoryModelLoad / Unload. Every other call
-answers UNIMPLEMENTED. Needs the ``grpc`` extra.
+(streaming inference, shared memory, trace and log settings) answers UNIMPLEMENTED with a
+message saying what to use instead, and one log line, never a traceback. Needs the ``grpc``
+extra.
 
 Errors: the HTTP status of :func:`~gear_runtime.serving.errors.http_status` mapped to a gRPC
 code (400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 500
@@ -17,6 +19,7 @@ INTERNAL), the message ``[code] message`` as over HTTP.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +56,8 @@ from gear_runtime.serving.runner import UNBOUNDED_MODEL_BODY_BYTES
 
 if TYPE_CHECKING:
     from gear_runtime.serving.app import GearServer
+
+logger = logging.getLogger("gear_runtime.serving")
 
 #: HTTP status -> gRPC status code (what Triton's gRPC front end answers for the same).
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
@@ -185,6 +190,46 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return response
 
         return await self._answer(context, call, model.name)
+
+
+    # ---- what is not implemented: UNIMPLEMENTED, one log line, never a traceback --------
+    async def _unimplemented(self, context: Any, method: str, why: str) -> Any:
+        logger.info("gRPC %s: not implemented (%s)", method, why)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by "
+                            f"gear_runtime: {why}")
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        await self._unimplemented(context, "ModelStreamInfer", "use ModelInfer (a stateful "
+                                  "model takes sequence_id / sequence_start / sequence_end)")
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "SystemSharedMemoryStatus", _NO_SHM)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "SystemSharedMemoryRegister", _NO_SHM)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "SystemSharedMemoryUnregister", _NO_SHM)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "CudaSharedMemoryStatus", _NO_SHM)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "CudaSharedMemoryRegister", _NO_SHM)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "CudaSharedMemoryUnregister", _NO_SHM)
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "TraceSetting", "no tracing extension")
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "LogSettings", "the log level is serve "
+                                  "--log-level")
+
+
+#: why the shared-memory extensions are not offered
+_NO_SHM = "no shared-memory extension: tensors travel in the request (raw_input_contents)"
 
 
 def _raiser(exc: Exception) -> Any:
