@@ -81,8 +81,6 @@ def via_protocol(dtype: str, values: list[Any]) -> np.ndarray:
 @pytest.mark.parametrize("label, dtype, values, error", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("via", [via_executor, via_protocol], ids=["executor", "server"])
 def test_one_rule_for_lists(via, label, dtype, values, error) -> None:
-    if via is via_protocol:
-        pytest.importorskip("starlette")
     if error is None:
         got = via(dtype, values)
         assert got.dtype == np.dtype(dtype) and got.shape == (1, 4)

@@ -529,3 +529,93 @@ def test_the_cli_drain_default_is_the_servers() -> None:
     from gear_runtime.serving import lifecycle
 
     assert cli_serve.DRAIN_SECONDS == lifecycle.DEFAULT_DRAIN_S
+
+
+# ---- the paths round 3's mutations showed untested -----------------------------------------------
+def test_the_body_timeout_is_a_pause_limit_not_a_total(files) -> None:
+    """A body whose pieces come well within --body-timeout of each other is served however
+    long it takes in all (a re-arm turned into a total limit cut it off)."""
+    limits = HttpLimits(body_timeout_s=0.4, min_body_rate=0)
+    server = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    with live(server, limits=limits) as running:
+        raw = _raw_request("/v2/models/conv/infer", _conv_body(1))
+        head = raw.index(b"\r\n\r\n") + 4
+        pieces = np.array_split(np.frombuffer(raw[head:], np.uint8), 8)
+        with socket.create_connection((HOST, running.port), timeout=30) as s:
+            s.sendall(raw[:head])
+            t0 = time.monotonic()
+            for piece in pieces:
+                time.sleep(0.15)
+                s.sendall(piece.tobytes())
+            reply = read_reply(s, timeout=10)
+        assert time.monotonic() - t0 > 1.0  # longer than the timeout in all
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+
+def test_grpc_status_codes_follow_the_http_ones(files) -> None:
+    """413 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE, 400 -> INVALID_ARGUMENT (what Triton's
+    gRPC front end answers), checked on a live request too."""
+    import grpc
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from gear_runtime.serving.grpc_app import _CODES
+    assert _CODES[413] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _CODES[503] == grpc.StatusCode.UNAVAILABLE
+    assert _CODES[400] == grpc.StatusCode.INVALID_ARGUMENT
+    server = build_server([str(files["conv"])],
+                          options=ServeOptions(executors=1, max_body_bytes=4096))
+    with live(server, grpc=True) as running:
+        client = tgrpc.InferenceServerClient(f"{HOST}:{running.grpc_port}")
+        x = tgrpc.InferInput("data", [8, 3, 8, 8], "FP32")
+        x.set_data_from_numpy(np.zeros((8, 3, 8, 8), np.float32))  # 6 KiB > 4 KiB
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("conv", [x])
+        assert "RESOURCE_EXHAUSTED" in str(info.value.status())
+
+
+def test_every_v2_datatype_maps_to_its_own_numpy_type() -> None:
+    from gear_runtime.serving.protocol import DATATYPES, datatype_of
+    expect = {"BOOL": ("b", 1), "INT8": ("i", 1), "INT16": ("i", 2), "INT32": ("i", 4),
+              "INT64": ("i", 8), "UINT8": ("u", 1), "UINT16": ("u", 2), "UINT32": ("u", 4),
+              "UINT64": ("u", 8), "FP16": ("f", 2), "FP32": ("f", 4), "FP64": ("f", 8)}
+    for name, (kind, size) in expect.items():
+        dt = np.dtype(DATATYPES[name])
+        assert (dt.kind, dt.itemsize) == (kind, size), name
+        assert datatype_of(dt) == name
+
+
+def test_the_body_limit_takes_the_widest_json_of_the_largest_gear(files) -> None:
+    """A JSON request of the largest gear with every value at its widest text (the most
+    negative float32, nested per axis and pretty-printed) fits the model's body limit."""
+    server = build_server([str(files["wide"])], options=ServeOptions(executors=1))
+    model = server.models["wide"]
+    values = np.full((8, WIDE), np.finfo(np.float32).min, np.float32)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [8, WIDE], "datatype": "FP32",
+                                   "data": values.astype(float).tolist()}]}, indent=1).encode()
+    assert len(body) <= model.max_request_bytes, (len(body), model.max_request_bytes)
+    asyncio.run(server.close())
+
+
+def test_a_second_sigterm_ends_the_drain_and_the_drain_is_not_ready(files) -> None:
+    """While draining (a request held in the batcher, --drain-seconds 60) readiness says
+    503 and answers close their connections; a second SIGTERM ends the drain at once."""
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "60000", "--batch-wait-when-idle", "--drain-seconds", "60"])
+    held = socket.create_connection((HOST, server.port), timeout=60)
+    try:
+        held.sendall(_raw_request("/v2/models/conv/infer", _conv_body(1)))
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        status, headers, _ = request(server.port, "GET", "/v2/health/ready")
+        assert status == 503
+        assert headers.get("connection", "").lower() == "close"
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code, out, _ = server.stop()
+        assert time.monotonic() - t0 < 15 and code == 0
+    finally:
+        held.close()
+        server.kill()

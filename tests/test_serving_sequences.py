@@ -221,7 +221,7 @@ def test_a_start_model_takes_the_prompt_in_one_request(pair) -> None:
     then one request per token: the tokens of the in-process prefill -> decode pipeline."""
     from gear_runtime.tools import generate
     _, prefill_gear, decode = pair
-    prompt = causal_lm.prompt(11, SIZES, seed=3)
+    prompt = causal_lm.prompt(40, SIZES, seed=3)  # gear 1 of the prefill (seq 64), not 0
     gen = generate.Generator(prefill_gear, decode)
     want = gen.generate(prompt, 8)
     gen.close()
@@ -248,6 +248,8 @@ def test_a_start_model_takes_the_prompt_in_one_request(pair) -> None:
                 result = client.infer("decode", step, sequence_id=21, sequence_end=t == 6)
                 tokens.append(int(result.as_numpy("logits").argmax()))
             assert tokens == want, kind
+            status, _, text = request(running.port, "GET", "/metrics")
+            assert 'gear="start:64,64"' in text.decode()  # the start model's gear, labelled
 
 
 def test_a_start_model_without_the_state_output_is_refused(pair, tmp_path) -> None:

@@ -278,7 +278,8 @@ class GearServer:
         """Statistics and metrics of one answered inference."""
         answered = time.perf_counter()
         model.stats.succeeded(model.rows(request), admitted, answered, arrived, timing)
-        self.metrics.request(model.name, model.gear_label(timing.gear), answered - arrived)
+        label = timing.label or model.gear_label(timing.gear)
+        self.metrics.request(model.name, label, answered - arrived)
 
     async def _decode(self, request: HttpRequest, limit: int) -> InferRequest:
         encoding = request.headers.get("content-encoding", "identity").strip().lower()

@@ -624,7 +624,11 @@ class StartModel:
                                             pad=True, out=out)
             gear = self.executor.last_gear
         keep = [k for k, n in enumerate(self.model.output_names) if n not in out]
-        timing = RunTiming(gear, 1, started, 0.0, time.perf_counter() - started, 0.0)
+        # the gear is the START model's: labelled as such, never looked up in the step's
+        label = "start:" + ("dynamic" if gear is None else
+                            ",".join(map(str, self.model.gears[gear])))
+        timing = RunTiming(gear, 1, started, 0.0, time.perf_counter() - started, 0.0,
+                           label=label)
         stats.executed(timing)
         return timing, [outputs[k] for k in keep]
 

@@ -36,6 +36,9 @@ class RunTiming:
     input_s: float
     infer_s: float
     output_s: float
+    #: the metrics label of what ran, when it is not one of the served model's gears (a
+    #: sequence's start on its start model: "start:<dims>")
+    label: str | None = None
 
 
 def _duration() -> dict[str, int]:
