@@ -63,3 +63,72 @@ def test_an_empty_repository_and_pad_are_warned_about(tmp_path, files, capsys,
     code, _, err = run_cli(capsys, "serve", str(files["prefill"]), "--pad",
                            "--padding-checked")
     assert code == 0 and "check-padding" not in err
+
+
+# ---- serve --workers: processes on one port, supervised ------------------------------------------
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _ready_workers(port: int, want: set[str], timeout: float = 60) -> set[str]:
+    """The workers seen answering /metrics (new connections land on any of them)."""
+    import re
+    import time
+
+    from serving_support import request
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while not want <= seen and time.monotonic() < deadline:
+        try:
+            status, _, body = request(port, "GET", "/metrics")
+        except OSError:
+            time.sleep(0.2)
+            continue
+        if status == 200:
+            seen |= {x.decode() for x in re.findall(rb'worker="(\d+)"', body)}
+    return seen
+
+
+def test_workers_share_the_port_label_their_metrics_and_are_restarted(files) -> None:
+    import os
+    import signal
+    import time
+
+    import numpy as np
+    import tritonclient.http as thttp
+    from serving_support import ServeProcess
+
+    server = ServeProcess([str(files["conv"]), "--workers", "2", "--executors", "1"])
+    try:
+        assert _ready_workers(server.port, {"0", "1"}) >= {"0", "1"}
+        x = thttp.InferInput("data", [1, 3, 8, 8], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
+        for _ in range(10):  # a fresh connection each: any worker answers
+            client = thttp.InferenceServerClient(f"{HOST}:{server.port}")
+            assert client.infer("conv", [x]).as_numpy("logits").shape[0] == 1
+            client.close()
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)  # a worker dies: the parent starts another
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = _children(server.proc.pid)
+            if len(now) == 2 and workers[0] not in now:
+                break
+            time.sleep(0.2)
+        assert len(now) == 2 and workers[0] not in now
+        assert _ready_workers(server.port, {"0", "1"}) >= {"0", "1"}
+        code, out, err = server.stop()
+        assert code == 0, err
+        assert "worker 0 exited" in err and "server stopped (all workers)" in out
+    finally:
+        server.kill()
+
+
+def test_workers_refuse_state_and_ray(files, capsys) -> None:
+    code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--state",
+                           "a=b")
+    assert code == 2 and "--state with several workers" in err
+    code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--ray")
+    assert code == 2 and "--ray has its replicas" in err

@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # --help / --version print and exit 0
         return int(exc.code or 0)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # serve --workers re-runs it
     try:
         return args.handler(args)
     except UsageError as exc:

@@ -136,6 +136,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_device_flags(p)
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (a local Ray instance) instead of one process")
+    p.add_argument("--workers", type=int_at_least(1), default=1, metavar="N",
+                   help="N server processes on the one port, each with its own models and "
+                   "executors, supervised (a worker that dies is started again); what Ascend "
+                   "needs, where pyACL holds the GIL for the whole NPU run")
+    p.add_argument("--devices", metavar="D,D",
+                   help="one worker per device (acl / mindspore_lite / CUDA device ids, "
+                   "OpenVINO device names), each opening its models there (--device D)")
+    p.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--replicas", type=int_at_least(1), default=1, metavar="N",
                    help="with --ray: replicas, each with the models and their executors")
     p.add_argument("--log-level", default="warning",
@@ -156,6 +165,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray and (args.grpc_port is not None or args.model_repository):
         raise UsageError("--ray serves HTTP through Ray Serve's proxy: --grpc-port and "
                          "--model-repository are for the single-process server")
+    if (args.workers > 1 or args.devices) and args.ray:
+        raise UsageError("--workers / --devices are the single-host server's processes; "
+                         "--ray has its replicas (--replicas)")
+    if (args.workers > 1 or args.devices) and args.state:
+        raise UsageError("--state with several workers: a sequence's requests must reach the "
+                         "worker that holds its state, and connections land on any worker; "
+                         "serve a stateful model with --workers 1 (one process per device "
+                         "behind a router that pins sequence ids is not built)")
+    if args.devices and args.device is not None:
+        raise UsageError("--devices gives each worker its --device: give one of them")
     if args.replicas > 1 and not args.ray:
         raise UsageError(f"--replicas {args.replicas} needs --ray (replicas are Ray Serve "
                          "deployments); the single-process server runs one copy, with "
@@ -203,6 +222,15 @@ def _check_repository(directory: str, files_given: bool) -> None:
               "/v2/repository/models/NAME/load)", file=sys.stderr)
 
 
+def _devices(args: argparse.Namespace) -> list[str] | None:
+    if not args.devices:
+        return None
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if not devices:
+        raise UsageError(f"--devices {args.devices!r}: give device ids separated by ','")
+    return devices
+
+
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     """The ServeOptions the ``serve`` flags ask for."""
     from gear_runtime.serving.runner import DEFAULT_EXECUTORS, ServeOptions
@@ -217,7 +245,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         state=_state_pairs(args.state, args.sequence_start),
                         max_sequences=args.max_sequences,
                         sequence_start=args.sequence_start,
-                        sequence_idle_s=args.sequence_idle_seconds)
+                        sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index)
 
 
 def _state_pairs(items: Sequence[str], start: str | None = None
@@ -251,10 +279,21 @@ def serve_from_args(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     options = options_from_args(args)
     names = args.name or None
+    devices = _devices(args)
+    if (args.workers > 1 or devices) and args.worker_fd is None:
+        from gear_runtime.serving.workers import serve_workers
+
+        sock = bind(args.host, args.port)
+        try:
+            return serve_workers(args.argv, len(devices) if devices else args.workers,
+                                 devices, sock, args.host, args.grpc_port is not None)
+        finally:
+            sock.close()
     if not args.ray:
         return serve_forever(args.files, names, options, args.host, args.port,
                              limits=limits_from_args(args), drain_s=args.drain_seconds,
-                             grpc_port=args.grpc_port, model_repository=args.model_repository)
+                             grpc_port=args.grpc_port, model_repository=args.model_repository,
+                             worker_fd=args.worker_fd)
     try:
         from gear_runtime.serving import ray_app
     except ImportError as exc:
@@ -282,7 +321,7 @@ def bind(host: str, port: int, flag: str = "--port") -> socket.socket:
 def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
                   host: str, port: int, *, limits: HttpLimits | None = None,
                   drain_s: float = DRAIN_SECONDS, grpc_port: int | None = None,
-                  model_repository: str | None = None) -> int:
+                  model_repository: str | None = None, worker_fd: int | None = None) -> int:
     """Bind first (a port in use fails before any model loads), load, print the address,
     serve until SIGINT / SIGTERM, drain (serving.lifecycle), close."""
     from gear_runtime.serving.app import build_server
@@ -291,9 +330,10 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
     if grpc_port is not None:  # a missing extra or a port in use fails before any load
         from gear_runtime.serving import grpc_app  # noqa: F401
 
-        if grpc_port:
+        if grpc_port and worker_fd is None:  # workers share the port the parent chose
             bind(host, grpc_port, "--grpc-port").close()
-    sock = bind(host, port)
+    # a worker accepts on the socket its parent bound (serve --workers)
+    sock = bind(host, port) if worker_fd is None else socket.socket(fileno=worker_fd)
     try:
         server = build_server(files, names, options, model_repository)
     except BaseException:

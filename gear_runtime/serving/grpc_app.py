@@ -319,7 +319,9 @@ async def start_grpc(server: GearServer, host: str, port: int) -> tuple[Any, tup
                 + [UNBOUNDED_MODEL_BODY_BYTES])
     grpc_server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
-        ("grpc.so_reuseport", 0)])  # a port in use fails, never shared with another server
+        # a port in use fails, never shared with another server; the workers of one server
+        # (serve --workers) share theirs
+        ("grpc.so_reuseport", 1 if server.options.worker is not None else 0)])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(server), grpc_server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

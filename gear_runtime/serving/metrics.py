@@ -30,7 +30,9 @@ FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 class Metrics:
     """The server's metrics; every method is thread-safe (prometheus-client's are)."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str | None = None) -> None:
+        #: this process's index under ``serve --workers``: every series gets ``worker="i"``
+        self.worker = worker
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("gear_requests", "Inference requests answered, per gear run",
@@ -101,5 +103,26 @@ class Metrics:
         self.disconnects.labels(model).inc()
 
     def exposition(self) -> tuple[bytes, str]:
-        """(body, content type) of the Prometheus text format."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """(body, content type) of the Prometheus text format (every sample labelled
+        ``worker`` under ``serve --workers``)."""
+        body = generate_latest(self.registry)
+        if self.worker is not None:
+            body = _with_label(body, "worker", self.worker)
+        return body, CONTENT_TYPE_LATEST
+
+
+def _with_label(body: bytes, name: str, value: str) -> bytes:
+    """The exposition ``body`` with ``name="value"`` added to every sample line."""
+    label = f'{name}="{value}"'.encode()
+    out = []
+    for line in body.split(b"\n"):
+        if line and not line.startswith(b"#"):
+            brace = line.find(b"{")
+            space = line.find(b" ")
+            if brace != -1 and (space == -1 or brace < space):
+                line = line[:brace + 1] + label + (b"," if line[brace + 1:brace + 2] != b"}"
+                                                   else b"") + line[brace + 1:]
+            else:
+                line = line[:space] + b"{" + label + b"}" + line[space:]
+        out.append(line)
+    return b"\n".join(out)

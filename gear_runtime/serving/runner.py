@@ -91,6 +91,8 @@ class ServeOptions:
     #: sequences live at once (one executor each) and how long an idle one keeps its slot
     max_sequences: int = 4
     sequence_idle_s: float = DEFAULT_IDLE_S
+    #: this process's index under ``serve --workers`` (its metrics are labelled with it)
+    worker: int | None = None
     #: the model a sequence_start request runs (a prefill gear file, padded to its covering
     #: gear), its outputs named like the state outputs written into the new sequence's state
     sequence_start: str | None = None

@@ -1,0 +1,148 @@
+"""``serve --workers N`` / ``--devices 0,1,...``: N server processes on one port, each with its
+own models and executors, supervised by the parent.
+
+Why processes: pyACL holds the GIL for the whole NPU run (docs/ascend.md), so threads of one
+process never overlap on Ascend; an 8-NPU box needs one process per device, as Triton's
+``instance_group { kind: KIND_GPU gpus: [...] }`` gives. How:
+
+* The parent binds the HTTP socket once and every worker inherits it (``pass_fds``) and
+  accepts on it, as gunicorn's pre-fork workers do: the kernel hands each connection to one
+  worker, and a port of 0 is resolved once for all. gRPC workers bind the same port with
+  SO_REUSEPORT (grpcio's default on Linux); the parent picks the port.
+* Worker ``i`` runs ``gear-runtime serve`` with the same flags, ``--worker-fd`` /
+  ``--worker-index i`` and, with ``--devices``, ``--device <its device>``.
+* Supervision: a worker that exits while the server is up is logged and started again (at
+  most :data:`MAX_RESTARTS` times a minute, then the server stops: a worker that cannot
+  start would loop for ever). SIGTERM / SIGINT go to every worker, which drain as a single
+  server does; a second one ends their drains. The parent exits when all have.
+* Metrics: each worker labels its series ``worker="i"`` (a scrape is answered by whichever
+  worker the connection lands on; sum over ``worker`` in the query).
+* Sequences (``--state``) stay with the worker that holds their state only as long as the
+  client keeps its connection (tritonclient does, one connection per client): a connection
+  that lands on another worker gets 400 "not live". Serve a stateful model with one worker
+  per device behind a router that pins sequence ids, or with ``--workers 1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+logger = logging.getLogger("gear_runtime.serving")
+
+#: restarts allowed within a minute before the supervisor gives up
+MAX_RESTARTS = 5
+
+
+def free_port(host: str) -> int:
+    """A free TCP port on ``host`` (for the workers' shared gRPC port)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def worker_command(argv: Sequence[str], index: int, fd: int, device: str | None,
+                   grpc_port: int | None) -> list[str]:
+    """The command line of worker ``index``: the parent's ``serve`` flags without the
+    worker flags, plus the inherited socket, its index, its device and the gRPC port."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--workers", "--devices", "--grpc-port", "--port"):
+            skip = "=" not in arg and i + 1 < len(argv)
+            continue
+        out.append(arg)
+    cmd = [sys.executable, "-m", "gear_runtime.cli", *out, "--worker-fd", str(fd),
+           "--worker-index", str(index)]
+    if device is not None:
+        cmd += ["--device", device]
+    if grpc_port is not None:
+        cmd += ["--grpc-port", str(grpc_port)]
+    return cmd
+
+
+class Supervisor:
+    """The parent: starts the workers, restarts one that dies, forwards the stop signals."""
+
+    def __init__(self, commands: list[list[str]], fd: int) -> None:
+        self.commands, self.fd = commands, fd
+        self.procs: list[subprocess.Popen] = []
+        self.stopping = 0  # stop signals received
+        self.restarts: list[float] = []
+
+    def _start(self, index: int) -> subprocess.Popen:
+        return subprocess.Popen(self.commands[index], pass_fds=(self.fd,))
+
+    def _signal(self, signum: int, frame: object) -> None:
+        self.stopping += 1
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        """Supervise until every worker has stopped after a stop signal; the exit code."""
+        old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.procs = [self._start(i) for i in range(len(self.commands))]
+            while True:
+                if self.stopping and all(p.poll() is not None for p in self.procs):
+                    return 0 if all(p.returncode == 0 for p in self.procs) else 1
+                for i, proc in enumerate(self.procs):
+                    if proc.poll() is None or self.stopping:
+                        continue
+                    if not self._may_restart():
+                        logger.error("worker %d exited (code %s); %d restarts within a "
+                                     "minute: stopping the server", i, proc.returncode,
+                                     MAX_RESTARTS)
+                        print(f"gear-runtime: worker {i} keeps exiting (code "
+                              f"{proc.returncode}): stopping", file=sys.stderr, flush=True)
+                        self._signal(signal.SIGTERM, None)
+                        break
+                    print(f"gear-runtime: worker {i} exited (code {proc.returncode}): "
+                          "starting it again", file=sys.stderr, flush=True)
+                    self.procs[i] = self._start(i)
+                time.sleep(0.1)
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60] + [now]
+        return len(self.restarts) <= MAX_RESTARTS
+
+
+def serve_workers(argv: Sequence[str], count: int, devices: Sequence[str] | None,
+                  sock: socket.socket, host: str, grpc: bool) -> int:
+    """Run ``count`` workers (one per device of ``devices`` when given) on ``sock``."""
+    fd = sock.fileno()
+    os.set_inheritable(fd, True)
+    grpc_port = free_port(host) if grpc else None
+    commands = [worker_command(argv, i, fd, devices[i] if devices else None, grpc_port)
+                for i in range(count)]
+    http_host, http_port = sock.getsockname()[:2]
+    where = f"http://{http_host}:{http_port}"
+    if grpc_port is not None:
+        where += f" and grpc {host}:{grpc_port}"
+    print(f"gear-runtime: serving with {count} workers"
+          + (f" (devices {', '.join(devices)})" if devices else "")
+          + f" at {where} (KServe v2; metrics at /metrics, per worker)", flush=True)
+    code = Supervisor(commands, fd).run()
+    print("gear-runtime: server stopped (all workers)", flush=True)
+    return code
+
+
+__all__ = ["MAX_RESTARTS", "Supervisor", "free_port", "serve_workers", "worker_command"]
