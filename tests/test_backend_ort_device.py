@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend's device paths, checked on CPU (issue 22, items 1 and 3-6).
+"""The ONNX Runtime backend's device paths, checked on CPU.
 
 No GPU here: the CUDA provider is faked where a path needs one (``fake_cuda``: ORT reports
 the CUDA EP and each session is a CPU session that records the provider options it was given,

@@ -1,4 +1,4 @@
-"""The doubles are at least as strict as the real APIs (issue 22, item 7), one test per rule;
+"""The doubles are at least as strict as the real APIs, one test per rule;
 tests/doubles/README.md cites the real source of each."""
 
 from __future__ import annotations

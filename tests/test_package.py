@@ -29,3 +29,30 @@ def test_public_names() -> None:
     assert issubclass(gr.GearMismatchError, gr.GearRuntimeError)
     assert gr.GearMismatchError("x").code == "145013"
     assert str(gr.DynamicInputLengthError("y")) == "[145012] y"
+
+
+def test_the_core_stub_names_what_the_module_has() -> None:
+    """gear_runtime/_core.pyi (for editors and type checkers) lists every public name and
+    method of the built C++ module: a binding added or renamed without regenerating the
+    stub fails here."""
+    import ast
+    from pathlib import Path
+
+    from gear_runtime import _core
+
+    tree = ast.parse((Path(_core.__file__).parent / "_core.pyi").read_text())
+    stub: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stub[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, ast.FunctionDef):
+            stub[node.name] = set()
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stub[node.target.id] = set()
+    public = {n for n in dir(_core) if not n.startswith("_")}
+    assert public <= set(stub), public - set(stub)
+    for name in public:
+        obj = getattr(_core, name)
+        if isinstance(obj, type):
+            methods = {m for m in vars(obj) if not m.startswith("_")}
+            assert methods <= stub[name], (name, methods - stub[name])
