@@ -851,3 +851,45 @@ def test_the_double_holds_the_gil_through_execute_as_pyacl_does(fake, tmp_path):
     gaps = np.diff([x for x in ticks if begin - 0.01 <= x <= end + 0.01])
     assert gaps.size and gaps.max() >= 0.15  # the ticker stood still while the NPU ran
     model.close()
+
+
+# ---- a static .om (no gears: a decode step at fixed shapes) ----------------------------------
+STATIC_INPUTS = [("x", [2, 3, 4], "float32"), ("ids", [2, 2], "int64")]
+
+
+def test_a_static_om_loads_with_its_one_gear_and_runs_with_one_merged_copy(fake, tmp_path):
+    """An .om atc built without gears has no ascend_mbatch_shape_data: it loads as a static
+    model (mode "static", one gear ()), runs with no set_* at all, one merged copy in."""
+    path = fake_acl.write_om(tmp_path / "decode.om", STATIC_INPUTS, "static", [()])
+    model = acl_backend.open_model(path)
+    spec = model.info.spec
+    assert spec.mode == "static" and spec.gears == ((),)
+    assert spec.input_shapes == ((2, 3, 4), (2, 2))
+    layout, session = session_for(model)
+    before = len(fake.state.memcpys)
+    arrays, outputs = run(model, layout, session, 0)
+    for got, want in zip(outputs, expected_outputs(arrays), strict=True):
+        np.testing.assert_array_equal(got, want)
+    h2d = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_HOST_TO_DEVICE]
+    assert len(h2d) == 1
+    assert not [c for c, _ in fake.state.calls if c.startswith("mdl.set_")]
+    model.close()
+
+
+def test_a_static_om_through_load_and_execute(fake, tmp_path):
+    path = fake_acl.write_om(tmp_path / "decode.om", STATIC_INPUTS, "static", [()])
+    with gr.load(path, backend="acl") as model:
+        assert model.mode == "static" and model.gears == [()]
+        ex = model.create_executor()
+        x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        ids = np.ones((2, 2), np.int64)
+        y, cat = ex.execute({"x": x, "ids": ids})
+        np.testing.assert_array_equal(y, x * 2 + 1)
+        with pytest.raises(gr.GearRuntimeError, match="axis 0 is 1 but the model fixes it to 2"):
+            ex.execute({"x": np.zeros((1, 3, 4), np.float32), "ids": ids})
+
+
+def test_a_dynamic_shape_om_without_gears_is_refused(fake, tmp_path):
+    path = fake_acl.write_om(tmp_path / "dyn.om", [("x", [-1, 4], "float32")], "static", [()])
+    with pytest.raises(GearFileError, match="dynamic-shape .om.*input_shape_range"):
+        acl_backend.open_model(path)

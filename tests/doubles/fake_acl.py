@@ -156,6 +156,8 @@ class FakeOm:
         three modes; dims mode hands the values out in --input_shape order)."""
         values = list(self.gears[g])
         out = [tuple(s) for s in self.shapes]  # unlisted inputs are static
+        if not self.has_dims:  # static (a -1 left there: a dynamic-shape model, no gears)
+            return out
         k = 0
         for i in self.order:
             s, seen = list(self.shapes[i]), 0
@@ -173,6 +175,12 @@ class FakeOm:
             out[i] = tuple(s)
         return out
 
+    @property
+    def has_dims(self) -> bool:
+        """Whether the model has the dims input ``ascend_mbatch_shape_data`` (last): every
+        model atc built with gears; a static one (mode "static") has none."""
+        return self.mode != "static"
+
     def template(self) -> list[int]:
         """The inputs' dims (-1 where dynamic) flattened in --input_shape order (GE's
         GetCurDynamicDims / aclmdlGetInputDynamicDims walk dataNameOrder)."""
@@ -188,7 +196,8 @@ class FakeOm:
         return len(self.gears[0])
 
     def input_nbytes(self, g: int, i: int) -> int:
-        return int(np.prod(self.gear_shapes(g)[i], dtype=np.int64)) * self.dtypes[i].itemsize
+        n = int(np.prod(self.gear_shapes(g)[i], dtype=np.int64))
+        return max(n, 0) * self.dtypes[i].itemsize
 
     def max_input_nbytes(self, i: int) -> int:
         return max(self.input_nbytes(g, i) for g in range(len(self.gears)))
@@ -551,7 +560,7 @@ class FakeAcl:
         if 0 <= index < n:
             return om.names[index], list(om.shapes[index]), om.dtypes[index], \
                 om.max_input_nbytes(index)
-        if index == n:
+        if index == n and om.has_dims:
             exact = om.values_count * om.dims_dtype.itemsize
             return (ACL_DYNAMIC_TENSOR_NAME, [om.values_count], om.dims_dtype,
                     exact if om.dims_size is None else om.dims_size)
@@ -559,7 +568,7 @@ class FakeAcl:
 
     def _mdl_get_num_inputs(self, desc: int) -> int:
         om = self._om(desc)
-        return 0 if om is None else len(om.names) + 1
+        return 0 if om is None else len(om.names) + om.has_dims
 
     def _mdl_get_num_outputs(self, desc: int) -> int:
         return 0 if self._om(desc) is None else len(OUTPUT_NAMES)
@@ -594,7 +603,7 @@ class FakeAcl:
         om = self._om(desc)
         if om is None:
             return 0, ACL_ERROR_INVALID_PARAM
-        names = [*om.names, ACL_DYNAMIC_TENSOR_NAME]
+        names = [*om.names, *([ACL_DYNAMIC_TENSOR_NAME] if om.has_dims else [])]
         return (names.index(name), ACL_SUCCESS) if name in names else (0, ACL_ERROR_INVALID_PARAM)
 
     def _mdl_get_aipp_type(self, model_id: int, index: int) -> tuple[int, int, int]:
@@ -776,9 +785,15 @@ class FakeAcl:
             return ret
         om = self.state.models[model_id]
         ins, outs = self.state.datasets.get(dataset_in), self.state.datasets.get(dataset_out)
-        if ins is None or outs is None or len(ins) != len(om.names) + 1 \
+        if ins is None or outs is None or len(ins) != len(om.names) + om.has_dims \
                 or len(outs) != len(OUTPUT_NAMES):
             return ACL_ERROR_INVALID_PARAM
+        if not om.has_dims:  # a static model: its one gear, every buffer its full size
+            for i in range(len(om.names)):
+                _, got = self.state.buffers.get(ins[i], (0, 0))
+                if got + 64 < om.max_input_nbytes(i):
+                    return ACL_ERROR_GE_PARAM_INVALID
+            return self._run(model_id, om, 0, ins, outs, dynamic=None)
         target = self._dims_buffer(model_id, dataset_in, len(om.names))
         if isinstance(target, int):
             return target
@@ -810,6 +825,11 @@ class FakeAcl:
         # SetDynamicInputDataFlag (ge_executor.cc): match_idx starts at 0 and stays 0 when no
         # gear matches: GE SILENTLY runs gear 0, never an error
         gear = om.gears.index(values) if values in om.gears else 0
+        return self._run(model_id, om, gear, ins, outs, dynamic)
+
+    def _run(self, model_id: int, om: FakeOm, gear: int, ins: list[int], outs: list[int],
+             dynamic: Any) -> int:
+        """Read gear ``gear``'s inputs from the device, compute, write the outputs."""
         arrays = []
         for i, shape in enumerate(om.gear_shapes(gear)):
             addr, size = self.state.buffers.get(ins[i], (0, 0))

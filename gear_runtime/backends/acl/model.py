@@ -99,13 +99,10 @@ class AclModel(BackendModel):
         acl, desc = self.acl, self.desc
         n = int(acl.mdl.get_num_inputs(desc))
         index, ret = acl.mdl.get_input_index_by_name(desc, ACL_DYNAMIC_TENSOR_NAME)
-        if ret != 0:
-            raise GearFileError(
-                f"{self.path!r} has no {ACL_DYNAMIC_TENSOR_NAME!r} input (ret {ret}): it was "
-                "not compiled with dynamic gears (ATC --dynamic_batch_size, "
-                "--dynamic_image_size or --dynamic_dims)", code=str(ret))
-        self.dims_index = int(index)
-        self.dims_nbytes = self._dims_buffer_size()
+        #: the dims input's index; None: a static model (built without gears: a decode
+        #: step at fixed shapes), which loads as it is with its one gear ()
+        self.dims_index: int | None = int(index) if ret == 0 else None
+        self.dims_nbytes = 0 if self.dims_index is None else self._dims_buffer_size()
         #: model input index of each user input, in model order (see :attr:`order`)
         self.input_indices = tuple(j for j in range(n) if j != self.dims_index)
         self.inputs = self._tensors(
@@ -190,6 +187,8 @@ class AclModel(BackendModel):
         (aclpythondevg_01_0213). The gear order is the model's: never sorted.
         """
         acl, desc = self.acl, self.desc
+        if self.dims_index is None:
+            return self._static_spec()
         batch, ret = acl.mdl.get_dynamic_batch(desc)
         check(ret, "acl.mdl.get_dynamic_batch")
         batches = list(batch.get("batch", []))[: int(batch.get("batchCount", 0))]
@@ -214,6 +213,22 @@ class AclModel(BackendModel):
             return describe.listed_spec(self.inputs, self.order, "image_size", pairs, self.path)
         raise GearFileError(f"{self.path!r} has a {ACL_DYNAMIC_TENSOR_NAME!r} input but lists no "
                             "batch, image-size or dims gears")
+
+    def _static_spec(self) -> GearSpec:
+        """A model without the dims input: its inputs at the description's dims, one gear
+        ``()``. GearFileError for a -1 there (a dynamic-shape .om, ATC
+        --input_shape_range: no gears to run)."""
+        names = [self.inputs.names[p] for p in self.order]
+        shapes = [tuple(self.inputs.dims[p]) for p in self.order]
+        dynamic = next((n for n, s in zip(names, shapes, strict=True) if any(d < 0 for d in s)),
+                       None)
+        if dynamic is not None:
+            raise GearFileError(
+                f"{self.path!r} has no {ACL_DYNAMIC_TENSOR_NAME!r} input but input {dynamic!r} "
+                "is dynamic: a dynamic-shape .om (atc --input_shape_range) has no gears to run; "
+                "build it with gears (--dynamic_batch_size, --dynamic_image_size, "
+                "--dynamic_dims) or at static shapes")
+        return GearSpec.static(names, shapes)
 
     def dims_call(self, spec: GearSpec, dataset: int,
                   gear: int) -> tuple[str, Callable[..., Any], tuple[Any, ...]]:
@@ -245,7 +260,7 @@ class AclModel(BackendModel):
         get_cur_output_dims (old pyACL) every gear gets the description's output dims, which
         are the largest gear's: correct for outputs whose shape does not follow the gear.
         """
-        if not hasattr(self.acl.mdl, "get_cur_output_dims"):
+        if self.dims_index is None or not hasattr(self.acl.mdl, "get_cur_output_dims"):
             return tuple(describe.checked_output_shapes(self.outputs, self.outputs.dims, g)
                          for g in range(spec.gear_count))
         scratch = Scratch(self.acl)

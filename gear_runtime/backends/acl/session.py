@@ -57,7 +57,9 @@ class AclSession(BackendSession):
         # The dims input gets its own data buffer (ACL writes the dims into it in set_*). It
         # points at the layout's dims slot when that slot is large enough for the model's
         # dims input; else (an int64 dims input) at a session buffer of the model's size.
-        if int(layout.dims_nbytes) >= model.dims_nbytes:
+        if model.dims_index is None:  # a static model: no dims input, no set_*
+            dims_at = []
+        elif int(layout.dims_nbytes) >= model.dims_nbytes:
             dims_at = [self._device + int(layout.dims_offset(g)) for g in range(spec.gear_count)]
         else:
             # one per gear: each gear's dims are set once and must stay in its own buffer
@@ -66,7 +68,7 @@ class AclSession(BackendSession):
         self._in_datasets: list[int] = []
         for g in range(spec.gear_count):
             ds = mem.dataset()
-            for j in range(len(model.input_indices) + 1):  # model input order
+            for j in range(len(model.input_indices) + (model.dims_index is not None)):
                 if j == model.dims_index:
                     mem.add(ds, dims_at[g], model.dims_nbytes)
                 else:
@@ -79,8 +81,9 @@ class AclSession(BackendSession):
             # run that would be several small copies beside the ONE merged copy; the buffer
             # is the layout's dims slot, refreshed by the merged copy with the same bytes
             # (int32), or a buffer of its own that nothing else writes (int64).
-            call, fn, args = model.dims_call(spec, ds, g)
-            check(fn(*args), call, f" (gear {g}: {spec.gears[g]})")
+            if model.dims_index is not None:
+                call, fn, args = model.dims_call(spec, ds, g)
+                check(fn(*args), call, f" (gear {g}: {spec.gears[g]})")
         # error-message suffixes, formatted here rather than on every run
         self._labels = [f" (gear {g}: {values})" for g, values in enumerate(spec.gears)]
         self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
