@@ -893,3 +893,48 @@ def test_a_dynamic_shape_om_without_gears_is_refused(fake, tmp_path):
     path = fake_acl.write_om(tmp_path / "dyn.om", [("x", [-1, 4], "float32")], "static", [()])
     with pytest.raises(GearFileError, match="dynamic-shape .om.*input_shape_range"):
         acl_backend.open_model(path)
+
+
+def test_resident_state_stays_in_npu_memory(fake, tmp_path):
+    """create_executor(state=) on acl: the state's two buffers live on the device, a step
+    copies only its other inputs in (ONE merged copy) and its other outputs out; the state
+    crosses PCIe only for set_state / ex.state / reset_state. The double's model makes
+    y = 2x + 1, so with state {x: y} each step doubles-plus-one the resident x."""
+    path = fake_acl.write_om(tmp_path / "decode.om", STATIC_INPUTS, "static", [()])
+    with gr.load(path, backend="acl") as model:
+        ex = model.create_executor(state={"x": "y"})
+        assert ex.input_names == ["ids"] and ex.output_names == ["cat"]
+        x0 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        ids = np.full((2, 2), 7, np.int64)
+        ex.set_state("x", x0)
+        want = x0
+        for _ in range(3):
+            before = len(fake.state.memcpys)
+            (cat,) = ex.execute({"ids": ids})
+            copies = fake.state.memcpys[before:]
+            np.testing.assert_array_equal(cat, np.concatenate([want.ravel(), ids.ravel()]))
+            kinds = [c.kind for c in copies]
+            assert kinds.count(fake_acl.ACL_MEMCPY_HOST_TO_DEVICE) == 1  # ids, merged
+            assert kinds.count(fake_acl.ACL_MEMCPY_DEVICE_TO_HOST) == 1  # cat, not y
+            assert all(c.count != x0.nbytes for c in copies)  # the state never crossed
+            want = want * 2 + 1
+        np.testing.assert_array_equal(ex.state["x"], want)
+        ex.reset_state()
+        np.testing.assert_array_equal(ex.state["x"], np.zeros_like(x0))
+        (cat,) = ex.execute({"ids": ids})
+        np.testing.assert_array_equal(cat[:24], np.zeros(24, np.float32))
+
+
+def test_a_failed_step_leaves_the_device_state_as_it_was(fake, tmp_path):
+    path = fake_acl.write_om(tmp_path / "decode.om", STATIC_INPUTS, "static", [()])
+    with gr.load(path, backend="acl") as model:
+        ex = model.create_executor(state={"x": "y"})
+        x0 = np.ones((2, 3, 4), np.float32)
+        ex.set_state("x", x0)
+        fake.state.fail["mdl.execute"] = 507011
+        with pytest.raises(BackendError):
+            ex.execute({"ids": np.zeros((2, 2), np.int64)})
+        del fake.state.fail["mdl.execute"]
+        np.testing.assert_array_equal(ex.state["x"], x0)  # not committed
+        ex.execute({"ids": np.zeros((2, 2), np.int64)})
+        np.testing.assert_array_equal(ex.state["x"], x0 * 2 + 1)

@@ -132,6 +132,10 @@ class HostState:
         """Buffer ``parity`` (0 or 1) of pair ``pair``: what a run at that parity reads."""
         return self._buffers[pair][parity]
 
+    def set(self, pair: int, value: np.ndarray) -> None:
+        """Copy ``value`` (the pair's shape and dtype) into the buffer the next run reads."""
+        np.copyto(self.read(pair), value)
+
     def swap(self) -> None:
         self.parity ^= 1
 

@@ -421,7 +421,9 @@ class Executor:
         """State input name -> the buffer the NEXT run reads (a writable numpy array on the
         CPU backends; empty without state). That run leaves it as it is (it writes the other
         buffer); the run after it writes into it. Give it as ``out=`` of another executor to
-        hand a prefill's output over with no copy."""
+        hand a prefill's output over with no copy. On a device backend (acl) the state lives
+        in device memory: this reads a host COPY (one device-to-host copy); write it with
+        :meth:`set_state` (one host-to-device copy)."""
         return _StateView(self)
 
     def _state_buffer(self, name: str) -> np.ndarray:
@@ -444,7 +446,8 @@ class Executor:
             if tuple(arr.shape) != pair.shape or arr.dtype != pair.dtype:
                 raise InputError(f"set_state({name!r}): got {arr.dtype} {list(arr.shape)}, the "
                                  f"state is {pair.dtype} {list(pair.shape)}")
-            np.copyto(self._state_buffer(name), arr)
+            assert self._plan is not None
+            self._session.state.set(self._plan.pairs.index(pair), arr)  # type: ignore[attr-defined]
         finally:
             self._leave(owner)
 

@@ -299,11 +299,14 @@ class AclModel(BackendModel):
         thread, and the model must run in the context it was loaded in)."""
         check(self.acl.rt.set_context(self.context), "acl.rt.set_context")
 
-    def create_session(self, layout: Any) -> AclSession:
+    #: Resident state in NPU memory (:class:`~gear_runtime.backends.acl.session.DeviceState`)
+    supports_state: ClassVar[bool] = True
+
+    def create_session(self, layout: Any, state: Any = None) -> AclSession:
         with self.lock:  # not while the model is being closed
             if self._closed:
                 raise BackendError(f"acl model {self.path!r} is closed")
-            session = AclSession(self, layout)
+            session = AclSession(self, layout, state)
             self._sessions.add(session)
             return session
 

@@ -24,10 +24,17 @@ from gear_runtime.errors import BackendError
 class AclSession(BackendSession):
     """One executor's buffers and datasets on the NPU (see the module docstring's picture)."""
 
-    def __init__(self, model: Any, layout: Any) -> None:
+    def __init__(self, model: Any, layout: Any, state: Any = None) -> None:
         """``model``: the :class:`~gear_runtime.backends.acl.model.AclModel` creating this
-        session (not imported here: model.py imports this module)."""
+        session (not imported here: model.py imports this module). ``state``: a
+        :class:`~gear_runtime.runtime.state.StatePlan`; its pairs then live in device memory
+        (:class:`DeviceState`) and ``layout`` covers the plan's other inputs alone."""
         self._model, self._acl, self._layout = model, model.acl, layout
+        self._plan = state
+        #: the spec indices the staging layout covers, in layout order
+        self._staged = list(range(len(model.info.spec.input_names))) if state is None \
+            else list(state.inputs)
+        self.state: DeviceState | None = None
         self._mem = Scratch(model.acl)
         self._closed = False
         self.staging = np.empty(0, dtype=np.uint8)
@@ -47,7 +54,10 @@ class AclSession(BackendSession):
         info = model.info
         spec = info.spec
         model.activate()  # the allocations below belong to the model's context
-        check_layout_fits(layout, info)
+        if self._plan is None:
+            check_layout_fits(layout, info)
+        else:
+            self._check_staged_layout()
         self._check_padding()
         self._total = int(layout.total_bytes)
         self._host = mem.host(self._total)
@@ -64,30 +74,65 @@ class AclSession(BackendSession):
         else:
             # one per gear: each gear's dims are set once and must stay in its own buffer
             dims_at = [mem.device(model.dims_nbytes) for _ in range(spec.gear_count)]
+        if self._plan is not None:
+            self.state = DeviceState(self, self._plan)
         self._build_outputs()
-        self._in_datasets: list[int] = []
-        for g in range(spec.gear_count):
-            ds = mem.dataset()
-            for j in range(len(model.input_indices) + (model.dims_index is not None)):
-                if j == model.dims_index:
-                    mem.add(ds, dims_at[g], model.dims_nbytes)
-                else:
+        state_in = {} if self._plan is None else {p.input_index: j
+                                                   for j, p in enumerate(self._plan.pairs)}
+        # per parity (one without state), per gear: the input dataset; a state input reads
+        # the buffer of its parity
+        self._in_datasets: list[list[int]] = []
+        for parity in range(2 if self.state is not None else 1):
+            row = []
+            for g in range(spec.gear_count):
+                ds = mem.dataset()
+                for j in range(len(model.input_indices) + (model.dims_index is not None)):
+                    if j == model.dims_index:
+                        mem.add(ds, dims_at[g], model.dims_nbytes)
+                        continue
                     i = model.spec_index(j)
-                    mem.add(ds, self._device + int(layout.offset(g, i)), int(layout.nbytes(g, i)))
-            self._in_datasets.append(ds)
-            # Each gear has a dataset of its own, so its gear is selected ONCE, here: set_*
-            # records the dims on the dataset (the fields aclmdlExecute reads) and writes them
-            # into the dims buffer, with one aclrtMemcpy per value (GE's SetDynamicDims). Per
-            # run that would be several small copies beside the ONE merged copy; the buffer
-            # is the layout's dims slot, refreshed by the merged copy with the same bytes
-            # (int32), or a buffer of its own that nothing else writes (int64).
-            if model.dims_index is not None:
-                call, fn, args = model.dims_call(spec, ds, g)
-                check(fn(*args), call, f" (gear {g}: {spec.gears[g]})")
+                    if i in state_in:
+                        pair = state_in[i]
+                        mem.add(ds, self.state.buffers[pair][parity],
+                                self._plan.pairs[pair].nbytes)
+                        continue
+                    li = self._staged.index(i)
+                    mem.add(ds, self._device + int(layout.offset(g, li)),
+                            int(layout.nbytes(g, li)))
+                row.append(ds)
+                self._select_gear(ds, g)
+            self._in_datasets.append(row)
         # error-message suffixes, formatted here rather than on every run
         self._labels = [f" (gear {g}: {values})" for g, values in enumerate(spec.gears)]
         self._merged = [_span(layout.merged_span(g)) for g in range(spec.gear_count)]
         self._separate = [[_span(s) for s in layout.separate(g)] for g in range(spec.gear_count)]
+
+    def _select_gear(self, ds: int, g: int) -> None:
+        """Each gear has a dataset of its own, so its gear is selected ONCE, here: set_*
+        records the dims on the dataset (the fields aclmdlExecute reads) and writes them into
+        the dims buffer, with one aclrtMemcpy per value (GE's SetDynamicDims). Per run that
+        would be several small copies beside the ONE merged copy; the buffer is the layout's
+        dims slot, refreshed by the merged copy with the same bytes (int32), or a buffer of
+        its own that nothing else writes (int64). A static model has nothing to select."""
+        model = self._model
+        if model.dims_index is not None:
+            call, fn, args = model.dims_call(model.info.spec, ds, g)
+            check(fn(*args), call, f" (gear {g}: {model.info.spec.gears[g]})")
+
+    def _check_staged_layout(self) -> None:
+        """check_layout_fits over the staged (non-state) inputs: layout input ``li`` is spec
+        input ``self._staged[li]``."""
+        info, layout = self._model.info, self._layout
+        total = int(layout.total_bytes)
+        for g, row in enumerate(info.input_nbytes()):
+            for li, i in enumerate(self._staged):
+                got, end = int(layout.nbytes(g, li)), int(layout.offset(g, li)) + \
+                    int(layout.nbytes(g, li))
+                if got != row[i] or end > total:
+                    raise BackendError(
+                        f"staging layout does not fit the model: input "
+                        f"{info.spec.input_names[i]!r} of gear {g} gets {got} bytes ending at "
+                        f"{end} of {total}, it needs {row[i]}")
 
     def _check_padding(self) -> None:
         """Every sub-buffer of the device region (each input, and the dims slot) must start
@@ -97,8 +142,8 @@ class AclSession(BackendSession):
         layout, spec = self._layout, self._model.info.spec
         total = int(layout.total_bytes)
         for g in range(spec.gear_count):
-            bufs = [(int(layout.offset(g, i)), int(layout.nbytes(g, i)), repr(name))
-                    for i, name in enumerate(spec.input_names)]
+            bufs = [(int(layout.offset(g, li)), int(layout.nbytes(g, li)),
+                     repr(spec.input_names[i])) for li, i in enumerate(self._staged)]
             if int(layout.dims_nbytes):
                 bufs.append((int(layout.dims_offset(g)), int(layout.dims_nbytes), "the dims"))
             bufs.sort()
@@ -116,23 +161,39 @@ class AclSession(BackendSession):
 
     def _build_outputs(self) -> None:
         """Device output buffers sized for the largest gear (the model's output sizes), one
-        output dataset shared by every gear, and pinned host buffers the results land in."""
+        output dataset shared by every gear (one per parity with state: a state output
+        writes the buffer its parity's run does not read), and pinned host buffers the
+        results land in. A state output is neither copied to the host nor returned (its
+        place holds an empty array; execute leaves it out)."""
         model, mem = self._model, self._mem
         info = model.info
+        state_out = {} if self._plan is None else {p.output_index: j
+                                                    for j, p in enumerate(self._plan.pairs)}
         sizes = [max(int(s), 1) for s in model.outputs.sizes]
-        offsets = np.cumsum([0] + [_aligned(s) for s in sizes]).tolist()
-        host = mem.host(offsets[-1])
-        host_bytes = host_array(host, offsets[-1])
-        self._out_dataset = mem.dataset()
-        devices = []
-        for size in sizes:
-            devices.append(mem.device(size))
-            mem.add(self._out_dataset, devices[-1], size)
+        offsets = np.cumsum([0] + [_aligned(s) if k not in state_out else 0
+                                   for k, s in enumerate(sizes)]).tolist()
+        host = mem.host(max(offsets[-1], 1))
+        host_bytes = host_array(host, max(offsets[-1], 1))
+        devices = [None if k in state_out else mem.device(size) for k, size in enumerate(sizes)]
+        self._out_datasets: list[int] = []
+        for parity in range(2 if self.state is not None else 1):
+            ds = mem.dataset()
+            for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
+                if k in state_out:  # written where the next run (the other parity) reads
+                    pair = state_out[k]
+                    mem.add(ds, self.state.buffers[pair][1 - parity],
+                            self._plan.pairs[pair].nbytes)
+                else:
+                    mem.add(ds, dev, size)
+            self._out_datasets.append(ds)
         self._out_copies: list[list[tuple[int, int, int, int]]] = []
         self._out_views: list[list[np.ndarray]] = []
         for g in range(info.spec.gear_count):
             copies, views = [], []
             for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
+                if k in state_out:
+                    views.append(np.empty(0, info.output_dtypes[k]))
+                    continue
                 nbytes = info.output_size(g, k)
                 copies.append((host + offsets[k], size, dev, nbytes))
                 view = host_bytes[offsets[k]:offsets[k] + nbytes].view(info.output_dtypes[k])
@@ -169,13 +230,19 @@ class AclSession(BackendSession):
             if end > start:
                 self._memcpy(self._device + start, self._total - start, self._host + start,
                              end - start, h2d, "separate input, host to device")
-        check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[gear],
-                                     self._out_dataset),
+        parity = 0 if self.state is None else self.state.parity
+        check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
+                                     self._out_datasets[parity]),
                "acl.mdl.execute", self._labels[gear])
         for host, cap, dev, nbytes in self._out_copies[gear]:
             if nbytes:
                 self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
         return list(self._out_views[gear])
+
+    def commit_state(self) -> None:
+        """After a successful run: the buffers it wrote are what the next run reads."""
+        if self.state is not None:
+            self.state.parity ^= 1
 
     def close(self) -> None:
         """Destroy the datasets and free the buffers; idempotent. Takes the model's lock, so a
@@ -190,6 +257,55 @@ class AclSession(BackendSession):
             if self._model.context is not None:
                 self._acl.rt.set_context(self._model.context)
             self._mem.release(strict=True)
+
+
+class DeviceState:
+    """Resident state in NPU memory: per pair two device buffers (a run reads the one of its
+    parity and writes the other), and a pinned host buffer for the rare transfers
+    (:meth:`read`, :meth:`set`, :meth:`zero`). A decode step then copies only its other
+    inputs in and its other outputs out: the cache never crosses PCIe per token."""
+
+    def __init__(self, session: AclSession, plan: Any) -> None:
+        self._session, self.plan, self.parity = session, plan, 0
+        mem = session._mem
+        self.buffers = [(mem.device(max(p.nbytes, 1)), mem.device(max(p.nbytes, 1)))
+                        for p in plan.pairs]
+        self._host = [mem.host(max(p.nbytes, 1)) for p in plan.pairs]
+        self.zero()
+
+    def _host_view(self, pair: int) -> np.ndarray:
+        p = self.plan.pairs[pair]
+        return host_array(self._host[pair], max(p.nbytes, 1))[:p.nbytes].view(
+            p.dtype).reshape(p.shape)
+
+    def _copy(self, pair: int, parity: int, kind: int) -> None:
+        p, session = self.plan.pairs[pair], self._session
+        if not p.nbytes:
+            return
+        dev, host = self.buffers[pair][parity], self._host[pair]
+        with session._model.lock:
+            session._model.activate()
+            if kind == ACL_MEMCPY_HOST_TO_DEVICE:
+                session._memcpy(dev, p.nbytes, host, p.nbytes, kind, "state, host to device")
+            else:
+                session._memcpy(host, p.nbytes, dev, p.nbytes, kind, "state, device to host")
+
+    def read(self, pair: int) -> np.ndarray:
+        """A host copy of the buffer the next run reads (one device-to-host copy)."""
+        self._copy(pair, self.parity, ACL_MEMCPY_DEVICE_TO_HOST)
+        return self._host_view(pair).copy()
+
+    def set(self, pair: int, value: np.ndarray) -> None:
+        """``value`` into the buffer the next run reads (one host-to-device copy)."""
+        np.copyto(self._host_view(pair), value)
+        self._copy(pair, self.parity, ACL_MEMCPY_HOST_TO_DEVICE)
+
+    def zero(self) -> None:
+        """Both buffers of every pair zeroed (a new sequence): host zeros copied in."""
+        for pair in range(len(self.plan.pairs)):
+            self._host_view(pair).fill(0)
+            for parity in (0, 1):
+                self._copy(pair, parity, ACL_MEMCPY_HOST_TO_DEVICE)
 
 
 def _span(value: Any) -> tuple[int, int]:
