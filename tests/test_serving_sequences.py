@@ -147,6 +147,19 @@ def test_the_sequence_rules(decode) -> None:
         assert status == 400
         status, answer = _step(port, 6, 1, params={"sequence_id": 6, "dynamic_dims": [1]})
         assert status == 400
+        _, _, text = request(port, "GET", "/metrics")
+        text = text.decode()
+        def value(name: str, **labels: str) -> float:
+            import re
+            for line in text.splitlines():
+                m = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+                if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+                    return float(m.group(2))
+            raise AssertionError(f"no {name} {labels} in the metrics")
+        assert value("gear_sequences_total", model="decode", event="started") == 5
+        assert value("gear_sequences_total", model="decode", event="ended") == 1
+        assert value("gear_sequences_total", model="decode", event="expired") == 2
+        assert value("gear_sequences_live", model="decode") == 2
 
 
 def test_serve_cli_takes_the_state_flags(decode, capsys) -> None:

@@ -64,6 +64,13 @@ class Metrics:
                                    "(not errors of the server)", ["model"], registry=r)
         self.connections = Gauge("gear_open_connections", "Open HTTP connections",
                                  registry=r)
+        self.sequences_live = Gauge("gear_sequences_live",
+                                    "Sequences of a stateful model holding a slot", ["model"],
+                                    registry=r)
+        self.sequences = Counter("gear_sequences",
+                                 "Sequences of a stateful model by what happened: started, "
+                                 "ended (sequence_end), expired (idle past "
+                                 "--sequence-idle-seconds)", ["model", "event"], registry=r)
         self.refused = Counter("gear_refused_connections",
                                "Connections answered 503 at once: past --max-connections",
                                registry=r)
@@ -71,6 +78,14 @@ class Metrics:
     def track_queue(self, model: str, depth: Callable[[], float]) -> None:
         """Report ``depth()`` as the model's queue depth at every scrape."""
         self.queue.labels(model).set_function(depth)
+
+    def track_sequences(self, model: str, live: Callable[[], float]) -> None:
+        """Report ``live()`` as the model's live sequences at every scrape."""
+        self.sequences_live.labels(model).set_function(live)
+
+    def sequence(self, model: str, event: str) -> None:
+        """Count a sequence ``event``: "started", "ended" or "expired"."""
+        self.sequences.labels(model, event).inc()
 
     def untrack_queue(self, model: str) -> None:
         """Stop reporting the queue of a model no longer served."""

@@ -259,7 +259,9 @@ class ServedModel:
         self.start: StartModel | None = None
         if state:
             self.sequences = SequenceSlots(model, state, options.max_sequences, name,
-                                           options.sequence_idle_s)
+                                           options.sequence_idle_s,
+                                           on_event=partial(metrics.sequence, name))
+            metrics.track_sequences(name, lambda: self.sequences.live)
             if options.sequence_start is not None:
                 self.start = StartModel(options.sequence_start, model, state,
                                         self.output_names, options)

@@ -96,8 +96,11 @@ class SequenceSlots:
     """``size`` slots, each one executor with resident ``state`` and a thread to run it."""
 
     def __init__(self, model: Any, state: Mapping[str, str], size: int, name: str,
-                 idle_s: float = DEFAULT_IDLE_S) -> None:
+                 idle_s: float = DEFAULT_IDLE_S,
+                 on_event: Callable[[str], None] | None = None) -> None:
         self.name, self.idle_s = name, idle_s
+        #: called with "started", "ended" or "expired" (the server's metrics)
+        self._on_event = on_event or (lambda event: None)
         self._slots = [_Slot(model.create_executor(state=dict(state))) for _ in range(size)]
         self._threads = ThreadPoolExecutor(size, thread_name_prefix=f"gear-{name}-seq")
         self._live: dict[int | str, _Slot] = {}
@@ -126,6 +129,7 @@ class SequenceSlots:
                 slot = self._free_slot()
                 slot.owner = control.id
                 self._live[control.id] = slot
+            self._on_event("started")
             return slot
         if slot is None:
             raise InputError(f"sequence {control.id!r} of model {self.name!r} is not live "
@@ -139,6 +143,7 @@ class SequenceSlots:
         for seq, slot in list(self._live.items()):  # sequences idle too long give way
             if slot.pending == 0 and now - slot.last_used > self.idle_s:
                 self._release(seq)
+                self._on_event("expired")
         free = next((s for s in self._slots if s.owner is None), None)
         if free is None:
             raise SequencesFullError(
@@ -179,6 +184,7 @@ class SequenceSlots:
             slot.pending -= 1
             if control.end and slot.owner == control.id:
                 self._release(control.id)
+                self._on_event("ended")
 
     def close(self) -> None:
         """Wait for running requests, stop the threads, close the executors."""
