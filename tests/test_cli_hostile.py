@@ -115,6 +115,9 @@ ROWS: list[Row] = [
     row("run-input-dev-zero", "is not a file", "run", "{gear}", "--input", "input_ids=/dev/zero"),
     row("run-input-fifo", "is not a file", "run", "{gear}", "--input", "input_ids={fifo}"),
     row("run-input-garbage", "not a .npy file", "run", "{gear}", "--input",
+        "input_ids={garbage_npy}"),
+    row("run-input-bin-size", "fit 0 of the gears' shapes", "run", "{gear}", "--shapes",
+        "attention_mask:1x32,position_ids:4x1x32,image_embeds:16x64", "--input",
         "input_ids={garbage}"),
     row("run-input-unknown-name", "has no input", "run", "{gear}", "--input", "nosuch={ids}"),
     row("run-dims-not-integers", "integers", "run", "{gear}", "--dynamic-dims", "1,a"),
@@ -358,6 +361,9 @@ def paths(tmp_path_factory) -> dict[str, str]:
     garbage = d / "garbage.bin"
     garbage.write_bytes(np.random.default_rng(0).bytes(4096))
     out["garbage"] = str(garbage)
+    garbage_npy = d / "garbage.npy"  # named .npy, holding no .npy (a .bin is raw values)
+    garbage_npy.write_bytes(garbage.read_bytes())
+    out["garbage_npy"] = str(garbage_npy)
     (d / "empty.onnx").write_bytes(b"")
     out["empty"] = str(d / "empty.onnx")
     blob = gear.read_bytes()

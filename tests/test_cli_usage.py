@@ -314,3 +314,31 @@ def test_a_plot_named_jpg_is_refused_first(capsys, example, tmp_path) -> None:
     assert code == 2 and out == ""
     assert_one_line_error(err, "written as PNG", ".png")
     assert not Path(tmp_path / "b.jpg").exists()
+
+
+def test_run_takes_ais_bench_inputs_outputs_and_shapes(capsys, tmp_path) -> None:
+    """ais_bench's --model, --input a.bin,b.bin (raw values, the gear found from the file's
+    size), --dymShape, --output and --outfmt BIN / TXT."""
+    from models import heavy_model, run_model
+    model = heavy_model(width=16, layers=1)
+    gear = str(tmp_path / "h.gear.onnx")
+    gr.compile(model, gr.GearSpec.from_atc("x:-1,16", dynamic_batch_size="1,4"), gear,
+               progress=False)
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    x.tofile(tmp_path / "x.bin")
+    want = run_model(model, {"x": x})[0]
+    out = tmp_path / "out"
+    code, text, err = run_cli(capsys, "run", "--model", gear, "--input", str(tmp_path / "x.bin"),
+                              "--output", str(out), "--outfmt", "BIN")
+    assert code == 0, err
+    got = np.fromfile(next(out.glob("*.bin")), np.float32).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    code, _, err = run_cli(capsys, "run", gear, "--dymShape", "x:1,16", "--output", str(out),
+                           "--outfmt", "TXT")
+    assert code == 0, err
+    assert np.loadtxt(next(out.glob("*.txt"))).shape == (16,)
+    (tmp_path / "bad.bin").write_bytes(b"\0" * 12)
+    code, _, err = run_cli(capsys, "run", gear, "--input", f"x={tmp_path / 'bad.bin'}")
+    assert code == 2 and "12 bytes of float32 fit 0 of the gears' shapes" in err
+    code, _, err = run_cli(capsys, "run", gear, "--input", str(tmp_path))
+    assert code == 2 and "is a folder" in err

@@ -4,6 +4,7 @@ N`` times), save the outputs, print (or ``--json``) what ran and how long it too
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,9 +52,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "file). Inputs: .npy files (--input), or synthetic arrays of the model's dtypes "
         "(--shapes, trtexec's form, or the shapes of the gear a --dynamic-* flag names). "
         "Without a --dynamic-* flag the gear comes from the inputs' shapes.")
-    p.add_argument("file", metavar="FILE", help="a gear file written by compile")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input from a .npy file (repeat for every input)")
+    p.add_argument("file", metavar="FILE", nargs="?",
+                   help="a gear file written by compile (or ais_bench's --model)")
+    p.add_argument("--model", dest="model_flag", metavar="FILE",
+                   help="ais_bench's spelling of FILE")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE",
+                   help="an input from a .npy or .bin file (repeat for every input); or "
+                   "ais_bench's form: the files of every input in input order, separated by "
+                   "',' (a .bin holds the raw values in the input's dtype, at its gear's shape)")
+    p.add_argument("--dymShape", "--dym-shape", dest="dym_shape", metavar="NAME:D,D;...",
+                   help="ais_bench's --dymShape: each input's shape, e.g. "
+                   '"input_ids:1,100;attention_mask:1,100" (as --shapes)')
     p.add_argument("--shapes", metavar="NAME:DxD,...",
                    help="synthetic inputs of these shapes (trtexec's --shapes, e.g. "
                    "input_ids:1x100,attention_mask:1x100); inputs neither here nor in --input "
@@ -74,8 +83,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "the outputs are those of the last run")
     p.add_argument("--warmup", type=int_at_least(0), default=0, metavar="N",
                    help="untimed executes before the --loop ones (default 0)")
-    p.add_argument("--output-dir", default=".", metavar="DIR",
-                   help="where the outputs go (created if needed; default: here)")
+    p.add_argument("--output-dir", "--output", default=".", metavar="DIR",
+                   help="where the outputs go (created if needed; default: here; ais_bench's "
+                   "--output)")
+    p.add_argument("--outfmt", choices=("NPY", "BIN", "TXT"), default="NPY",
+                   help="ais_bench's output format: .npy (default), .bin (raw values) or .txt "
+                   "(the values, one line per row of the last axis)")
     add_json_flag(p, "run", "the model, the gear that ran, inputs, outputs and timings")
     add_backend_flags(p)
     p.set_defaults(handler=cmd_run)
@@ -95,20 +108,94 @@ def add_gear_flags(p: argparse.ArgumentParser) -> None:
                       help="the image-size gear (dynamic image size models)")
 
 
+def _model_path(args: argparse.Namespace) -> str:
+    """FILE from the positional or ais_bench's --model (one of them)."""
+    if args.file is not None and args.model_flag is not None:
+        raise UsageError(f"give the model once: {args.file!r} and --model {args.model_flag!r}")
+    path = args.file if args.file is not None else args.model_flag
+    if path is None:
+        raise UsageError("give the model to run: FILE (or ais_bench's --model FILE)")
+    return path
+
+
+def dym_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """ais_bench's ``--dymShape "a:1,3,224,224;b:1,64"`` as --shapes' dict."""
+    entries = [e.strip() for e in text.split(";") if e.strip()]
+    return parse_shapes(",".join(f"{n}:{'x'.join(d.split(','))}" for n, _, d in
+                                 (e.rpartition(":") for e in entries)), "--dymShape")
+
+
 # ---- inputs -----------------------------------------------------------------------------------
 def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
-    """``NAME=FILE.npy`` items -> (name, path), checked before the model is loaded."""
+    """``NAME=FILE`` items -> (name, path), checked before the model is loaded; an item
+    without ``=`` is ais_bench's list (files in input order, named ``#0``, ``#1``... until
+    the model's input names are known)."""
     pairs: list[tuple[str, str]] = []
     for item in items:
         name, sep, path = item.partition("=")
-        if not sep or not name or not path:
+        if not sep:  # ais_bench: "a.bin,b.bin" in input order
+            for k, file in enumerate(p.strip() for p in item.split(",")):
+                if os.path.isdir(file):
+                    raise InputError(f"--input {file!r} is a folder: ais_bench's folders of "
+                                     "inputs (one inference per file) are not supported; give "
+                                     "one file per input")
+                if not os.path.exists(file):
+                    raise InputError(f"--input {item!r}: no file {file!r}; give NAME=FILE.npy "
+                                     "(e.g. input_ids=ids.npy), or ais_bench's form: every "
+                                     "input's file in input order, separated by ','")
+                existing_file(file, f"--input #{k}:", InputError)
+                pairs.append((f"#{len(pairs)}", file))
+            continue
+        if not name or not path:
             raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. input_ids=ids.npy)")
         if any(name == n for n, _ in pairs):
             raise InputError(f"--input {name!r} is given twice")
         existing_file(path, f"--input {name}:", InputError)
-        _check_npy_magic(name, path)
+        if not path.lower().endswith(".bin"):
+            _check_npy_magic(name, path)
         pairs.append((name, path))
     return pairs
+
+
+def _named_pairs(model: GearModel, pairs: Sequence[tuple[str, str]]
+                 ) -> list[tuple[str, str]]:
+    """ais_bench's positional files (``#k``) given the model's input names, in order."""
+    positional = [p for n, p in pairs if n.startswith("#")]
+    if not positional:
+        return list(pairs)
+    names = model.input_names
+    if len(positional) != len(pairs) or len(positional) != len(names):
+        raise InputError(f"--input gives {len(positional)} file(s) in ais_bench's form; the "
+                         f"model has {len(names)} inputs ({', '.join(names)}): give one file "
+                         "per input, in this order (or NAME=FILE for each)")
+    return list(zip(names, positional, strict=True))
+
+
+def _read_bin(model: GearModel, ex: Executor, name: str, path: str,
+              shapes: Mapping[str, tuple[int, ...]]) -> np.ndarray:
+    """A raw ``.bin`` input: the model's dtype, the shape from --shapes / --dymShape, the
+    gear the flags chose, or the one gear whose size for this input is the file's."""
+    dtype = np.dtype(model.info.input_dtype_map[name])
+    size = os.path.getsize(path)
+    if name in shapes:
+        shape = tuple(shapes[name])
+    else:
+        gear = 0 if model.mode == "static" else _chosen_gear(model, ex)
+        if gear is None:
+            fits = sorted({tuple(model.spec.shapes(g)[name]) for g in range(model.gear_count)
+                           if int(np.prod(model.spec.shapes(g)[name])) * dtype.itemsize == size})
+            if len(fits) != 1:
+                raise InputError(f"--input {name}={path}: {size} bytes of {dtype} fit "
+                                 f"{len(fits)} of the gears' shapes; give the shape (--dymShape "
+                                 f"{name}:D,D or --shapes) or the gear (--dymBatch / --dymDims)")
+            shape = fits[0]
+        else:
+            shape = tuple(model.spec.shapes(gear)[name])
+    want = int(np.prod(shape)) * dtype.itemsize
+    if size != want:
+        raise InputError(f"--input {name}={path}: {size} bytes, but {dtype} at {list(shape)} "
+                         f"is {want} bytes")
+    return np.fromfile(path, dtype=dtype).reshape(shape)
 
 
 def _read_npy(name: str, path: str) -> np.ndarray:
@@ -169,7 +256,8 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
     dtypes = model.info.input_dtype_map
     synthetic = synthetic_inputs({n: dtypes[n] for n in names if n in wanted}, wanted,
                                  args.fill, args.seed)
-    feeds = {n: _read_npy(n, files[n]) if n in files else synthetic[n] for n in names}
+    feeds = {n: (_read_bin(model, ex, n, files[n], shapes) if files[n].lower().endswith(".bin")
+                 else _read_npy(n, files[n])) if n in files else synthetic[n] for n in names}
     return feeds, {n: files.get(n) for n in names}
 
 
@@ -251,7 +339,18 @@ def _set_dims(ex: Executor, dims: list[int], text: str) -> None:
 
 
 # ---- output -----------------------------------------------------------------------------------
-def _output_files(names: Sequence[str]) -> list[str]:
+def _save(path: Path, value: np.ndarray, fmt: str) -> None:
+    """One output as ais_bench's --outfmt says: .npy, raw .bin, or .txt."""
+    if fmt == "BIN":
+        np.ascontiguousarray(value).tofile(path)
+    elif fmt == "TXT":
+        rows = value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value.reshape(1, -1)
+        np.savetxt(path, rows, fmt="%s")
+    else:
+        np.save(path, value)
+
+
+def _output_files(names: Sequence[str], fmt: str = "NPY") -> list[str]:
     """One distinct ``.npy`` file name per output: path separators and odd characters become
     '_'; a name that would collide with an earlier one (``y:0`` and ``y_0``) gets ``_2``,
     ``_3``... so that no output overwrites another."""
@@ -264,7 +363,7 @@ def _output_files(names: Sequence[str]) -> list[str]:
             n += 1
             candidate = f"{stem}_{n}"
         used.add(candidate.lower())
-        files.append(f"{candidate}.npy")
+        files.append(f"{candidate}.{fmt.lower()}")
     return files
 
 
@@ -286,10 +385,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
     from gear_runtime.tools.bench.report import Stats
 
+    args.file = _model_path(args)
     existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
     # everything the command line alone can refuse is refused before the model loads
     pairs = _parse_input_args(args.input)
-    shapes = parse_shapes(args.shapes) if args.shapes is not None else {}
+    if args.shapes is not None and args.dym_shape is not None:
+        raise UsageError("--shapes and --dymShape both give the shapes: give one")
+    shapes = parse_shapes(args.shapes) if args.shapes is not None else \
+        dym_shapes(args.dym_shape) if args.dym_shape is not None else {}
     choose_gear = gear_flag(args)
     pads = parse_pad_values(args.pad_value)
     if pads and not args.pad:
@@ -300,13 +403,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     with gr.load(args.file, backend=backend, **options) as model:
         ex = model.create_executor(pad_values=pads or None)
         choose_gear(ex)
-        feeds, files = _feeds(model, ex, pairs, shapes, args)
+        feeds, files = _feeds(model, ex, _named_pairs(model, pairs), shapes, args)
         outputs, samples = _timed(lambda: ex.execute(feeds, pad=args.pad), args.loop,
                                   args.warmup)
         out_dir = make_dir("--output-dir", args.output_dir)
         saved = []
-        for value, file in zip(outputs, _output_files(model.output_names), strict=True):
-            np.save(out_dir / file, value)
+        for value, file in zip(outputs, _output_files(model.output_names, args.outfmt),
+                               strict=True):
+            _save(out_dir / file, value, args.outfmt)
             saved.append(str(out_dir / file))
         doc = _document(model, ex, feeds, files, outputs, saved, samples, args)
     if args.json != jsonout.STDOUT:
