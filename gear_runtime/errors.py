@@ -73,6 +73,13 @@ class BackendError(GearRuntimeError, RuntimeError):
     """A backend call failed; the message names the call, ``code`` is its return code."""
 
 
+class DataRefusedError(BackendError, InputError):
+    """The backend refused the request's DATA while running it (shapes and dtypes were
+    right): an index out of range for a Gather, a value a kernel rejects. A bad request, not
+    a failure of the server: HTTP 400 (it is an InputError), and still a BackendError for
+    code that catches those."""
+
+
 class ExecutorBusyError(GearRuntimeError, RuntimeError):
     """Another thread is inside this executor (execute or set_*): an executor belongs to one
     thread at a time. Raised at once, before anything of the executor is touched, so the call

@@ -73,3 +73,47 @@ def test_a_closing_server_fails_the_batch_at_once() -> None:
 
     assert all(isinstance(r, ClosedError) for r in asyncio.run(main()))
     assert runs == [3]
+
+
+def test_data_a_kernel_refuses_is_a_400_naming_it_not_a_500(tmp_path) -> None:
+    """A token id past an embedding table, through the server: ORT's INVALID_ARGUMENT at run
+    time is the request's fault (its shape and dtype were checked), so the answer is 400
+    with ORT's reason, the good request batched beside it 200."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serving_support import live, request
+
+    from gear_runtime.errors import DataRefusedError, InputError
+    from gear_runtime.serving import ServeOptions, build_server
+
+    table = onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "t")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["t", "ids"], ["y"])], "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 3])],
+        initializer=[table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = str(tmp_path / "embed.gear.onnx")
+    gr.compile(model, gr.GearSpec.from_atc("ids:-1,2", dynamic_batch_size="1,2"), path,
+               progress=False)
+    ex = gr.load(path).create_executor()
+    with pytest.raises(DataRefusedError, match="refused the request's data.*out of data bounds"):
+        ex.execute({"ids": np.array([[1, 99]], np.int64)})
+    assert issubclass(DataRefusedError, InputError) and issubclass(DataRefusedError,
+                                                                  BackendError)
+    server = build_server([path], options=ServeOptions(executors=1, batching=False))
+    with live(server) as running:
+        def infer(ids):
+            body = {"inputs": [{"name": "ids", "shape": [1, 2], "datatype": "INT64",
+                                "data": ids}]}
+            return request(running.port, "POST", "/v2/models/embed/infer",
+                           json.dumps(body).encode(), {"Content-Type": "application/json"})
+        status, _, answer = infer([1, 99])
+        assert status == 400 and b"out of data bounds" in answer
+        assert infer([1, 2])[0] == 200

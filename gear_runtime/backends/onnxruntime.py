@@ -62,7 +62,12 @@ from gear_runtime.backends.onnxruntime_cuda import (
     provider_list,
 )
 from gear_runtime.backends.output_pool import OutputPool
-from gear_runtime.errors import BackendError, BackendUnavailableError, InputError
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    DataRefusedError,
+    InputError,
+)
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
 from gear_runtime.spec.rules import PRECISION_LOWERED
@@ -412,6 +417,17 @@ class OrtModel(BackendModel, BenchModel):
         self.session = None
 
 
+def _refuses_data(exc: Exception) -> bool:
+    """Whether ORT's run error ``exc`` is a kernel refusing the input VALUES: ORT raises
+    InvalidArgument (status INVALID_ARGUMENT) for them (a Gather index out of its data's
+    bounds: gather.cc), and the shapes and dtypes were checked before the run, so at run
+    time that status is the data's fault."""
+    invalid = getattr(getattr(ort.capi, "onnxruntime_pybind11_state", None),
+                      "InvalidArgument", None)
+    return (invalid is not None and isinstance(exc, invalid)) or \
+        "INVALID_ARGUMENT" in str(exc)[:80]
+
+
 def private_run(session: ort.InferenceSession) -> Any:
     """ORT's C binding ``session._sess.run_with_iobinding(iobinding._iobinding, run_options)``
     (a private name: checked for 1.21-1.32), or None when this ORT has no such call or it does
@@ -638,8 +654,32 @@ class OrtSession(BackendSession, BenchSession):
     def _failed(self, gear: int, exc: Exception) -> BackendError:
         if not self._c_bindings:
             return BackendError(f"this executor's session of {self.model.file.path} is closed")
-        return BackendError(f"onnxruntime run of gear {gear} "
-                            f"{self.model.info.spec.gears[gear]} failed: {exc}")
+        what = f"onnxruntime run of gear {gear} {self.model.info.spec.gears[gear]}"
+        if _refuses_data(exc) or self._data_refused_again(gear):
+            return DataRefusedError(f"{what} refused the request's data: {exc}")
+        return BackendError(f"{what} failed: {exc}")
+
+    def _data_refused_again(self, gear: int) -> bool:
+        """Whether the failed run was the data's fault, when the error does not say: ORT's C
+        binding of run_with_iobinding turns every status into "Error in execution", so the
+        gear runs once more through ``session.run`` on the same staged inputs, whose error
+        keeps ORT's status (InvalidArgument). Only after a failure (a rare, already failed
+        request), on the CPU, without state."""
+        if self._device is not None or self.state is not None or self._ort is None:
+            return False
+        spec, info = self.model.info.spec, self.model.info
+        shapes = spec.shapes(gear)
+        feeds = {}
+        for j, i in self._staged:
+            name = spec.input_names[i]
+            start, n = int(self.layout.offset(gear, j)), int(self.layout.nbytes(gear, j))
+            feeds[name] = self.staging[start:start + n].view(info.input_dtypes[i]).reshape(
+                shapes[name])
+        try:
+            self._ort.run(None, feeds, self._plain_options)
+        except Exception as again:  # noqa: BLE001 - classified, never raised from here
+            return _refuses_data(again)
+        return False
 
     @property
     def has_bare_run(self) -> bool:
