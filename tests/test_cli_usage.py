@@ -342,3 +342,18 @@ def test_run_takes_ais_bench_inputs_outputs_and_shapes(capsys, tmp_path) -> None
     assert code == 2 and "12 bytes of float32 fit 0 of the gears' shapes" in err
     code, _, err = run_cli(capsys, "run", gear, "--input", str(tmp_path))
     assert code == 2 and "is a folder" in err
+
+
+def test_bench_takes_ais_bench_spellings(capsys, tmp_path) -> None:
+    from models import heavy_model
+    gear = str(tmp_path / "h.gear.onnx")
+    gr.compile(heavy_model(width=16, layers=1), gr.GearSpec.from_atc(
+        "x:-1,16", dynamic_batch_size="1,4"), gear, progress=False)
+    code, out, err = run_cli(capsys, "bench", "--model", gear, "--dymShape", "x:4,16",
+                             "--loop", "3", "--warmup", "0", "--no-progress", "--json",
+                             tmp_path / "b.json")
+    assert code == 0, err
+    import json
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [g["dims"] for g in doc["gears"]] == [[4]]
+    assert doc["context"]["settings"]["iterations"] == 3

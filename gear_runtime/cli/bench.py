@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "(exit 1 with --fail-on-regression PCT when a gear got slower).")
     p.add_argument("file", metavar="FILE", nargs="?",
                    help="a gear file written by compile (not with --compare)")
+    p.add_argument("--model", dest="model_flag", metavar="FILE",
+                   help="ais_bench's spelling of FILE")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                    help="compare two bench --json results, gear by gear (ratio of execute "
                    "medians with a bootstrap 95%% CI); --plot draws the comparison")
@@ -53,14 +55,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of every gear, time the request of these shapes (trtexec's "
                    "--shapes; synthetic inputs) on the gear it selects (with --pad: the "
                    "covering gear it is padded to)")
+    p.add_argument("--dymShape", "--dym-shape", dest="dym_shape", metavar="NAME:D,D;...",
+                   help="ais_bench's --dymShape: the request's shapes, e.g. "
+                   '"input_ids:1,100;attention_mask:1,100" (as --shapes)')
     p.add_argument("--pad", action="store_true",
                    help="time execute(pad=True) (with --shapes: a request between gears)")
     p.add_argument("--fill", choices=FILLS, default="random",
                    help="the synthetic inputs: random (floats standard normal, integers 1, "
                    "bools True), zeros or ones (default random)")
-    p.add_argument("--iterations", type=int_at_least(1, MAX_ITERATIONS), default=100,
-                   metavar="N", help=f"timed runs per gear (default 100, at most "
-                   f"{MAX_ITERATIONS})")
+    p.add_argument("--iterations", "--loop", type=int_at_least(1, MAX_ITERATIONS), default=100,
+                   metavar="N", help=f"timed runs per gear (ais_bench's --loop; default 100, at "
+                   f"most {MAX_ITERATIONS})")
     p.add_argument("--warmup", type=int_at_least(0), default=10, metavar="N",
                    help="untimed runs per gear first (default 10)")
     add_json_flag(p, "bench", "the results with their context and every iteration's times "
@@ -80,8 +85,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.compare is not None:
         return _bench_compare(args)
+    if args.file is not None and args.model_flag is not None:
+        raise UsageError(f"give the model once: {args.file!r} and --model {args.model_flag!r}")
+    args.file = args.file if args.file is not None else args.model_flag
     if args.file is None:
         raise UsageError("give a gear FILE to benchmark, or --compare BEFORE.json AFTER.json")
+    if args.dym_shape is not None:
+        if args.shapes is not None:
+            raise UsageError("--shapes and --dymShape both give the shapes: give one")
+        from gear_runtime.cli.run import dym_shapes
+
+        dym_shapes(args.dym_shape)  # refused here, in ais_bench's terms, when malformed
+        args.shapes = ",".join(f"{n}:{'x'.join(map(str, d))}"
+                               for n, d in dym_shapes(args.dym_shape).items())
     if args.fail_on_regression is not None:
         raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
     existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
