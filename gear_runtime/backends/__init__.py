@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from gear_runtime.backends.base import (
@@ -22,6 +23,7 @@ from gear_runtime.backends.base import (
     import_runtime,
 )
 from gear_runtime.errors import BackendUnavailableError, GearRuntimeError, InputError
+from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 
 #: backend name -> module. acl, mindspore_lite and openvino import their runtime only when a
 #: model is opened (and say what to install then); onnxruntime is a dependency of the package.
@@ -33,8 +35,54 @@ BACKENDS: dict[str, str] = {
     "null": "gear_runtime.backends.null",
 }
 
-__all__ = ["BACKENDS", "BackendModel", "BackendSession", "aligned_buffer",
-           "import_runtime", "open_model"]
+
+@dataclass(frozen=True)
+class BackendFacts:
+    """What the command line, the server and the tools need to know of a backend, kept here
+    (beside the backends) rather than as name checks where they are used.
+
+    ``own_suffix``: the backend opens its own model files of this suffix (an .om, a MindIR),
+    not gear files. ``threads_option`` / ``device_option`` / ``config_option``: the
+    ``load`` option ``--threads`` / ``--device`` / ``--config`` set (None: the backend has
+    none). ``device_kind``: what ``--device`` takes, an integer id or a device name."""
+
+    own_suffix: str | None = None
+    threads_option: str | None = None
+    device_option: str | None = None
+    device_kind: type = int
+    config_option: str | None = None
+    input_shape_option: str | None = None
+
+
+_SUFFIX_OF = {backend: suffix for suffix, backend in OWN_FILE_SUFFIXES.items()}
+
+FACTS: dict[str, BackendFacts] = {
+    "onnxruntime": BackendFacts(threads_option="intra_op_num_threads",
+                                device_option="device_id"),
+    "acl": BackendFacts(own_suffix=_SUFFIX_OF["acl"], device_option="device_id",
+                        input_shape_option="input_shape"),
+    "mindspore_lite": BackendFacts(own_suffix=_SUFFIX_OF["mindspore_lite"],
+                                   device_option="device_id", config_option="config"),
+    "openvino": BackendFacts(threads_option="num_threads", device_option="device",
+                             device_kind=str),
+    "null": BackendFacts(),
+}
+
+
+def facts(backend: str) -> BackendFacts:
+    """The facts of ``backend`` (an unknown name gets none: ``open_model`` refuses it)."""
+    return FACTS.get(backend, BackendFacts())
+
+
+def backend_of_file(path: str) -> str | None:
+    """The backend that opens ``path`` by its suffix (an .om: acl), or None."""
+    lower = str(path).lower()
+    return next((b for b, f in FACTS.items() if f.own_suffix and lower.endswith(f.own_suffix)),
+                None)
+
+
+__all__ = ["BACKENDS", "FACTS", "BackendFacts", "BackendModel", "BackendSession",
+           "aligned_buffer", "backend_of_file", "facts", "import_runtime", "open_model"]
 
 
 def open_model(path: str, backend: str, **options: Any) -> BackendModel:

@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from gear_runtime.cli.common import (
-    DEVICE_FILES,
     EXIT_FAILED,
     EXIT_OK,
     PROG,
@@ -20,6 +19,7 @@ from gear_runtime.cli.common import (
     existing_file,
     float_at_least,
     int_at_least,
+    opens_own_files,
 )
 from gear_runtime.tools import jsonout
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
@@ -100,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                for n, d in dym_shapes(args.dym_shape).items())
     if args.fail_on_regression is not None:
         raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
-    existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
+    existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
     if args.reference is not None:
         existing_file(args.reference, "reference model")
     if args.json is not None:  # fail now, not after the benchmark

@@ -117,39 +117,43 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
                    "dims in dims mode, when the .om does not say)")
 
 
-#: the backends whose model files are their own (not gear files), by file suffix
-DEVICE_FILES = {"acl": ".om", "mindspore_lite": ".mindir"}
-
-
 def device_options(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """The ``load`` options ``--device`` / ``--config`` / ``--input-shape`` ask of
-    ``backend``; UsageError naming the flag where the backend has no such option."""
+    ``backend`` (its :class:`~gear_runtime.backends.BackendFacts`); UsageError naming the
+    flag where the backend has no such option."""
+    from gear_runtime.backends import facts
+
+    known = facts(backend)
     options: dict[str, Any] = {}
     device = getattr(args, "device", None)
     if device is not None:
-        if backend == "openvino":
-            options["device"] = device
-        elif backend in ("acl", "mindspore_lite", "onnxruntime"):
-            try:
-                options["device_id"] = int(device)
-            except ValueError:
-                raise UsageError(f"--device {device!r}: {backend} takes a device id (an "
-                                 "integer such as 0)") from None
-        else:
+        if known.device_option is None:
             raise UsageError(f"--device is not an option of --backend {backend!r}")
+        try:
+            options[known.device_option] = known.device_kind(device)
+        except ValueError:
+            raise UsageError(f"--device {device!r}: {backend} takes a device id (an "
+                             "integer such as 0)") from None
     config = getattr(args, "model_config", None)
     if config is not None:
-        if backend != "mindspore_lite":
+        if known.config_option is None:
             raise UsageError(f"--config FILE is the mindspore_lite converter config; --backend "
                              f"is {backend!r}")
-        options["config"] = existing_file(config, "config file")
+        options[known.config_option] = existing_file(config, "config file")
     shape = getattr(args, "model_input_shape", None)
     if shape is not None:
-        if backend != "acl":
+        if known.input_shape_option is None:
             raise UsageError(f"--input-shape is the acl backend's (atc's --input_shape); "
                              f"--backend is {backend!r}")
-        options["input_shape"] = shape
+        options[known.input_shape_option] = shape
     return options
+
+
+def opens_own_files(backend: str) -> bool:
+    """Whether ``backend`` opens its own model files (.om, .mindir), not gear files."""
+    from gear_runtime.backends import facts
+
+    return facts(backend).own_suffix is not None
 
 
 def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -169,12 +173,14 @@ def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     if providers is not None:
         options["providers"] = providers
     if args.threads is not None:
-        from gear_runtime.tools.bench.engine import THREADS_OPTION
+        from gear_runtime.backends import FACTS
 
-        if backend not in THREADS_OPTION:
-            raise UsageError(f"--threads is an option of {', '.join(sorted(THREADS_OPTION))}; "
+        option = FACTS[backend].threads_option if backend in FACTS else None
+        if option is None:
+            having = sorted(b for b, f in FACTS.items() if f.threads_option)
+            raise UsageError(f"--threads is an option of {', '.join(having)}; "
                              f"--backend is {backend!r}")
-        options[THREADS_OPTION[backend]] = args.threads
+        options[option] = args.threads
     options.update(device_options(backend, args))
     return backend, options
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gear_runtime.cli.common import (
-    DEVICE_FILES,
     EXIT_OK,
     UsageError,
     add_backend_flags,
@@ -24,6 +23,7 @@ from gear_runtime.cli.common import (
     int_at_least,
     int_list,
     make_dir,
+    opens_own_files,
     parse_pad_values,
 )
 from gear_runtime.errors import DynamicInputLengthError, InputError
@@ -140,9 +140,10 @@ def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
                                      "inputs (one inference per file) are not supported; give "
                                      "one file per input")
                 if not os.path.exists(file):
-                    raise InputError(f"--input {item!r}: no file {file!r}; give NAME=FILE.npy "
-                                     "(e.g. input_ids=ids.npy), or ais_bench's form: every "
-                                     "input's file in input order, separated by ','")
+                    raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. "
+                                     "input_ids=ids.npy) or ais_bench's form, every input's "
+                                     f"file in input order separated by ',': there is no file "
+                                     f"{file!r}")
                 existing_file(file, f"--input #{k}:", InputError)
                 pairs.append((f"#{len(pairs)}", file))
             continue
@@ -386,7 +387,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gear_runtime.tools.bench.report import Stats
 
     args.file = _model_path(args)
-    existing_file(args.file, "model file" if args.backend in DEVICE_FILES else "gear file")
+    existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
     # everything the command line alone can refuse is refused before the model loads
     pairs = _parse_input_args(args.input)
     if args.shapes is not None and args.dym_shape is not None:

@@ -137,6 +137,11 @@ CASE_ATTR_TYPES = {
 }
 
 
+#: The model files a device backend opens itself (not gear files), by suffix: the one table
+#: the backends' facts and the reader's hint for a wrong file both read.
+OWN_FILE_SUFFIXES: dict[str, str] = {".om": "acl", ".mindir": "mindspore_lite"}
+
+
 def batch_label(gear: int) -> str:
     """GE's batch_label of gear ``gear``: ``Batch_<gear>``."""
     return f"{BATCH_LABEL_PREFIX}{gear}"

@@ -243,13 +243,9 @@ def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
     return wait
 
 
-#: model files the device backends open themselves, by suffix
-_OWN_FILES = {".om": "acl", ".mindir": "mindspore_lite"}
-
-
 def _backend_hint(path: str) -> str:
     """For an .om / a MindIR: which backend opens it (they are not ONNX)."""
-    backend = _OWN_FILES.get(os.path.splitext(path)[1].lower())
+    backend = fmt.OWN_FILE_SUFFIXES.get(os.path.splitext(path)[1].lower())
     if backend is None:
         return ""
     return (f"; a {os.path.splitext(path)[1]} file is opened by the {backend} backend "

@@ -35,6 +35,7 @@ from gear_runtime.errors import (
     GearMismatchError,
     InputError,
 )
+from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.runtime.inputs import check_names
 from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
@@ -141,7 +142,7 @@ def model_name(path: str | os.PathLike[str]) -> str:
     """The served name of a model file: its file name without ``.gear.onnx`` / ``.onnx`` /
     ``.om`` / ``.mindir`` (``fake_conv.om`` is served as ``fake_conv``)."""
     name = Path(path).name
-    for suffix in (".gear.onnx", ".onnx", ".om", ".mindir"):
+    for suffix in (".gear.onnx", ".onnx", *OWN_FILE_SUFFIXES):
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
+from gear_runtime.backends import FACTS
 from gear_runtime.gearfile.digest import hash_file
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def versions() -> dict[str, str | None]:
 
 
 #: backends that open a model file of their own (an .om, a MindIR), not a gear file
-OWN_FILE_BACKENDS = frozenset({"acl", "mindspore_lite"})
+OWN_FILE_BACKENDS = frozenset(b for b, f in FACTS.items() if f.own_suffix)
 
 
 def model_files(path: str, backend: str = "onnxruntime") -> list[str]:

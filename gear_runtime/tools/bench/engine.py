@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gear_runtime.backends import FACTS
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
 from gear_runtime.errors import InputError
 from gear_runtime.progress import progress_bar
@@ -68,7 +69,8 @@ if TYPE_CHECKING:
 InputsFn = Callable[["GearModel", int], Mapping[str, np.ndarray]]
 
 #: The load option that sets a backend's intra-op threads (``threads=`` of :func:`bench_model`).
-THREADS_OPTION = {"onnxruntime": "intra_op_num_threads", "openvino": "num_threads"}
+#: backend -> the load option --threads sets (from the backends' facts)
+THREADS_OPTION = {b: f.threads_option for b, f in FACTS.items() if f.threads_option}
 
 
 # ---- what the comparison columns run -----------------------------------------------------------
