@@ -61,7 +61,7 @@ from gear_runtime.backends.onnxruntime_cuda import (
     pinned_staging,
     provider_list,
 )
-from gear_runtime.backends.output_pool import OutputPool
+from gear_runtime.backends.output_pool import FRESH_OUTPUT_MIN_BYTES, OutputPool
 from gear_runtime.errors import (
     BackendError,
     BackendUnavailableError,
@@ -75,11 +75,6 @@ from gear_runtime.spec.rules import PRECISION_LOWERED
 #: ORT session config key: the folder external data is resolved against for a model given as
 #: bytes (the gear file's folder, never the working directory).
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
-#: ``execute(copy=True)`` on CPU: outputs of at least this many bytes are written by ORT
-#: straight into arrays the caller keeps, from the executor's :class:`OutputPool` (a copy of
-#: large logits costs a share of the run itself: benchmarks/bench_scale.py); smaller ones are
-#: copied.
-FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
 #: The pool keeps at most this many times the bytes of the largest gear's pooled outputs.
 POOL_BUDGET_FACTOR = 2
 #: The oldest ONNX Runtime with everything this backend uses: EXTERNAL_FOLDER_KEY (a gear file

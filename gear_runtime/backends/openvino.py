@@ -61,7 +61,7 @@ from gear_runtime.backends.base import (
     output_buffers,
     split_sink_outputs,
 )
-from gear_runtime.backends.onnxruntime import FRESH_OUTPUT_MIN_BYTES
+from gear_runtime.backends.output_pool import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file

@@ -29,6 +29,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+#: ``execute(copy=True)`` on a CPU backend: outputs of at least this many bytes are written
+#: straight into arrays the caller keeps, from the executor's :class:`OutputPool` (a copy of
+#: large logits costs a share of the run itself: benchmarks/bench_scale.py); smaller ones are
+#: copied. The one rule ONNX Runtime and OpenVINO share.
+FRESH_OUTPUT_MIN_BYTES = 64 * 2**10
+
 
 def _refs_when_free() -> int:
     """``sys.getrefcount`` of a block only the pool's list references, read exactly as
