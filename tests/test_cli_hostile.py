@@ -466,3 +466,29 @@ def test_the_last_resort_is_one_line_too(tmp_path: Path) -> None:
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "internal error" in lines[0] and "ValueError" in lines[0] and "injected" in lines[0]
     assert proc.returncode == 1
+
+
+def test_data_the_model_refuses_is_exit_2_in_one_line_without_orts_log(tmp_path, capfd) -> None:
+    """A token id past an embedding table through `run`: one line, exit 2 (bad input), and
+    none of ORT's own log lines (its environment logger is silenced for every command)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import gear_runtime as gr
+    from gear_runtime.cli import main
+    table = onnx.numpy_helper.from_array(np.zeros((4, 3), np.float32), "t")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["t", "ids"], ["y"])], "e",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 3])], initializer=[table])
+    gear = str(tmp_path / "e.gear.onnx")
+    gr.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                 ir_version=8),
+               gr.GearSpec.from_atc("ids:-1,2", dynamic_batch_size="1,2"), gear, progress=False)
+    np.save(tmp_path / "bad.npy", np.array([[1, 99]], np.int64))
+    capfd.readouterr()
+    code = main(["run", gear, "--input", f"ids={tmp_path / 'bad.npy'}", "--output-dir",
+                 str(tmp_path)])
+    err = capfd.readouterr().err  # file descriptor 2: ORT's C++ logger writes there
+    assert code == 2 and err.count("\n") == 1 and "refused the request's data" in err
+    assert "[E:onnxruntime" not in err

@@ -33,7 +33,7 @@ from gear_runtime.cli.common import (
     UsageError,
     error,
 )
-from gear_runtime.errors import BackendError, GearRuntimeError
+from gear_runtime.errors import BackendError, DataRefusedError, GearRuntimeError
 
 #: Set (to anything) to see the traceback of an internal error instead of its one line.
 TRACEBACK_ENV = "GEAR_RUNTIME_TRACEBACK"
@@ -56,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_onnxruntime() -> None:
+    """ORT's own log lines (its environment logger: warnings at session creation, errors of
+    a failing run) never reach the terminal: every failure comes back as an exception the
+    command reports in its one line."""
+    try:
+        import onnxruntime
+    except ImportError:  # a device-only install runs without it
+        return
+    onnxruntime.set_default_logger_severity(4)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
@@ -67,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version print and exit 0
         return int(exc.code or 0)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # serve --workers re-runs it
+    _quiet_onnxruntime()
     try:
         return args.handler(args)
     except UsageError as exc:
@@ -75,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (| head): stop quietly, as other tools do
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except DataRefusedError as exc:  # the backend refused the input's values: bad input
+        error(exc.message, exc.code)
+        return EXIT_USAGE
     except BackendError as exc:  # the input was fine; running it failed
         error(exc.message, exc.code)
         return EXIT_FAILED

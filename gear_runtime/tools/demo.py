@@ -172,7 +172,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
             out.write(f"    | {line}\n")
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # its errors come back as exceptions
     original = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
 
     def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -101,7 +101,7 @@ def ort_sessions(prefill: str | Path, decode: str | Path,
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # its errors come back as exceptions
     for key, value in (options or {}).items():
         setattr(so, key, value)
     return tuple(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
