@@ -619,3 +619,36 @@ def test_a_second_sigterm_ends_the_drain_and_the_drain_is_not_ready(files) -> No
     finally:
         held.close()
         server.kill()
+
+
+def test_a_grpc_call_past_the_drain_deadline_is_answered_unavailable(files) -> None:
+    """A gRPC call still waiting at the drain deadline gets UNAVAILABLE (retry elsewhere),
+    not CANCELLED by the server's stop."""
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    server = ServeProcess([str(files["conv"]), "--executors", "1", "--max-batch-delay-ms",
+                           "60000", "--batch-wait-when-idle", "--drain-seconds", "0.5",
+                           "--grpc-port", "0"])
+    errors: list[BaseException] = []
+    try:
+        client = tgrpc.InferenceServerClient(f"{HOST}:{server.grpc_port}")
+        x = tgrpc.InferInput("data", [1, 3, 8, 8], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
+
+        def call() -> None:
+            try:
+                client.infer("conv", [x])
+            except InferenceServerException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.5)  # held in the batcher (60 s delay)
+        server.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        code, _, _ = server.stop()
+    finally:
+        server.kill()
+    assert errors and "UNAVAILABLE" in str(errors[0].status()), errors
+    assert code == 0

@@ -55,6 +55,10 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+#: seconds gRPC calls get past the drain deadline to send the answer the deadline gave them
+GRPC_ANSWER_S = 1.0
+
+
 async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits | None = None,
                 drain_s: float = DEFAULT_DRAIN_S, grpc: tuple[str, int] | None = None,
                 on_started: Callable[[Running], None] = lambda running: None,
@@ -67,6 +71,7 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
     server.metrics.track_connections(lambda: len(http.connections))
     await http.start(sock)
     grpc_server = grpc_address = None
+    signals: list[int] = []
     try:
         if grpc is not None:
             from gear_runtime.serving.grpc_app import start_grpc
@@ -78,27 +83,33 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
         def on_signal() -> None:
             (force if stop.is_set() else stop).set()
 
-        signals = [s for s in (signal.SIGTERM, signal.SIGINT)
-                   if _add_signal_handler(loop, s, on_signal)]
-        try:
-            on_started(Running(http, sock.getsockname()[:2], grpc_address))
-            await stop.wait()
-            logger.warning("shutting down: draining (at most %g s)", drain_s)
-            server.begin_drain()
-            grpc_stopped = (loop.create_task(grpc_server.stop(drain_s))
-                            if grpc_server is not None else None)
-            drained = await http.drain(drain_s, force, on_deadline=server.refuse_waiting)
-            if grpc_stopped is not None:
-                await grpc_stopped
-            return drained
-        finally:
-            for s in signals:
-                loop.remove_signal_handler(s)
+        signals[:] = [s for s in (signal.SIGTERM, signal.SIGINT)
+                      if _add_signal_handler(loop, s, on_signal)]
+        # the handlers stay until the server is closed (see the finally)
+        on_started(Running(http, sock.getsockname()[:2], grpc_address))
+        await stop.wait()
+        logger.warning("shutting down: draining (at most %g s)", drain_s)
+        server.begin_drain()
+        # gRPC refuses new calls from now on (UNAVAILABLE); the calls in flight get the
+        # drain and a little more: the deadline refuses what still waits (503 ->
+        # UNAVAILABLE), and that answer must go out before grpc's grace cancels the call
+        grpc_stopped = (loop.create_task(grpc_server.stop(drain_s + GRPC_ANSWER_S))
+                        if grpc_server is not None else None)
+        drained = await http.drain(drain_s, force, on_deadline=server.refuse_waiting)
+        if grpc_stopped is not None:
+            if force.is_set():  # a second signal: no more waiting
+                await grpc_server.stop(0)
+            await grpc_stopped
+        return drained
     finally:
         http.close_now()
         if grpc_server is not None:
             await grpc_server.stop(0)
         await server.close()
+        # only now: a signal while the server closes (the drain done) is ignored rather
+        # than killing the process with the default action before its exit code 0
+        for s in signals:
+            loop.remove_signal_handler(s)
 
 
 def _add_signal_handler(loop: asyncio.AbstractEventLoop, sig: int,
