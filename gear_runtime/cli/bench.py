@@ -19,11 +19,13 @@ from gear_runtime.cli.common import (
     existing_file,
     float_at_least,
     int_at_least,
+    model_file,
     opens_own_files,
+    request_shapes,
 )
 from gear_runtime.tools import jsonout
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
-from gear_runtime.tools.inputs import FILLS, parse_shapes
+from gear_runtime.tools.inputs import FILLS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -85,19 +87,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.compare is not None:
         return _bench_compare(args)
-    if args.file is not None and args.model_flag is not None:
-        raise UsageError(f"give the model once: {args.file!r} and --model {args.model_flag!r}")
-    args.file = args.file if args.file is not None else args.model_flag
-    if args.file is None:
-        raise UsageError("give a gear FILE to benchmark, or --compare BEFORE.json AFTER.json")
-    if args.dym_shape is not None:
-        if args.shapes is not None:
-            raise UsageError("--shapes and --dymShape both give the shapes: give one")
-        from gear_runtime.cli.run import dym_shapes
-
-        dym_shapes(args.dym_shape)  # refused here, in ais_bench's terms, when malformed
-        args.shapes = ",".join(f"{n}:{'x'.join(map(str, d))}"
-                               for n, d in dym_shapes(args.dym_shape).items())
+    args.file = model_file(args.file, args.model_flag, "give a gear FILE to benchmark, or "
+                           "--compare BEFORE.json AFTER.json")
     if args.fail_on_regression is not None:
         raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
     existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
@@ -109,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_output_file("--plot", args.plot)
         check_png_name(args.plot, "--plot")
         check_plotting()
-    request = parse_shapes(args.shapes) if args.shapes is not None else None
+    request = request_shapes(args)
     if request is not None and args.gears.strip().lower() != "all":
         raise UsageError("--shapes selects its own gear; drop --gears")
     backend, options = backend_options(args)

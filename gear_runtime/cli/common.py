@@ -185,6 +185,29 @@ def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return backend, options
 
 
+def model_file(positional: str | None, flag: str | None, missing: str) -> str:
+    """The model from the positional FILE or its ``--model`` spelling (atc's, ais_bench's):
+    exactly one of them; UsageError ``missing`` when neither is given."""
+    if positional is not None and flag is not None:
+        raise UsageError(f"give the model once: {positional!r} and --model {flag!r}")
+    path = positional if positional is not None else flag
+    if path is None:
+        raise UsageError(missing)
+    return path
+
+
+def request_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """The request's shapes from trtexec's ``--shapes`` or ais_bench's ``--dymShape`` (one
+    of them); None when neither is given."""
+    from gear_runtime.tools.inputs import parse_dym_shape, parse_shapes
+
+    if args.shapes is not None and args.dym_shape is not None:
+        raise UsageError("--shapes and --dymShape both give the shapes: give one")
+    if args.shapes is not None:
+        return parse_shapes(args.shapes)
+    return parse_dym_shape(args.dym_shape) if args.dym_shape is not None else None
+
+
 def add_json_flag(p: argparse.ArgumentParser, kind: str, what: str) -> None:
     """``--json PATH|-``: ``what`` as a document of schema ``gear-runtime-<kind>/N`` (see
     :mod:`gear_runtime.tools.jsonout` and docs/json.md); ``-``: stdout, and no text."""

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir
+from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir, model_file
 from gear_runtime.errors import InputError
 
 #: atc's --framework values (0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX): only ONNX compiles here.
@@ -93,11 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _model_path(args: argparse.Namespace) -> str:
     """MODEL.onnx from the positional or atc's --model (one of them), and --framework=5."""
-    if args.model is not None and args.model_flag is not None:
-        raise UsageError(f"give the model once: {args.model!r} and --model {args.model_flag!r}")
-    model = args.model if args.model is not None else args.model_flag
-    if model is None:
-        raise UsageError("give the model to compile: MODEL.onnx (or atc's --model=MODEL.onnx)")
+    model = model_file(args.model, args.model_flag, "give the model to compile: MODEL.onnx "
+                       "(or atc's --model=MODEL.onnx)")
     if args.framework is not None and args.framework.strip() != ATC_FRAMEWORK_ONNX:
         raise UsageError(f"--framework {args.framework}: gear-runtime compiles ONNX models "
                          f"(atc's --framework={ATC_FRAMEWORK_ONNX}); export the model to ONNX "

@@ -23,15 +23,16 @@ from gear_runtime.cli.common import (
     int_at_least,
     int_list,
     make_dir,
+    model_file,
     opens_own_files,
     parse_pad_values,
+    request_shapes,
 )
 from gear_runtime.errors import DynamicInputLengthError, InputError
 from gear_runtime.tools import jsonout
 from gear_runtime.tools.inputs import (
     FILLS,
     check_request_shapes,
-    parse_shapes,
     synthetic_inputs,
 )
 
@@ -106,23 +107,6 @@ def add_gear_flags(p: argparse.ArgumentParser) -> None:
                       help="the batch gear (dynamic batch models)")
     dims.add_argument("--dynamic-image-size", "--dynamic_image_size", "--dymHW", metavar="H,W",
                       help="the image-size gear (dynamic image size models)")
-
-
-def _model_path(args: argparse.Namespace) -> str:
-    """FILE from the positional or ais_bench's --model (one of them)."""
-    if args.file is not None and args.model_flag is not None:
-        raise UsageError(f"give the model once: {args.file!r} and --model {args.model_flag!r}")
-    path = args.file if args.file is not None else args.model_flag
-    if path is None:
-        raise UsageError("give the model to run: FILE (or ais_bench's --model FILE)")
-    return path
-
-
-def dym_shapes(text: str) -> dict[str, tuple[int, ...]]:
-    """ais_bench's ``--dymShape "a:1,3,224,224;b:1,64"`` as --shapes' dict."""
-    entries = [e.strip() for e in text.split(";") if e.strip()]
-    return parse_shapes(",".join(f"{n}:{'x'.join(d.split(','))}" for n, _, d in
-                                 (e.rpartition(":") for e in entries)), "--dymShape")
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -386,14 +370,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
     from gear_runtime.tools.bench.report import Stats
 
-    args.file = _model_path(args)
+    args.file = model_file(args.file, args.model_flag,
+                           "give the model to run: FILE (or ais_bench's --model FILE)")
     existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
     # everything the command line alone can refuse is refused before the model loads
     pairs = _parse_input_args(args.input)
-    if args.shapes is not None and args.dym_shape is not None:
-        raise UsageError("--shapes and --dymShape both give the shapes: give one")
-    shapes = parse_shapes(args.shapes) if args.shapes is not None else \
-        dym_shapes(args.dym_shape) if args.dym_shape is not None else {}
+    shapes = request_shapes(args) or {}
     choose_gear = gear_flag(args)
     pads = parse_pad_values(args.pad_value)
     if pads and not args.pad:

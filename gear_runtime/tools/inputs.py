@@ -48,6 +48,14 @@ def parse_shapes(text: str, flag: str = "--shapes") -> dict[str, tuple[int, ...]
     return shapes
 
 
+def parse_dym_shape(text: str) -> dict[str, tuple[int, ...]]:
+    """ais_bench's ``--dymShape "a:1,3,224,224;b:1,64"`` as :func:`parse_shapes`' dict (its
+    rules and errors, naming --dymShape)."""
+    entries = [e.strip() for e in text.split(";") if e.strip()]
+    return parse_shapes(",".join(f"{n}:{'x'.join(d.split(','))}" for n, _, d in
+                                 (e.rpartition(":") for e in entries)), "--dymShape")
+
+
 def check_request_shapes(model: GearModel, shapes: Mapping[str, tuple[int, ...]],
                          flag: str = "--shapes") -> None:
     """InputError naming ``flag`` unless every shape is one the model can be asked to run:
