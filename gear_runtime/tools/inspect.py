@@ -25,32 +25,12 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     weights, files. GearFileError for a bad file, naming the part that changed."""
     gf = read_gear_file(path)
     gf.verify_data()
-    spec = gf.spec
-    gears = []
-    for g in range(spec.gear_count):
-        gears.append({
-            "gear": g, "dims": list(spec.gears[g]),
-            "inputs": {n: list(s) for n, s in spec.shapes(g).items()},
-            "outputs": {n: list(s) for n, s in zip(gf.output_names, gf.output_shapes[g],
-                                                   strict=True)},
-            "output_bytes": sum(gf.info.output_size(g, k) for k in range(len(gf.output_names))),
-        })
     return jsonout.document("inspect", JSON_VERSION, {
         "path": gf.path, "format": FORMAT_VERSION, "kind": gf.kind,
-        "mode": spec.mode, "dynamic_type": DYNAMIC_TYPES[spec.mode],
-        "gear_count": spec.gear_count, "values_per_gear": spec.values_per_gear,
-        "hybrid": bool(spec.hybrid), "sink": gf.kind == KIND_SINK,
-        "input_format": spec.input_format or None,
-        "precision_mode": spec.precision_mode,
-        "inputs": [{"name": n, "dtype": str(dt), "input_shape": list(s)}
-                   for n, dt, s in zip(spec.input_names, gf.input_dtypes, spec.input_shapes,
-                                       strict=True)],
-        "outputs": [{"name": n, "dtype": str(dt)}
-                    for n, dt in zip(gf.output_names, gf.output_dtypes, strict=True)],
-        "gears": gears,
+        **_model_facts(gf.info, sink=gf.kind == KIND_SINK),
         "weights": {"tensors": len(gf.weights), "bytes": int(gf.weight_bytes),
                     "in_data_file": len(gf.external)},
-        "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": spec.mode != "static",
+        "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": gf.spec.mode != "static",
                       "data_files": sorted(os.path.basename(p) for p in gf.data_digests)},
         "files": [{"path": f, "bytes": os.path.getsize(f)} for f in gf.files],
     })
@@ -61,7 +41,19 @@ def model_document(path: str | os.PathLike[str], model: Any) -> dict[str, Any]:
     acl, a MindIR on mindspore_lite): the facts the backend reports (mode, inputs in
     user_designate_shape_order, per gear the input and output shapes), in the same schema as
     a gear file's; no weights or integrity facts (the file is the backend's)."""
-    info = model.backend_model.info
+    path = os.fspath(path)
+    return jsonout.document("inspect", JSON_VERSION, {
+        "path": path, "format": None, "kind": model.backend, "backend": model.backend,
+        **_model_facts(model.backend_model.info, sink=False),
+        "weights": None,
+        "integrity": {"algorithm": None, "verified": False, "data_files": []},
+        "files": [{"path": path, "bytes": os.path.getsize(path)}],
+    })
+
+
+def _model_facts(info: Any, sink: bool) -> dict[str, Any]:
+    """What both documents say of a model (a :class:`~gear_runtime.gearfile.info.ModelInfo`):
+    mode, gears, inputs, outputs, and per gear the shapes and output bytes."""
     spec = info.spec
     gears = [{"gear": g, "dims": list(spec.gears[g]),
               "inputs": {n: list(s) for n, s in spec.shapes(g).items()},
@@ -70,22 +62,18 @@ def model_document(path: str | os.PathLike[str], model: Any) -> dict[str, Any]:
               "output_bytes": sum(info.output_size(g, k)
                                   for k in range(len(info.output_names)))}
              for g in range(spec.gear_count)]
-    path = os.fspath(path)
-    return jsonout.document("inspect", JSON_VERSION, {
-        "path": path, "format": None, "kind": model.backend, "backend": model.backend,
+    return {
         "mode": spec.mode, "dynamic_type": DYNAMIC_TYPES[spec.mode],
         "gear_count": spec.gear_count, "values_per_gear": spec.values_per_gear,
-        "hybrid": bool(spec.hybrid), "sink": False, "input_format": spec.input_format,
+        "hybrid": bool(spec.hybrid), "sink": sink, "input_format": spec.input_format or None,
         "precision_mode": spec.precision_mode,
         "inputs": [{"name": n, "dtype": str(dt), "input_shape": list(s)}
                    for n, dt, s in zip(spec.input_names, info.input_dtypes, spec.input_shapes,
                                        strict=True)],
         "outputs": [{"name": n, "dtype": str(dt)}
                     for n, dt in zip(info.output_names, info.output_dtypes, strict=True)],
-        "gears": gears, "weights": None,
-        "integrity": {"algorithm": None, "verified": False, "data_files": []},
-        "files": [{"path": path, "bytes": os.path.getsize(path)}],
-    })
+        "gears": gears,
+    }
 
 
 def describe(path: str | os.PathLike[str]) -> str:
