@@ -244,15 +244,19 @@ def check_model_file(path: str) -> None:
         raise GearFileError(f"model file {path!r} does not exist or is not a file")
 
 
-def check_layout_fits(layout: Any, info: ModelInfo) -> None:
+def check_layout_fits(layout: Any, info: ModelInfo,
+                      staged: Sequence[int] | None = None) -> None:
     """BackendError unless ``layout`` places exactly each input's bytes of every gear inside
-    its total (a session's staging is planned from ``info``; any other layout is refused)."""
+    its total (a session's staging is planned from ``info``; any other layout is refused).
+    ``staged``: the model inputs the layout covers, in its order (a session with resident
+    state stages the others alone); default every input."""
     names, total = info.spec.input_names, int(layout.total_bytes)
+    staged = range(len(names)) if staged is None else staged
     for g, row in enumerate(info.input_nbytes()):
-        for i, nbytes in enumerate(row):
-            got = int(layout.nbytes(g, i))
-            end = int(layout.offset(g, i)) + got
-            if got != nbytes or end > total:
+        for j, i in enumerate(staged):
+            got = int(layout.nbytes(g, j))
+            end = int(layout.offset(g, j)) + got
+            if got != row[i] or end > total:
                 raise BackendError(
                     f"staging layout does not fit the model: input {names[i]!r} of gear {g} "
-                    f"gets {got} bytes ending at {end} of {total}, it needs {nbytes}")
+                    f"gets {got} bytes ending at {end} of {total}, it needs {row[i]}")
