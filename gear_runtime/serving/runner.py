@@ -451,12 +451,7 @@ class ServedModel:
 
     def _inputs(self, request: InferRequest) -> list[np.ndarray]:
         """The request's arrays in model input order, names and datatypes checked."""
-        check_names(request.inputs, self._names, f"model {self.name!r}")
-        for name, datatype in zip(self._names, self._datatypes, strict=True):
-            if request.datatypes[name] != datatype:
-                raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
-                                 f"model {self.name!r} takes {datatype}")
-        return [request.inputs[n] for n in self._names]
+        return request_arrays(request, self._names, self._datatypes, f"model {self.name!r}")
 
     def _check_outputs(self, request: InferRequest) -> None:
         if request.outputs is None:
@@ -561,6 +556,18 @@ class ServedModel:
         self.model.close()
 
 
+def request_arrays(request: InferRequest, names: Sequence[str], datatypes: Sequence[str],
+                   owner: str) -> list[np.ndarray]:
+    """``request``'s arrays in the order of ``names``, the names (``check_names``) and each
+    input's v2 datatype checked; InputError naming the input and ``owner`` otherwise."""
+    check_names(request.inputs, names, owner)
+    for name, datatype in zip(names, datatypes, strict=True):
+        if request.datatypes[name] != datatype:
+            raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
+                             f"{owner} takes {datatype}")
+    return [request.inputs[n] for n in names]
+
+
 class StartModel:
     """The model a sequence's start request runs (``serve --sequence-start``): the prompt at
     its covering gear (``execute(pad=True)``), each output named like a state output written
@@ -612,12 +619,8 @@ class StartModel:
 
     def inputs(self, request: InferRequest) -> list[np.ndarray]:
         """The start request's arrays in the start model's input order, checked."""
-        check_names(request.inputs, self.names, "the sequence's start model")
-        for name, datatype in zip(self.names, self.datatypes, strict=True):
-            if request.datatypes[name] != datatype:
-                raise InputError(f"input {name!r} has datatype {request.datatypes[name]}, "
-                                 f"the sequence's start model takes {datatype}")
-        return [request.inputs[n] for n in self.names]
+        return request_arrays(request, self.names, self.datatypes,
+                              "the sequence's start model")
 
     def run(self, arrays: list[np.ndarray], stats: ModelStats,
             ex: Any) -> tuple[RunTiming, list[np.ndarray]]:
