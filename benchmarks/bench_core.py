@@ -85,8 +85,8 @@ def make_core(mod: Any, names: list[str], shapes: list[list[int]],
     width = max(v for *_, v in positions) + 1
     layout = mod.plan_layout(nbytes, width, fusion_size)
     staging = np.zeros(layout.total_bytes, np.uint8)
-    core = mod.ExecutorCore(names, shapes, positions, gears, [np.dtype(dtype)] * len(shapes),
-                            layout, staging)
+    dispatch = mod.GearDispatch(names, shapes, positions, gears)  # the model's, shared
+    core = mod.ExecutorCore(dispatch, [np.dtype(dtype)] * len(shapes), layout, staging)
     return core, staging
 
 
@@ -237,7 +237,7 @@ def main() -> int:
     for count in (2, 100):
         gears = [[3 * g + 1, g % 5 + 1] for g in range(count)]
         core, _ = make_core(native, ["x"], [[-1, -1]], [(0, 0, 0), (0, 1, 1)], gears)
-        env[f"match{count}"] = core.match
+        env[f"match{count}"] = core.dispatch.match
         env[f"queries{count}"] = [tuple(g) for g in gears] * (100 // count)  # 100 either way
     t100, t2 = interleaved_ns(["for q in queries100: match100(q)", "for q in queries2: match2(q)"],
                               env, 2_000 // scale, reps)

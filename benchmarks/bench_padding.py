@@ -38,9 +38,10 @@ def make_core(gears: list[int], hidden: int = HIDDEN) -> tuple[object, object]:
     nbytes = [[s * 8, s * 8, s * hidden * 4] for s in gears]
     layout = _core.plan_layout(nbytes, 1)
     staging = np.zeros(layout.total_bytes, np.uint8)
-    core = _core.ExecutorCore(["input_ids", "attention_mask", "hidden"], shapes, positions,
-                              [[g] for g in gears], dtypes, layout, staging)
-    core.set_padding([np.int64(151643).tobytes(), None, None], None)
+    dispatch = _core.GearDispatch(["input_ids", "attention_mask", "hidden"], shapes, positions,
+                                  [[g] for g in gears])
+    core = _core.ExecutorCore(dispatch, dtypes, layout, staging)
+    core.set_padding([np.int64(151643).tobytes(), None, None])
     return core, staging
 
 
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     many, _ = make_core(list(range(24, 2424, 24)))  # 100 gears
     few, _ = make_core([32, 512, 1024, 2048])
+    many, few = many.dispatch, few.dispatch  # the lookup is the shared dispatch's
     assert many.cover([1000]) == 41 and few.cover([1000]) == 2
     c100 = best_ns(lambda: many.cover([1000]), 20000, args.repeats)
     c4 = best_ns(lambda: few.cover([1000]), 20000, args.repeats)

@@ -162,21 +162,20 @@ class Held {
 // compared with) and the staging array (alive as long as the core).
 class PyExecutorCoreImpl {
  public:
-  PyExecutorCoreImpl(const std::vector<std::string>& names, const std::vector<Ints>& shapes,
-                 const std::vector<Ints>& positions, const std::vector<Ints>& gears,
-                 const std::vector<py::object>& input_dtypes, const BoundLayout& layout,
-                 const py::array& staging)
-      : dtypes_(to_dtypes(input_dtypes, names.size())),
-        py_names_(interned(names)),
+  // The inputs (names, shapes) are the dispatch's: the model's one GearDispatch, shared.
+  PyExecutorCoreImpl(std::shared_ptr<const GearDispatch> dispatch,
+                     const std::vector<py::object>& input_dtypes, const BoundLayout& layout,
+                     const py::array& staging)
+      : dtypes_(to_dtypes(input_dtypes, dispatch ? dispatch->input_count() : 0)),
+        py_names_(interned(names_of(dispatch))),
         staging_(checked_staging(staging)),
-        core_(input_specs(names, shapes, dtypes_), positions, gears, layout,
+        core_(input_specs(dispatch, dtypes_), dispatch, layout,
               static_cast<uint8_t*>(staging_.mutable_data()),
               static_cast<size_t>(staging_.nbytes())) {}
 
   ExecutorCore& core() { return core_; }
 
-  void set_padding(const std::optional<std::vector<std::optional<py::bytes>>>& pad_values,
-                   const std::optional<std::vector<double>>& costs) {
+  void set_padding(const std::optional<std::vector<std::optional<py::bytes>>>& pad_values) {
     std::optional<PadValues> pads;
     if (pad_values) {
       pads.emplace();
@@ -189,7 +188,7 @@ class PyExecutorCoreImpl {
         pads->emplace_back(std::vector<uint8_t>(raw.begin(), raw.end()));
       }
     }
-    core_.set_padding(pads, costs);
+    core_.set_padding(pads);
   }
 
   size_t stage(const py::sequence& arrays, const std::optional<Ints>& preset, bool pad) {
@@ -344,17 +343,6 @@ class PyExecutorCoreImpl {
     return py::make_tuple(gear, std::move(out));
   }
 
-  py::tuple extract(const py::sequence& arrays) const {
-    const Request request(arrays, nullptr);
-    return tuple_of(core_.extract(request.data(), request.size()));
-  }
-
-  py::list nearest(const Ints& values, int64_t k) const {
-    py::list out;
-    for (const Ints& gear : core_.nearest(values_of(values), k)) out.append(tuple_of(gear));
-    return out;
-  }
-
  private:
   static std::vector<py::dtype> to_dtypes(const std::vector<py::object>& given, size_t n) {
     if (given.size() != n) {
@@ -366,21 +354,24 @@ class PyExecutorCoreImpl {
     return out;
   }
 
-  static std::vector<InputSpec> input_specs(const std::vector<std::string>& names,
-                                            const std::vector<Ints>& shapes,
+  // The dispatch's input names (none without a dispatch: the core refuses that).
+  static std::vector<std::string> names_of(const std::shared_ptr<const GearDispatch>& d) {
+    std::vector<std::string> names;
+    for (size_t i = 0; d && i < d->input_count(); ++i) names.push_back(d->dims().name(i));
+    return names;
+  }
+
+  static std::vector<InputSpec> input_specs(const std::shared_ptr<const GearDispatch>& d,
                                             const std::vector<py::dtype>& dtypes) {
-    if (shapes.size() != names.size()) {
-      throw_spec(std::to_string(names.size()) + " input names but " +
-                 std::to_string(shapes.size()) + " input shapes");
-    }
     std::vector<InputSpec> out;
-    for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t i = 0; d && i < d->input_count(); ++i) {
+      const std::string& name = d->dims().name(i);
       const std::string dtype = py::str(dtypes[i]);
       if (dtypes[i].attr("hasobject").cast<bool>()) {
-        throw_input("input '" + names[i] + "' dtype " + dtype +
+        throw_input("input '" + name + "' dtype " + dtype +
                     " holds Python objects, which cannot be staged as bytes");
       }
-      out.push_back({names[i], shapes[i], static_cast<size_t>(dtypes[i].itemsize()), dtype});
+      out.push_back({name, d->dims().shape(i), static_cast<size_t>(dtypes[i].itemsize()), dtype});
     }
     return out;
   }
@@ -565,11 +556,14 @@ void bind_layout(py::module_& m) {
 
 void bind_dispatch(py::module_& m) {
   using D = BoundDispatch;
-  py::class_<D>(m, "GearDispatch", "Which gear: exact match and the cheapest cover, O(1).")
+  // Held by shared_ptr: one instance per model, shared by every executor's core.
+  py::class_<D, std::shared_ptr<D>>(m, "GearDispatch",
+                                    "Which gear: exact match and the cheapest cover.")
       .def(py::init([](const std::vector<std::string>& names, const std::vector<Ints>& shapes,
                        const std::vector<Ints>& positions, const std::vector<Ints>& gears,
                        const std::optional<std::vector<double>>& costs) {
-             return make_bound<GearDispatch>(names, shapes, positions, gears, costs);
+             return std::shared_ptr<D>(make_bound<GearDispatch>(names, shapes, positions,
+                                                                gears, costs));
            }),
            py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
            py::arg("gears"), py::arg("costs") = py::none())
@@ -607,6 +601,16 @@ void bind_dispatch(py::module_& m) {
       .def(
           "elements", [](const D& d, const Ints& v) { return d.elements(values_of(v)); },
           py::arg("values"));
+}
+
+// The GearDispatch instance `obj` holds, to share (a TypeError for anything else, and for one
+// made without __init__: it is used as a reference first, which Bound refuses).
+std::shared_ptr<BoundDispatch> shared_dispatch(const py::object& obj) {
+  if (!py::isinstance<BoundDispatch>(obj)) {
+    throw py::type_error("dispatch must be a GearDispatch, got " + type_name(obj));
+  }
+  obj.cast<const BoundDispatch&>();
+  return obj.cast<std::shared_ptr<BoundDispatch>>();
 }
 
 // ExecutorCore.execute, the one call of every execute(): a plain CPython METH_FASTCALL
@@ -657,15 +661,12 @@ void bind_executor_core(py::module_& m) {
   auto cls = py::class_<Core>(m, "ExecutorCore",
                               "Gear matching and input staging for one executor.");
   cls
-      .def(py::init([](const std::vector<std::string>& names, const std::vector<Ints>& shapes,
-                       const std::vector<Ints>& positions, const std::vector<Ints>& gears,
-                       const std::vector<py::object>& dtypes, const BoundLayout& layout,
-                       const py::array& staging) {
-             return make_bound<PyExecutorCoreImpl>(names, shapes, positions, gears, dtypes,
-                                                   layout, staging);
+      .def(py::init([](const py::object& dispatch, const std::vector<py::object>& dtypes,
+                       const BoundLayout& layout, const py::array& staging) {
+             return make_bound<PyExecutorCoreImpl>(shared_dispatch(dispatch), dtypes, layout,
+                                                   staging);
            }),
-           py::arg("input_names"), py::arg("input_shapes"), py::arg("dynamic_positions"),
-           py::arg("gears"), py::arg("input_dtypes"), py::arg("layout"),
+           py::arg("dispatch"), py::arg("input_dtypes"), py::arg("layout"),
            py::arg("staging").noconvert())  // never a converted copy: the core writes into it
       .def_property_readonly("gear_count", [](Core& c) { return c.core().gear_count(); })
       .def_property_readonly("values_per_gear",
@@ -676,22 +677,13 @@ void bind_executor_core(py::module_& m) {
                              [](Core& c) { return tuple_of(c.core().last_values()); })
       .def_property_readonly("last_request",
                              [](Core& c) { return tuple_of(c.core().last_request()); })
-      .def("set_padding", &Core::set_padding, py::arg("pad_values") = py::none(),
-           py::arg("costs") = py::none())
-      .def(
-          "match", [](Core& c, const Ints& v) { return c.core().match(values_of(v)); },
-          py::arg("values"))
-      .def(
-          "cover", [](Core& c, const Ints& v) { return c.core().cover(values_of(v)); },
-          py::arg("values"))
-      .def("nearest", &Core::nearest, py::arg("values"), py::arg("k") = 5)
-      .def(
-          "values_from_full_dims",
-          [](Core& c, const Ints& full) {
-            return tuple_of(c.core().values_from_full_dims(values_of(full)));
-          },
-          py::arg("full_dims"))
-      .def("extract", &Core::extract, py::arg("arrays"))
+      .def_property_readonly(
+          "dispatch",
+          [](Core& c) {  // the very instance it was made with
+            return std::const_pointer_cast<BoundDispatch>(
+                std::static_pointer_cast<const BoundDispatch>(c.core().dispatch()));
+          })
+      .def("set_padding", &Core::set_padding, py::arg("pad_values") = py::none())
       .def("stage", &Core::stage, py::arg("arrays"), py::arg("preset") = py::none(),
            py::arg("pad") = false)
       .def("set_runs", &Core::set_runs, py::arg("runs"));

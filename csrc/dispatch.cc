@@ -41,7 +41,7 @@ GearDispatch::GearDispatch(std::vector<std::string> names,
       shapes_[g].push_back(dims_.gear_shape(i, table_.gear(g)));
     }
   }
-  set_costs(costs);
+  init_costs(costs);
 }
 
 std::vector<int64_t> GearDispatch::gear(size_t g) const {
@@ -52,7 +52,7 @@ std::vector<int64_t> GearDispatch::gear(size_t g) const {
   return table_.gear_vector(g);
 }
 
-void GearDispatch::set_costs(const std::optional<std::vector<double>>& costs) {
+void GearDispatch::init_costs(const std::optional<std::vector<double>>& costs) {
   std::vector<double> cost;
   if (costs) {
     if (costs->size() != table_.gear_count()) {
@@ -63,8 +63,7 @@ void GearDispatch::set_costs(const std::optional<std::vector<double>>& costs) {
   } else {
     for (size_t g = 0; g < table_.gear_count(); ++g) cost.push_back(elements_of(table_.gear(g)));
   }
-  Coverer cover(table_, cost);  // validates the costs before anything changes
-  cover_ = std::move(cover);
+  cover_ = Coverer(table_, cost);  // validates the costs
   costs_ = std::move(cost);
 }
 

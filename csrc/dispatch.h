@@ -9,8 +9,9 @@
 // plus the queries around them (GetCurDynamicDims from shapes, aclmdlSetInputDynamicDims'
 // full dims, the nearest gears for messages, any request's input elements). vLLM's
 // CudagraphDispatcher is the model: precomputed keys, configuration checked at
-// construction, dispatch a lookup. It is immutable once built and safe to share between
-// threads; an ExecutorCore holds its own copy (set_costs changes only that copy).
+// construction, dispatch a lookup. It is immutable once built, so one instance per model is
+// shared by reference by every executor's core (and by the Python GearDispatcher): other
+// costs (a measured profile) make a new one.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cover.h"
 #include "dims.h"
 #include "gear_table.h"
 
@@ -69,9 +71,6 @@ class GearDispatch {
   // Gear g's values (kind "input" unless g < gear_count()).
   std::vector<int64_t> gear(size_t g) const;
 
-  // Other costs (nullopt: elements); nothing changes when they are refused (kind "input").
-  void set_costs(const std::optional<std::vector<double>>& costs);
-
   // The gear equal to `values`: 145012 for a wrong count, 145013 naming the inputs' dynamic
   // axes and the legal gears, nearest first.
   size_t match(Values values) const;
@@ -103,6 +102,8 @@ class GearDispatch {
 
  private:
   double elements_of(const int64_t* values) const;
+  // The costs (nullopt: elements) and the Coverer over them (kind "input" when refused).
+  void init_costs(const std::optional<std::vector<double>>& costs);
 
   DimsExtractor dims_;
   GearTable table_;

@@ -18,24 +18,31 @@ std::string bytes_text(unsigned __int128 v) {
   return s;
 }
 
-// The inputs, each with an itemsize (checked before the dispatch's checks of the gears).
-std::vector<InputSpec> checked(std::vector<InputSpec> inputs) {
-  for (const InputSpec& in : inputs) {
+// The dispatch, non-null, whose inputs are `inputs` (names and shapes, in order), each with an
+// itemsize > 0.
+std::shared_ptr<const GearDispatch> checked(std::shared_ptr<const GearDispatch> dispatch,
+                                            const std::vector<InputSpec>& inputs) {
+  if (!dispatch) throw_input("an executor core needs the model's dispatch, got none");
+  const DimsExtractor& dims = dispatch->dims();
+  if (dims.input_count() != inputs.size()) {
+    throw_input(str(inputs.size()) + " inputs for a dispatch of " + str(dims.input_count()) +
+                " inputs (" + dims.names_text() + ")");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const InputSpec& in = inputs[i];
+    if (in.name != dims.name(i) || in.shape != dims.shape(i)) {
+      throw_input("input " + str(i) + " is '" + in.name + "' " + format_tuple(in.shape) +
+                  ", the dispatch's is '" + dims.name(i) + "' " + format_tuple(dims.shape(i)));
+    }
     if (in.itemsize == 0) throw_input("input '" + in.name + "' has an itemsize of 0");
   }
-  return inputs;
+  return dispatch;
 }
 
 std::vector<std::string> names_of(const std::vector<InputSpec>& inputs) {
   std::vector<std::string> names;
   for (const InputSpec& in : inputs) names.push_back(in.name);
   return names;
-}
-
-std::vector<std::vector<int64_t>> shapes_of(const std::vector<InputSpec>& inputs) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const InputSpec& in : inputs) shapes.push_back(in.shape);
-  return shapes;
 }
 
 }  // namespace
@@ -73,25 +80,24 @@ ExecutorCore::Scratch::Scratch(size_t n) : shapes(shapes_small), sources(sources
 }
 
 ExecutorCore::ExecutorCore(std::vector<InputSpec> inputs,
-                           const std::vector<std::vector<int64_t>>& positions,
-                           const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
+                           std::shared_ptr<const GearDispatch> dispatch, const Layout& layout,
                            uint8_t* staging, size_t staging_size)
-    : inputs_(checked(std::move(inputs))),
+    : dispatch_(checked(std::move(dispatch), inputs)),
+      inputs_(std::move(inputs)),
       names_(names_of(inputs_)),
-      dispatch_(names_, shapes_of(inputs_), positions, gears),
       stager_((check_layout(layout), layout), staging, staging_size) {
   pads_ = default_pads();
-  last_values_.reserve(dispatch_.values_per_gear());
-  last_request_.reserve(dispatch_.values_per_gear());
+  last_values_.reserve(dispatch_->values_per_gear());
+  last_request_.reserve(dispatch_->values_per_gear());
 }
 
 // The layout fits the model: its gears, inputs, dims buffer and every slot (exact sizes).
 void ExecutorCore::check_layout(const Layout& layout) const {
   const size_t n = inputs_.size();
-  const size_t width = dispatch_.values_per_gear();
-  if (layout.gear_count() != dispatch_.gear_count()) {
+  const size_t width = dispatch_->values_per_gear();
+  if (layout.gear_count() != dispatch_->gear_count()) {
     throw_input("layout has " + str(layout.gear_count()) + " gears, the model has " +
-                str(dispatch_.gear_count()));
+                str(dispatch_->gear_count()));
   }
   if (layout.input_count() != n) {
     throw_input("layout has " + str(layout.input_count()) + " inputs, the model has " + str(n));
@@ -101,9 +107,9 @@ void ExecutorCore::check_layout(const Layout& layout) const {
                 " bytes, the model's gears have " + str(width) + " values (" + str(4 * width) +
                 " bytes as int32; or 0: no dims buffer)");
   }
-  for (size_t g = 0; g < dispatch_.gear_count(); ++g) {
+  for (size_t g = 0; g < dispatch_->gear_count(); ++g) {
     for (size_t i = 0; i < n; ++i) {
-      const std::vector<int64_t>& shape = dispatch_.gear_shape(g, i);
+      const std::vector<int64_t>& shape = dispatch_->gear_shape(g, i);
       unsigned __int128 need = inputs_[i].itemsize;
       for (int64_t d : shape) need *= static_cast<uint64_t>(d);
       if (need > layout.nbytes_unchecked(g, i)) {
@@ -118,8 +124,7 @@ void ExecutorCore::check_layout(const Layout& layout) const {
 
 // ---- padding ---------------------------------------------------------------------------------
 
-void ExecutorCore::set_padding(const std::optional<PadValues>& pad_values,
-                               const std::optional<std::vector<double>>& costs) {
+void ExecutorCore::set_padding(const std::optional<PadValues>& pad_values) {
   std::vector<std::vector<uint8_t>> pads = default_pads();
   if (pad_values) {
     if (pad_values->size() != pads.size()) {
@@ -136,7 +141,6 @@ void ExecutorCore::set_padding(const std::optional<PadValues>& pad_values,
       pads[i] = *given;
     }
   }
-  dispatch_.set_costs(costs);  // validates the costs before anything changes
   pads_ = std::move(pads);
 }
 
@@ -152,11 +156,11 @@ std::vector<std::vector<uint8_t>> ExecutorCore::default_pads() const {
 // covers the values; otherwise (or when it does not cover them) 145012. -1 when the preset
 // equals the values (the normal lookup follows).
 int64_t ExecutorCore::preset_gear(const Values& preset, const int64_t* values, bool pad) const {
-  const size_t width = dispatch_.values_per_gear();
+  const size_t width = dispatch_->values_per_gear();
   int64_t set[kMaxValues];
-  dispatch_.read_values(preset, "preset dims", set);
+  dispatch_->read_values(preset, "preset dims", set);
   if (std::memcmp(set, values, width * sizeof(int64_t)) == 0) return -1;
-  const int64_t gear = pad ? dispatch_.table().find(set, width) : -1;
+  const int64_t gear = pad ? dispatch_->table().find(set, width) : -1;
   bool covers = gear >= 0;
   for (size_t v = 0; covers && v < width; ++v) covers = set[v] >= values[v];
   if (!covers) {
@@ -181,7 +185,7 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
   for (size_t d = 0; d < a.ndim; ++d) nbytes *= static_cast<size_t>(a.shape[d]);
   src = StageSource{a.data, nbytes};
   if (padded_shape == nullptr) return;
-  const std::vector<int64_t>& slot = dispatch_.gear_shape(gear, i);
+  const std::vector<int64_t>& slot = dispatch_->gear_shape(gear, i);
   if (std::memcmp(slot.data(), a.shape, slot.size() * sizeof(int64_t)) == 0) return;
   std::memcpy(padded_shape, a.shape, slot.size() * sizeof(int64_t));  // ndim == slot's: checked
   src.shape = padded_shape;
@@ -193,27 +197,27 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
 
 size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
                              int64_t* values, Scratch& scratch) const {
-  dispatch_.read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
-  dispatch_.dims().extract(scratch.shapes, n, values);
+  dispatch_->read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
+  dispatch_->dims().extract(scratch.shapes, n, values);
   int64_t chosen = preset != nullptr ? preset_gear(*preset, values, pad) : -1;
   if (chosen < 0) {
-    chosen = static_cast<int64_t>(pad ? dispatch_.cover_or_throw(values)
-                                      : dispatch_.match_or_throw(values));
+    chosen = static_cast<int64_t>(pad ? dispatch_->cover_or_throw(values)
+                                      : dispatch_->match_or_throw(values));
   }
   const size_t gear = static_cast<size_t>(chosen);
-  const size_t width = dispatch_.values_per_gear();
-  const int64_t* gear_values = dispatch_.table().gear(gear);
+  const size_t width = dispatch_->values_per_gear();
+  const int64_t* gear_values = dispatch_->table().gear(gear);
   const bool padded = std::memcmp(gear_values, values, width * sizeof(int64_t)) != 0;
   if (padded) {  // room for every input's shape, sized once: the pointers into it stay valid
     size_t ranks = 0;
-    for (size_t i = 0; i < n; ++i) ranks += dispatch_.gear_shape(gear, i).size();
+    for (size_t i = 0; i < n; ++i) ranks += dispatch_->gear_shape(gear, i).size();
     scratch.padded_shapes.resize(ranks);
   }
   size_t at = 0;
   for (size_t i = 0; i < n; ++i) {
     set_source(gear, i, arrays[i], padded ? scratch.padded_shapes.data() + at : nullptr,
                scratch.sources[i]);
-    at += dispatch_.gear_shape(gear, i).size();
+    at += dispatch_->gear_shape(gear, i).size();
   }
   stager_.check(gear, scratch.sources, n, gear_values, staged_values(), names_.data());
   return gear;
@@ -221,12 +225,12 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
 
 void ExecutorCore::copy_prepared(size_t gear, const StageSource* sources,
                                  size_t n) const noexcept {
-  stager_.copy(gear, sources, n, dispatch_.table().gear(gear), staged_values());
+  stager_.copy(gear, sources, n, dispatch_->table().gear(gear), staged_values());
 }
 
 void ExecutorCore::finish(size_t gear, const int64_t* values) {
-  const size_t width = dispatch_.values_per_gear();
-  const int64_t* gear_values = dispatch_.table().gear(gear);
+  const size_t width = dispatch_->values_per_gear();
+  const int64_t* gear_values = dispatch_->table().gear(gear);
   last_values_.assign(gear_values, gear_values + width);
   last_request_.assign(values, values + width);
 }

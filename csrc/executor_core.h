@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,49 +40,33 @@ Layout plan_layout_checked(const std::vector<std::vector<int64_t>>& input_nbytes
                            int64_t dims_count, int64_t fusion_size, int64_t alignment,
                            int64_t tail_padding);
 
-// Which gear is its GearDispatch's answer (a copy of its own); the core adds the request
-// side: array views, the preset dims, pad values, and the staging copy.
+// Which gear is the model's GearDispatch's answer (one instance, shared by reference by every
+// executor's core: built once per model, never copied or rebuilt here); the core adds the
+// request side: array views, the preset dims, pad values, and the staging copy.
 class ExecutorCore {
  public:
-  // Every input needs an itemsize > 0 (else Error kind "input"); then GearDispatch's checks
-  // of `positions` and `gears`. The layout must have the model's gears and inputs, slots
-  // large enough for every gear's shapes, and a dims buffer of 4 bytes per value -- or none
-  // (dims_count 0), for a backend that never reads ascend_mbatch_shape_data: then stage()
-  // writes no dims; [staging, staging + size) must hold the layout (kind "input"). The core
-  // does not own the staging buffer.
-  ExecutorCore(std::vector<InputSpec> inputs,
-               const std::vector<std::vector<int64_t>>& positions,
-               const std::vector<std::vector<int64_t>>& gears, const Layout& layout,
-               uint8_t* staging, size_t staging_size);
+  // `inputs` must be the dispatch's inputs (names and shapes, in order) and each needs an
+  // itemsize > 0 (else Error kind "input"). The layout must have the model's gears and
+  // inputs, slots large enough for every gear's shapes, and a dims buffer of 4 bytes per
+  // value -- or none (dims_count 0), for a backend that never reads
+  // ascend_mbatch_shape_data: then stage() writes no dims; [staging, staging + size) must
+  // hold the layout (kind "input"). The core does not own the staging buffer; it shares the
+  // dispatch (immutable, so any number of cores read it at once).
+  ExecutorCore(std::vector<InputSpec> inputs, std::shared_ptr<const GearDispatch> dispatch,
+               const Layout& layout, uint8_t* staging, size_t staging_size);
 
-  size_t gear_count() const noexcept { return dispatch_.gear_count(); }
-  size_t values_per_gear() const noexcept { return dispatch_.values_per_gear(); }
+  size_t gear_count() const noexcept { return dispatch_->gear_count(); }
+  size_t values_per_gear() const noexcept { return dispatch_->values_per_gear(); }
   size_t input_count() const noexcept { return inputs_.size(); }
   const InputSpec& input(size_t i) const { return inputs_.at(i); }
   const Layout& layout() const noexcept { return stager_.layout(); }
-  const GearDispatch& dispatch() const noexcept { return dispatch_; }
-  // Gear g's values (kind "input" unless g < gear_count()).
-  std::vector<int64_t> gear(size_t g) const { return dispatch_.gear(g); }
+  // The dispatch this core asks "which gear" (the model's, shared).
+  const std::shared_ptr<const GearDispatch>& dispatch() const noexcept { return dispatch_; }
 
-  // Pad values per input (nullopt: all zeros) and per-gear costs (nullopt: each gear's total
-  // input elements; else finite and >= 0) for stage(pad = true). Nothing
-  // changes when anything is refused (Error kind "input").
-  void set_padding(const std::optional<PadValues>& pads,
-                   const std::optional<std::vector<double>>& costs);
-
-  // GearDispatch's answers (match, cover, nearest, values_from_full_dims, extract), with
-  // this core's costs.
-  size_t match(Values values) const { return dispatch_.match(values); }
-  size_t cover(Values values) const { return dispatch_.cover(values); }
-  std::vector<std::vector<int64_t>> nearest(Values values, int64_t k) const {
-    return dispatch_.nearest(values, k);
-  }
-  std::vector<int64_t> values_from_full_dims(Values full_dims) const {
-    return dispatch_.values_from_full_dims(full_dims);
-  }
-  std::vector<int64_t> extract(const ArrayView* arrays, size_t n) const {
-    return dispatch_.extract(arrays, n);
-  }
+  // Pad values per input (nullopt: all zeros) for stage(pad = true); which covering gear
+  // is cheapest is the dispatch's (its costs). Nothing changes when anything is refused
+  // (Error kind "input").
+  void set_padding(const std::optional<PadValues>& pads);
 
   // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
   // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
@@ -142,12 +127,13 @@ class ExecutorCore {
   std::vector<std::vector<uint8_t>> default_pads() const;
   // The values stage() writes as the int32 dims buffer: all of them, or none without one.
   size_t staged_values() const noexcept {
-    return stager_.layout().dims_nbytes() ? dispatch_.values_per_gear() : 0;
+    return stager_.layout().dims_nbytes() ? dispatch_->values_per_gear() : 0;
   }
 
+  // Declared first: it is checked against the constructor's inputs before they move.
+  std::shared_ptr<const GearDispatch> dispatch_;  // never null
   std::vector<InputSpec> inputs_;
   std::vector<std::string> names_;  // inputs_[i].name, contiguous for Stager's messages
-  GearDispatch dispatch_;
   Stager stager_;
   std::vector<std::vector<uint8_t>> pads_;  // [input] pad value bytes
   std::vector<int64_t> last_values_;

@@ -51,7 +51,7 @@ class Layout:
         ...
 class GearDispatch:
     """
-    Which gear: exact match and the cheapest cover, O(1).
+    Which gear: exact match and the cheapest cover.
     """
     def __init__(self, input_names: collections.abc.Sequence[str], input_shapes: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], dynamic_positions: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], gears: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], costs: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] | None = None) -> None:
         ...
@@ -87,23 +87,16 @@ class ExecutorCore:
         """
         execute(inputs, preset, pad, copy): stage a plain request (a dict of the input names, or a list / tuple in input order, of numpy arrays) and make the gear's direct run. None: not a plain request, nothing staged; (gear, None): staged, the caller runs the gear; (gear, outputs): ran (copies with copy). A direct run's exception comes out as gear_runtime.errors.DirectRunFailed(gear), caused by it.
         """
-    def __init__(self, input_names: collections.abc.Sequence[str], input_shapes: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], dynamic_positions: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], gears: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], input_dtypes: collections.abc.Sequence[typing.Any], layout: Layout, staging: numpy.ndarray) -> None:
+    def __init__(self, dispatch: typing.Any, input_dtypes: collections.abc.Sequence[typing.Any], layout: Layout, staging: numpy.ndarray) -> None:
         ...
-    def cover(self, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
-        ...
-    def extract(self, arrays: collections.abc.Sequence) -> tuple:
-        ...
-    def match(self, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
-        ...
-    def nearest(self, values: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], k: typing.SupportsInt | typing.SupportsIndex = 5) -> list:
-        ...
-    def set_padding(self, pad_values: collections.abc.Sequence[bytes | None] | None = None, costs: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] | None = None) -> None:
+    def set_padding(self, pad_values: collections.abc.Sequence[bytes | None] | None = None) -> None:
         ...
     def set_runs(self, runs: typing.Any) -> None:
         ...
     def stage(self, arrays: collections.abc.Sequence, preset: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] | None = None, pad: bool = False) -> int:
         ...
-    def values_from_full_dims(self, full_dims: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> tuple:
+    @property
+    def dispatch(self) -> GearDispatch:
         ...
     @property
     def gear_count(self) -> int:

@@ -15,6 +15,7 @@ import weakref
 from types import ModuleType
 from typing import Any
 
+import native_pair as pair
 import numpy as np
 import pytest
 
@@ -27,7 +28,8 @@ from gear_runtime.spec.gearspec import GearSpec
 def build(mod: ModuleType, spec: GearSpec, dtypes: list[Any] | None = None,
           fusion_size: int = 131072, alignment: int = 64, extra: int = 0,
           ) -> tuple[Any, np.ndarray]:
-    """An ExecutorCore for ``spec`` with a zeroed staging buffer ``extra`` bytes too long."""
+    """An ExecutorCore for ``spec`` (``mod``: tests/native_pair.py for the C++ one, with the
+    GearDispatch it shares) with a zeroed staging buffer ``extra`` bytes too long."""
     dtypes = [np.dtype(d) for d in (dtypes or [np.float32] * len(spec.input_names))]
     nbytes = [[int(np.prod(s, dtype=np.int64)) * dt.itemsize
                for s, dt in zip(spec.shapes(g).values(), dtypes, strict=True)]
@@ -215,7 +217,7 @@ def test_layout_index_errors_are_input_errors() -> None:
 
 # ---- matching ------------------------------------------------------------------------------
 def test_match_every_gear_and_explain_a_miss() -> None:
-    core, _ = build(native, BATCH)
+    core, _ = build(pair, BATCH)
     assert (core.gear_count, core.values_per_gear) == (3, 1)
     assert [core.match([b]) for b in (1, 8, 16)] == [0, 1, 2]
     assert core.match(np.array([8])) == 1  # numpy ints are ints
@@ -230,7 +232,7 @@ def test_match_every_gear_and_explain_a_miss() -> None:
 def test_mismatch_lists_eight_gears_then_how_many_more() -> None:
     spec = GearSpec.from_atc(input_shape="x:-1,2", dynamic_batch_size=",".join(
         str(b) for b in range(1, 21)))
-    core, _ = build(native, spec)
+    core, _ = build(pair, spec)
     with pytest.raises(gr.GearMismatchError) as info:
         core.match([0])
     assert info.value.message.endswith(
@@ -240,7 +242,7 @@ def test_mismatch_lists_eight_gears_then_how_many_more() -> None:
 
 
 def test_match_input_errors() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     with pytest.raises(gr.DynamicInputLengthError,
                        match=r"dynamic dims have 1 values, the model's gears have 2"):
         core.match([20])
@@ -253,17 +255,17 @@ def test_match_input_errors() -> None:
 
 # ---- dims -------------------------------------------------------------------------------------
 def test_extract_dims_batch_and_image_modes() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     assert core.extract([np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]) == (40, 2)
     assert core.extract([np.zeros((1, 7)), np.zeros((9, 4))]) == (7, 9)  # not matched here
-    image, _ = build(native, IMAGE)
+    image, _ = build(pair, IMAGE)
     assert image.extract([np.zeros((1, 3, 16, 24))]) == (16, 24)
-    two, _ = build(native, TWO_BATCH)
+    two, _ = build(pair, TWO_BATCH)
     assert two.extract([np.zeros((4, 3)), np.zeros((4, 2))]) == (4,)
 
 
 def test_extract_errors_name_input_axis_and_values() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     x = np.zeros((1, 20), np.float32)
     cases = [
         ([x, np.zeros((1, 7))], gr.DynamicInputLengthError,
@@ -280,7 +282,7 @@ def test_extract_errors_name_input_axis_and_values() -> None:
         assert type(info.value) is cls and info.value.message == message
     with pytest.raises(gr.InputError):  # a 2-D array is a sequence of 1 rows, not 2 inputs
         core.extract(cases[4][0])
-    two, _ = build(native, TWO_BATCH)
+    two, _ = build(pair, TWO_BATCH)
     with pytest.raises(gr.DynamicInputLengthError) as info:
         two.extract([np.zeros((4, 3)), np.zeros((2, 2))])
     assert info.value.message == ("input 'b' axis 0 is 2 but input 'a' axis 0 is 4, and both "
@@ -288,7 +290,7 @@ def test_extract_errors_name_input_axis_and_values() -> None:
 
 
 def test_values_from_full_dims() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     assert core.values_from_full_dims([1, 40, 2, 4]) == (40, 2)
     with pytest.raises(gr.DynamicInputLengthError) as info:
         core.values_from_full_dims([1, 40, 2])
@@ -304,7 +306,7 @@ def test_values_from_full_dims() -> None:
 # ---- staging ------------------------------------------------------------------------------
 @pytest.mark.parametrize("fusion_size", [131072, 16, -1])
 def test_stage_writes_every_input_and_the_dims(fusion_size: int) -> None:
-    core, staging = build(native, DIMS, [np.float32, np.int64], fusion_size=fusion_size, extra=64)
+    core, staging = build(pair, DIMS, [np.float32, np.int64], fusion_size=fusion_size, extra=64)
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((1, 40)).astype(np.float32),
               rng.integers(-9, 9, (2, 4)).astype(np.int64)]
@@ -316,7 +318,7 @@ def test_stage_writes_every_input_and_the_dims(fusion_size: int) -> None:
 
 
 def test_stage_copies_non_contiguous_inputs() -> None:
-    core, staging = build(native, IMAGE)
+    core, staging = build(pair, IMAGE)
     base = np.arange(3 * 24 * 16, dtype=np.float32).reshape(1, 3, 24, 16)
     arr = base.transpose(0, 1, 3, 2)  # (1, 3, 16, 24), not C-contiguous
     assert not arr.flags.c_contiguous
@@ -326,7 +328,7 @@ def test_stage_copies_non_contiguous_inputs() -> None:
 
 
 def test_stage_checks_preset_gear_and_dtype() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     ok = [np.zeros((1, 20), np.float32), np.zeros((1, 4), np.float32)]
     assert core.stage(ok, (20, 1)) == 0
     with pytest.raises(gr.DynamicInputLengthError) as info:
@@ -346,7 +348,7 @@ def test_stage_checks_preset_gear_and_dtype() -> None:
 
 
 def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing() -> None:
-    core, staging = build(native, DIMS)
+    core, staging = build(pair, DIMS)
     lay = core.layout
     x = staging[lay.offset(1, 0):lay.offset(1, 0) + 160].view(np.float32).reshape(1, 40)
     x[...] = np.arange(40)
@@ -361,7 +363,7 @@ def test_stage_zero_copy_from_its_own_slot_and_no_other_aliasing() -> None:
 
 def test_zero_size_gear() -> None:
     spec = GearSpec.from_atc(input_shape="x:-1,3;y:2", dynamic_batch_size="0,2")
-    core, staging = build(native, spec)
+    core, staging = build(pair, spec)
     arrays = [np.zeros((0, 3), np.float32), np.full(2, 7, np.float32)]
     assert core.stage(arrays) == 0
     np.testing.assert_array_equal(
@@ -378,7 +380,7 @@ def test_construction_checks_layout_and_staging() -> None:
     def make(layout: Any = good, staging: Any = None, dtypes: Any = dts, gs: Any = gears) -> Any:
         if staging is None:
             staging = np.zeros(good.total_bytes, np.uint8)
-        return native.ExecutorCore(names, shapes, pos, gs, dtypes, layout, staging)
+        return pair.ExecutorCore(names, shapes, pos, gs, dtypes, layout, staging)
 
     cases = [
         (dict(layout=native.plan_layout([[80, 16], [159, 32]], 2)), gr.InputError,
@@ -418,18 +420,18 @@ def test_construction_checks_layout_and_staging() -> None:
 
 def test_construction_checks_positions() -> None:
     with pytest.raises(gr.GearSpecError, match="names input 'x' axis 0, which the model fixes"):
-        native.ExecutorCore(["x"], [[1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+        pair.ExecutorCore(["x"], [[1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
                           native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
     with pytest.raises(gr.GearSpecError, match="no dynamic position maps it"):
-        native.ExecutorCore(["x"], [[-1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
+        pair.ExecutorCore(["x"], [[-1, -1]], [(0, 0, 0)], [[1], [2]], [np.float32],
                           native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
     with pytest.raises(gr.InputError, match=r"dynamic_positions\[0\] must have 3 values"):
-        native.ExecutorCore(["x"], [[-1]], [(0, 0)], [[1], [2]], [np.float32],
+        pair.ExecutorCore(["x"], [[-1]], [(0, 0)], [[1], [2]], [np.float32],
                           native.plan_layout([[4], [8]], 1), np.zeros(256, np.uint8))
 
 
 def test_core_keeps_the_staging_buffer_alive() -> None:
-    core, staging = build(native, BATCH)
+    core, staging = build(pair, BATCH)
     alive = weakref.ref(staging)
     del staging
     assert alive() is not None  # the core holds a reference
@@ -450,8 +452,8 @@ from gear_runtime.spec import GearSpec
 spec = GearSpec.from_atc(input_shape="x:-1,1048576", dynamic_batch_size="1,16")
 layout = _core.plan_layout([[4 << 20], [64 << 20]], 1)
 staging = np.zeros(layout.total_bytes, np.uint8)
-core = _core.ExecutorCore(["x"], [[-1, 1 << 20]], [[0, 0, 0]], [[1], [16]],
-                          [np.dtype(np.float32)], layout, staging)
+dispatch = _core.GearDispatch(["x"], [[-1, 1 << 20]], [[0, 0, 0]], [[1], [16]])
+core = _core.ExecutorCore(dispatch, [np.dtype(np.float32)], layout, staging)
 big, small = np.ones((16, 1 << 20), np.float32), np.ones((1, 1 << 20), np.float32)
 wrong = []
 def stager(arr, gear):
@@ -478,7 +480,7 @@ def test_stage_keeps_its_scratch_per_call_under_concurrent_misuse() -> None:
 
 # ---- calling conventions ------------------------------------------------------------------------
 def test_keyword_arguments_and_call_errors() -> None:
-    core, _ = build(native, DIMS)
+    core, _ = build(pair, DIMS)
     arrays = [np.zeros((1, 40), np.float32), np.zeros((2, 4), np.float32)]
     assert core.match(values=(40, 2)) == 1
     assert core.extract(arrays=arrays) == (40, 2)
@@ -489,6 +491,12 @@ def test_keyword_arguments_and_call_errors() -> None:
     lay = native.plan_layout(input_nbytes=[[8, 8]], dims_count=1, fusion_size=64, alignment=64,
                            tail_padding=32)
     assert (lay.tail_padding, lay.offset(0, 1)) == (32, 64)
+    other = native.ExecutorCore(dispatch=core.dispatch, input_dtypes=[np.float32] * 2,
+                                layout=core.layout, staging=np.zeros(4096, np.uint8))
+    assert other.dispatch is core.dispatch is core.core.dispatch  # shared, not copied
+    for bad in (None, "nope", core.layout):
+        with pytest.raises(TypeError):  # a dispatch is required, and only a GearDispatch
+            native.ExecutorCore(bad, [np.float32] * 2, core.layout, np.zeros(4096, np.uint8))
     for call in (lambda: core.match(), lambda: core.match((40, 2), 1),
                  lambda: core.stage(arrays, None, False, 1), lambda: core.stage(arrays, bad=1),
                  lambda: core.extract(arrays, arrays=arrays),
@@ -502,10 +510,14 @@ def test_keyword_arguments_and_call_errors() -> None:
 
 def test_uninitialised_native_objects_raise_instead_of_crashing() -> None:
     core = native.ExecutorCore.__new__(native.ExecutorCore)
+    dispatch = native.GearDispatch.__new__(native.GearDispatch)
     layout = native.Layout.__new__(native.Layout)
-    calls = [lambda: core.match((1,)), lambda: core.stage([]), lambda: core.extract([]),
-             lambda: core.nearest((1,)), lambda: core.last_values, lambda: core.layout,
-             lambda: core.values_from_full_dims([1]), lambda: core.set_runs(None),
+    calls = [lambda: dispatch.match((1,)), lambda: core.stage([]), lambda: dispatch.extract([]),
+             lambda: dispatch.nearest((1,)), lambda: core.last_values, lambda: core.layout,
+             lambda: dispatch.values_from_full_dims([1]), lambda: core.set_runs(None),
+             lambda: core.dispatch, lambda: dispatch.costs,
+             lambda: native.ExecutorCore(dispatch, [np.float32], native.plan_layout([[4]], 1),
+                                         np.zeros(64, np.uint8)),
              lambda: core.execute({}, None, False, False), lambda: layout.offset(0, 0),
              lambda: layout.total_bytes, lambda: repr(layout)]
     for call in calls:

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import native_pair as pair
 import numpy as np
 import oracle
 import pytest
@@ -111,7 +112,7 @@ def build_pair(m: dict[str, Any]) -> tuple[Any, Any, np.ndarray, np.ndarray]:
                for s, dt in zip(spec.shapes(g).values(), m["dtypes"], strict=True)]
               for g in range(spec.gear_count)]
     cores, bufs = [], []
-    for mod in (native, oracle):
+    for mod in (pair, oracle):
         dims = spec.values_per_gear if m.get("stages_dims", True) else 0
         layout = mod.plan_layout(nbytes, dims, m["fusion"], m["alignment"],
                                  m.get("tail_padding", 0))
@@ -303,7 +304,7 @@ CONSTRUCTOR_CASES: list[dict[str, Any]] = [
 @pytest.mark.parametrize("change", CONSTRUCTOR_CASES, ids=lambda c: "-".join(c))
 def test_constructor_errors_parity(change: dict[str, Any]) -> None:
     outcomes = []
-    for mod in (native, oracle):
+    for mod in (pair, oracle):
         args: dict[str, Any] = {
             "input_names": ["x", "y"], "input_shapes": [[-1, 2], [-1]],
             "dynamic_positions": [(0, 0, 0), (1, 0, 0)], "gears": [[1], [8]],

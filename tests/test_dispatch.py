@@ -1,6 +1,6 @@
 """THE gear dispatcher (gear_runtime/runtime/dispatch.py): one answer to "which gear".
 
-It agrees with the executor's C++ core on every lookup (the core is configured from it), its
+Every executor's C++ core shares its one table (so it agrees on every lookup), its
 costs are the model's (elements, or an attached profile), its batch table is what the
 server's batcher batches to, and each of those fails a test here when it goes wrong: a batch
 table that picks the largest gear, one that ignores the profile, an executor that does not
@@ -44,27 +44,49 @@ def test_costs_are_input_elements_of_every_gear_and_any_request() -> None:
         d.elements((30, 3))
 
 
-def test_match_and_cover_agree_with_the_executors_core() -> None:
-    """Every request in a grid: the dispatcher and an executor's core give the same gear (or
-    the same error), with element costs and with a profile."""
+def test_every_executor_shares_the_models_one_table() -> None:
+    """One C++ table per model: every executor's core holds the dispatcher's own instance
+    (not a copy, not a rebuild), a profile makes a new one that only later executors take,
+    and an executor's padded runs pick exactly the dispatcher's cover over a grid of
+    requests (with element costs and with a profile)."""
     spec = spec_of(DIMS)
     model = null_model(spec)
     for profile in (None, [5.0, 1.0, 3.0]):
         model.attach_profile(profile)
-        d, core = model.dispatcher, model.create_executor()._core
-        for request in itertools.product(range(0, 90, 7), range(0, 6), range(0, 6)):
-            for ask in ("match", "cover"):
-                try:
-                    want = getattr(core, ask)(request)
-                except gr.GearMismatchError:
-                    with pytest.raises(gr.GearMismatchError):
-                        getattr(d, ask)(request)
-                    continue
-                assert getattr(d, ask)(request) == want, (ask, request, profile)
+        d = model.dispatcher
+        executors = [model.create_executor(), model.create_executor()]
+        assert all(ex._core.dispatch is d.table for ex in executors)
+        ex = executors[0]
+        for request in itertools.product(range(1, 90, 7), range(1, 6), range(1, 6)):
+            s, r, c = request
+            arrays = {"x": np.zeros((1, s), np.float32), "m": np.zeros((r, c), np.float32)}
+            try:
+                want = d.cover(request)
+            except gr.GearMismatchError:
+                with pytest.raises(gr.GearMismatchError):
+                    ex.execute(arrays, pad=True)
+                continue
+            ex.execute(arrays, pad=True)
+            assert ex.last_gear == want, (request, profile)
         rows = np.array(list(itertools.product(range(0, 90, 7), range(6), range(6))))
         many = d.cover_many(rows)
         for r, g in zip(rows.tolist(), many.tolist(), strict=True):
             assert g == (d.cover(r) if g >= 0 else -1)
+    first = model.dispatcher.table
+    model.attach_profile(None)
+    assert model.dispatcher.table is not first
+    assert executors[0]._core.dispatch is first  # made before: keeps the table it was made with
+
+
+def test_a_state_executor_shares_the_table_over_its_staged_inputs() -> None:
+    """The table over a subset of inputs is built once per subset and shared as well."""
+    d = GearDispatcher(spec_of(dict(input_shape="x:1,-1;s:4", dynamic_dims="2;8")), [3.0, 1.0])
+    over = d.over([0])
+    assert d.over([0]) is over and d.over([0, 1]) is d.table
+    assert over.costs == d.costs == (3.0, 1.0)  # the dispatcher's costs, not recomputed
+    assert over.cover([1]) == 1  # gear 8 measured cheaper than gear 2, which covers 1 too
+    with pytest.raises(gr.GearSpecError, match="0 dynamic values"):
+        d.over([1])  # the dynamic axis is x's: a table without x has a value no input carries
 
 
 def test_a_profile_changes_the_cover_and_only_later_executors_take_it() -> None:

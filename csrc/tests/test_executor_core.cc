@@ -2,6 +2,7 @@
 // padded), the order of its checks, and scratch of its own per call.
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 
 using gear_runtime::ArrayView;
 using gear_runtime::ExecutorCore;
+using gear_runtime::GearDispatch;
 using gear_runtime::InputSpec;
 using gear_runtime::Layout;
 using gear_runtime::PadValues;
@@ -19,16 +21,30 @@ using gear_runtime::Values;
 
 namespace {
 
+using Rows = std::vector<std::vector<int64_t>>;
+
+// The model's dispatch over `inputs` (what the Python model builds once).
+std::shared_ptr<const GearDispatch> dispatch_of(const std::vector<InputSpec>& inputs,
+                                                const Rows& positions, const Rows& gears) {
+  std::vector<std::string> names;
+  Rows shapes;
+  for (const InputSpec& in : inputs) names.push_back(in.name), shapes.push_back(in.shape);
+  return std::make_shared<const GearDispatch>(names, shapes, positions, gears);
+}
+
+// A core over a dispatch of its own inputs.
+ExecutorCore core_of(const std::vector<InputSpec>& inputs, const Rows& positions,
+                     const Rows& gears, const Layout& layout, uint8_t* staging, size_t size) {
+  return ExecutorCore(inputs, dispatch_of(inputs, positions, gears), layout, staging, size);
+}
+
 // x: float32 [1, S], mask: int64 [S]; gears S = 2, 4, 8 (value 0 carried by both inputs).
 struct Model {
   Layout layout = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 1, 131072, 64);
   std::vector<uint8_t> staging = std::vector<uint8_t>(layout.total_bytes(), 0xEE);
-  ExecutorCore core{{{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
-                    {{0, 1, 0}, {1, 0, 0}},
-                    {{2}, {4}, {8}},
-                    layout,
-                    staging.data(),
-                    staging.size()};
+  ExecutorCore core = core_of({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+                              {{0, 1, 0}, {1, 0, 0}}, {{2}, {4}, {8}}, layout, staging.data(),
+                              staging.size());
 };
 
 struct Request {
@@ -62,18 +78,18 @@ T at(const Model& m, size_t offset, size_t k) {
 TEST(core_match_cover_and_their_errors) {
   Model m;
   const int64_t four[1] = {4}, five[1] = {5}, nine[1] = {9};
-  CHECK_EQ(m.core.match({four, 1}), 1u);
-  CHECK_EQ(m.core.cover({five, 1}), 2u);  // 8 is the only gear covering 5
-  CHECK_EQ(m.core.cover({four, 1}), 1u);  // an exact gear is itself
-  CHECK_THROWS_ERROR(m.core.match({five, 1}), "mismatch", "145013",
+  CHECK_EQ(m.core.dispatch()->match({four, 1}), 1u);
+  CHECK_EQ(m.core.dispatch()->cover({five, 1}), 2u);  // 8 is the only gear covering 5
+  CHECK_EQ(m.core.dispatch()->cover({four, 1}), 1u);  // an exact gear is itself
+  CHECK_THROWS_ERROR(m.core.dispatch()->match({five, 1}), "mismatch", "145013",
                      "dynamic dims (5,) match no gear of the model (inputs: x axis 1; mask "
                      "axis 0); legal gears, nearest first: (4,), (2,), (8,)");
-  CHECK_THROWS_ERROR(m.core.cover({nine, 1}), "mismatch", "145013",
+  CHECK_THROWS_ERROR(m.core.dispatch()->cover({nine, 1}), "mismatch", "145013",
                      "the largest gear is (8,)");
-  CHECK_THROWS_ERROR(m.core.match({four, 0}), "length", "145012",
+  CHECK_THROWS_ERROR(m.core.dispatch()->match({four, 0}), "length", "145012",
                      "dynamic dims have 0 values, the model's gears have 1");
-  CHECK_EQ(m.core.nearest({five, 1}, 2).size(), 2u);
-  CHECK_THROWS_ERROR(m.core.nearest({five, 1}, -1), "input", "145000", "k must be >= 0");
+  CHECK_EQ(m.core.dispatch()->nearest({five, 1}, 2).size(), 2u);
+  CHECK_THROWS_ERROR(m.core.dispatch()->nearest({five, 1}, -1), "input", "145000", "k must be >= 0");
 }
 
 TEST(core_stage_copies_inputs_and_dims) {
@@ -92,7 +108,7 @@ TEST(core_stage_copies_inputs_and_dims) {
 
 TEST(core_stage_pads_to_the_covering_gear) {
   Model m;
-  m.core.set_padding(PadValues{std::nullopt, std::vector<uint8_t>(8, 0xFF)}, std::nullopt);
+  m.core.set_padding(PadValues{std::nullopt, std::vector<uint8_t>(8, 0xFF)});
   Request r(3);
   CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 1u);
   CHECK_EQ(at<float>(m, m.layout.offset(1, 0), 2), 3.0f);
@@ -101,14 +117,24 @@ TEST(core_stage_pads_to_the_covering_gear) {
   CHECK_EQ(at<int32_t>(m, m.layout.dims_offset(1), 0), 4);
   CHECK(m.core.last_values() == std::vector<int64_t>{4});
   CHECK(m.core.last_request() == std::vector<int64_t>{3});
-  // measured costs pick another covering gear; bad ones change nothing
-  m.core.set_padding(std::nullopt, std::vector<double>{1.0, 9.0, 2.0});
-  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 2u);
-  CHECK_THROWS_ERROR(m.core.set_padding(std::nullopt, std::vector<double>{1.0}), "input",
-                     "145000", "1 gear costs for 3 gears");
-  CHECK_THROWS_ERROR(m.core.set_padding(PadValues{std::vector<uint8_t>(3)}, std::nullopt),
-                     "input", "145000", "1 pad values for 2 inputs");
-  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 2u);
+  // bad pad values change nothing
+  CHECK_THROWS_ERROR(m.core.set_padding(PadValues{std::vector<uint8_t>(3)}), "input", "145000",
+                     "1 pad values for 2 inputs");
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 1u);
+  CHECK_EQ(at<int64_t>(m, m.layout.offset(1, 1), 3), -1);
+}
+
+TEST(core_cover_follows_its_dispatch_costs) {
+  // measured costs (gear 8 cheaper than gear 4) are the dispatch's: a core over it pads to 8
+  Model m;
+  const std::vector<InputSpec> inputs{{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}};
+  auto measured = std::make_shared<const GearDispatch>(
+      std::vector<std::string>{"x", "mask"}, Rows{{1, -1}, {-1}}, Rows{{0, 1, 0}, {1, 0, 0}},
+      Rows{{2}, {4}, {8}}, std::vector<double>{1.0, 9.0, 2.0});
+  ExecutorCore core(inputs, measured, m.layout, m.staging.data(), m.staging.size());
+  Request r(3);
+  CHECK_EQ(core.stage(r.views, 2, nullptr, true), 2u);
+  CHECK_EQ(m.core.stage(r.views, 2, nullptr, true), 1u);  // by elements: gear 4
 }
 
 TEST(core_stage_checks_in_order_and_writes_nothing_on_error) {
@@ -165,7 +191,7 @@ TEST(core_without_a_dims_buffer_writes_no_dims) {
   const Layout layout = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 0, 131072, 64);
   CHECK_EQ(layout.dims_nbytes(), 0u);
   std::vector<uint8_t> staging(layout.total_bytes() + 64, 0xEE);
-  ExecutorCore core({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+  ExecutorCore core = core_of({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
                     {{0, 1, 0}, {1, 0, 0}}, {{2}, {4}, {8}}, layout, staging.data(),
                     staging.size());
   Request r(4);
@@ -175,7 +201,7 @@ TEST(core_without_a_dims_buffer_writes_no_dims) {
   CHECK(core.last_values() == std::vector<int64_t>{4});
   const Layout three = Layout::plan({{8, 16}, {16, 32}, {32, 64}}, 3, 131072, 64);
   std::vector<uint8_t> big(three.total_bytes());
-  CHECK_THROWS_ERROR(ExecutorCore({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
+  CHECK_THROWS_ERROR(core_of({{"x", {1, -1}, 4, "float32"}, {"mask", {-1}, 8, "int64"}},
                                   {{0, 1, 0}, {1, 0, 0}}, {{2}, {4}, {8}}, three, big.data(),
                                   big.size()),
                      "input", "145000", "layout dims buffer has 12 bytes");
@@ -195,7 +221,7 @@ TEST(core_stage_of_many_inputs_uses_heap_scratch) {
   }
   const Layout layout = Layout::plan(nbytes, 1, 131072, 64);
   std::vector<uint8_t> staging(layout.total_bytes(), 0);
-  ExecutorCore core(inputs, positions, {{1}, {2}}, layout, staging.data(), staging.size());
+  ExecutorCore core = core_of(inputs, positions, {{1}, {2}}, layout, staging.data(), staging.size());
   std::vector<std::vector<float>> data(n);
   std::vector<ArrayView> views(n);
   const int64_t shape[1] = {2};
@@ -217,21 +243,48 @@ TEST(core_construction_checks_layout_positions_and_staging) {
   const std::vector<InputSpec> inputs{{"x", {-1}, 4, "float32"}};
   const Layout small = Layout::plan({{4}, {7}}, 1, 131072, 64);
   std::vector<uint8_t> buf(4096);
-  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {2}}, small, buf.data(), 4096),
+  CHECK_THROWS_ERROR(core_of(inputs, {{0, 0, 0}}, {{1}, {2}}, small, buf.data(), 4096),
                      "input", "145000",
                      "layout slot of input 'x' in gear 1 has 7 bytes, its shape (2,) of "
                      "float32 needs 8");
   const Layout good = Layout::plan({{4}, {8}}, 1, 131072, 64);
-  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0}}, {{1}, {2}}, good, buf.data(), 4096),
+  CHECK_THROWS_ERROR(core_of(inputs, {{0, 0}}, {{1}, {2}}, good, buf.data(), 4096),
                      "input", "145000", "dynamic_positions[0] must have 3 values");
-  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, -1}}, {{1}, {2}}, good, buf.data(), 4096),
+  CHECK_THROWS_ERROR(core_of(inputs, {{0, 0, -1}}, {{1}, {2}}, good, buf.data(), 4096),
                      "input", "145000", "has a negative value");
-  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {1}}, good, buf.data(), 4096),
+  CHECK_THROWS_ERROR(core_of(inputs, {{0, 0, 0}}, {{1}, {1}}, good, buf.data(), 4096),
                      "spec", "E10039", "repeats gear 0");
-  CHECK_THROWS_ERROR(ExecutorCore(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 3),
+  CHECK_THROWS_ERROR(core_of(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 3),
                      "input", "145000", "staging buffer has 3 bytes");
-  ExecutorCore core(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 4096);
-  CHECK_THROWS_ERROR(core.gear(2), "input", "145000", "gear index 2 out of range");
+  ExecutorCore core = core_of(inputs, {{0, 0, 0}}, {{1}, {2}}, good, buf.data(), 4096);
+  CHECK_THROWS_ERROR(core.dispatch()->gear(2), "input", "145000", "gear index 2 out of range");
+}
+
+TEST(core_shares_its_dispatch_and_checks_it_fits) {
+  // One dispatch, many cores: held by reference, never copied; it must be the inputs' own.
+  const std::vector<InputSpec> inputs{{"x", {-1}, 4, "float32"}};
+  const Layout layout = Layout::plan({{4}, {8}}, 1, 131072, 64);
+  std::vector<uint8_t> a(4096), b(4096);
+  const auto shared = dispatch_of(inputs, {{0, 0, 0}}, {{1}, {2}});
+  ExecutorCore one(inputs, shared, layout, a.data(), a.size());
+  ExecutorCore two(inputs, shared, layout, b.data(), b.size());
+  CHECK(one.dispatch().get() == shared.get());
+  CHECK(two.dispatch().get() == shared.get());
+  CHECK_EQ(shared.use_count(), 3);
+  CHECK_THROWS_ERROR(ExecutorCore(inputs, nullptr, layout, a.data(), a.size()), "input",
+                     "145000", "needs the model's dispatch");
+  const std::vector<InputSpec> renamed{{"y", {-1}, 4, "float32"}};
+  CHECK_THROWS_ERROR(ExecutorCore(renamed, shared, layout, a.data(), a.size()), "input",
+                     "145000", "input 0 is 'y' (-1,), the dispatch's is 'x' (-1,)");
+  const std::vector<InputSpec> reshaped{{"x", {-1, 2}, 4, "float32"}};
+  CHECK_THROWS_ERROR(ExecutorCore(reshaped, shared, layout, a.data(), a.size()), "input",
+                     "145000", "the dispatch's is 'x' (-1,)");
+  const std::vector<InputSpec> two_inputs{{"x", {-1}, 4, "float32"}, {"m", {-1}, 4, "int32"}};
+  CHECK_THROWS_ERROR(ExecutorCore(two_inputs, shared, layout, a.data(), a.size()), "input",
+                     "145000", "2 inputs for a dispatch of 1 inputs (x)");
+  const std::vector<InputSpec> no_size{{"x", {-1}, 0, "float32"}};
+  CHECK_THROWS_ERROR(ExecutorCore(no_size, shared, layout, a.data(), a.size()), "input",
+                     "145000", "input 'x' has an itemsize of 0");
 }
 
 TEST(core_plan_layout_checked_refuses_negative_arguments) {

@@ -4,9 +4,11 @@
   staging buffer per gear, and what GE's ONE merged host-to-device copy moves
   (csrc/layout.h).
 * ``GearDispatch``: which gear -- exact match, the cheapest cover by the configured costs,
-  GetCurDynamicDims from shapes, any request's input elements (csrc/dispatch.h); Python
-  uses it through :class:`gear_runtime.runtime.dispatch.GearDispatcher`.
-* ``ExecutorCore``: one executor's hot path -- its GearDispatch's answer for the request,
+  GetCurDynamicDims from shapes, any request's input elements (csrc/dispatch.h); one per
+  model, immutable; Python uses it through
+  :class:`gear_runtime.runtime.dispatch.GearDispatcher`.
+* ``ExecutorCore(dispatch, input_dtypes, layout, staging)``: one executor's hot path -- the
+  shared GearDispatch's answer for the request (``core.dispatch`` is that very instance),
   every check, then one copy of all inputs (padded where the gear is larger) and the dims
   into the staging buffer, with the GIL released around a large copy (csrc/executor_core.h).
   ``stage(arrays, preset, pad)`` stages a list of arrays; ``execute(inputs, preset, pad,
@@ -18,8 +20,8 @@ The headers state each call's contract once; csrc/bindings.cc only converts argu
 makes that direct run (a Python call the backend handed over; ``execute``'s contract is in
 its comments there).
 Errors are the package's classes (gear_runtime.errors) with GE's codes; a call whose
-arguments have the wrong types is a TypeError. tests/oracle.py models ExecutorCore in plain
-Python for the parity tests.
+arguments have the wrong types is a TypeError. tests/oracle.py models the pair in plain
+Python for the parity tests (tests/native_pair.py puts the C++ pair in the oracle's shape).
 """
 
 from __future__ import annotations

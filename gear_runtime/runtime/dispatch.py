@@ -17,15 +17,19 @@ decides which gear runs, configured and checked once, up front:
 
 vLLM's ``CudagraphDispatcher`` (vllm/v1/cudagraph_dispatcher.py) is the model: the keys
 (gears) and their table are precomputed, the configuration is checked at construction, and
-dispatching is a lookup. The lookups themselves are the C++ core's (``_core.GearDispatch``:
-GearTable, a hash table; Coverer, a key table): an executor's core is configured from this
-dispatcher (its spec and :attr:`costs`) and answers the hot path in C++ with no Python work
-per call; the dispatcher answers everyone else with the same C++ code. A dispatcher is
-immutable: attaching a profile makes a new one, which executors created afterwards use.
+dispatching is a lookup. The lookups themselves are the C++ core's (``_core.GearDispatch``,
+csrc/dispatch.h: GearTable in csrc/gear_table.h, a hash table; Coverer in csrc/cover.h, a key
+table or a cost-ordered scan): the dispatcher holds ONE such instance, and every executor's
+core shares it by reference (:attr:`table`; an executor with resident state shares the one
+over its staged inputs, :meth:`over`), so the hot path asks it in C++ with no Python work per
+call and no executor rebuilds or copies it; the dispatcher answers everyone else with the
+same C++ code. A dispatcher is immutable: attaching a profile makes a new one, which
+executors created afterwards use.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,23 +48,37 @@ class GearDispatcher:
         the core, like every other part of the configuration)."""
         self.spec = spec
         given = None if costs is None else [float(c) for c in costs]
-        self._core = core.GearDispatch(
-            list(spec.input_names), [list(s) for s in spec.input_shapes],
-            [list(p) for p in spec.dynamic_positions], [list(g) for g in spec.gears], given)
+        #: The C++ table (``_core.GearDispatch``) every executor's core shares.
+        self.table = _table(spec, range(len(spec.input_names)), given)
         #: Per gear, what choosing among covering gears minimises.
-        self.costs: tuple[float, ...] = tuple(self._core.costs)
+        self.costs: tuple[float, ...] = tuple(self.table.costs)
         #: ``"profile"`` (measured latencies) or ``"elements"`` (total input elements).
         self.cost_source = "elements" if costs is None else "profile"
+        self._over: dict[tuple[int, ...], Any] = {}
+        self._over_lock = threading.Lock()
+
+    def over(self, inputs: Sequence[int]) -> Any:
+        """The C++ table over the model's inputs ``inputs`` alone (indices, in model order;
+        every dynamic axis among them), with this dispatcher's gears and :attr:`costs`: what
+        an executor whose other inputs are resident state stages. Built once per input set
+        and shared, as :attr:`table` is."""
+        key = tuple(inputs)
+        if key == tuple(range(len(self.spec.input_names))):
+            return self.table
+        with self._over_lock:
+            if key not in self._over:
+                self._over[key] = _table(self.spec, key, list(self.costs))
+            return self._over[key]
 
     # ---- which gear --------------------------------------------------------------------------
     def match(self, values: Sequence[int]) -> int:
         """The gear with exactly these dynamic values: DynamicInputLengthError (145012) for
         a wrong count, GearMismatchError (145013) naming the nearest gears otherwise."""
-        return self._core.match(_ints(values))
+        return self.table.match(_ints(values))
 
     def cover(self, values: Sequence[int]) -> int:
         """The cheapest gear covering ``values`` (an exact gear is itself); 145012 / 145013."""
-        return self._core.cover(_ints(values))
+        return self.table.cover(_ints(values))
 
     def cover_many(self, requests: Any) -> np.ndarray:
         """:meth:`cover` of every row of ``requests`` ([n, values_per_gear] integers, or n
@@ -70,22 +88,27 @@ class GearDispatcher:
             raise InputError(f"requests must hold integers, got {rows.dtype}")
         if rows.ndim == 1 and self.spec.values_per_gear == 1:
             rows = rows[:, None]
-        return self._core.cover_many(np.ascontiguousarray(rows, dtype=np.int64))
+        return self.table.cover_many(np.ascontiguousarray(rows, dtype=np.int64))
 
     def extract(self, arrays: Sequence[np.ndarray]) -> tuple[int, ...]:
         """GetCurDynamicDims: the dynamic values from the arrays' shapes (in input order),
         with the core's checks: count (InputError), rank, static dims and agreement of
         positions sharing a value (145012). Not matched."""
-        return self._core.extract(arrays)
+        return self.table.extract(arrays)
+
+    def values_from_full_dims(self, full_dims: Sequence[int]) -> tuple[int, ...]:
+        """aclmdlSetInputDynamicDims' full dims (every input's shape, flattened in input
+        order) -> the gear values, with GE's 145012 checks; not matched."""
+        return self.table.values_from_full_dims(_ints(full_dims))
 
     def nearest(self, values: Sequence[int], k: int = 5) -> list[tuple[int, ...]]:
         """Up to ``k`` gears by L1 distance to ``values``, ties to the lower index."""
-        return self._core.nearest(_ints(values), k)
+        return self.table.nearest(_ints(values), k)
 
     def elements(self, values: Sequence[int]) -> float:
         """Total input elements of the inputs shaped by ``values`` (a gear's, a request's or a
         candidate gear's): the cost of a gear when none is measured."""
-        return self._core.elements(_ints(values))
+        return self.table.elements(_ints(values))
 
     # ---- the batch table (batch mode) ----------------------------------------------------------
     @property
@@ -109,7 +132,7 @@ class GearDispatcher:
         if not 1 <= rows <= self.max_batch_rows:
             raise GearMismatchError(f"{rows} rows fit no batch gear: the gears are "
                                     f"{', '.join(map(str, sizes))}")
-        return self._core.cover([rows])
+        return self.table.cover([rows])
 
     def batch_table(self) -> tuple[int, ...]:
         """``table[rows]``: :meth:`batch_gear` of every row count 1..max_batch_rows in one
@@ -117,10 +140,21 @@ class GearDispatcher:
         if self.batch_sizes is None:
             return ()
         rows = np.arange(1, self.max_batch_rows + 1, dtype=np.int64)[:, None]
-        return (0, *(int(g) for g in self._core.cover_many(rows)))
+        return (0, *(int(g) for g in self.table.cover_many(rows)))
 
     def __repr__(self) -> str:
         return f"GearDispatcher(gears={list(self.spec.gears)}, costs={self.cost_source})"
+
+
+def _table(spec: GearSpec, inputs: Sequence[int], costs: list[float] | None) -> Any:
+    """The C++ GearDispatch over ``spec``'s inputs ``inputs`` (their dynamic positions
+    renumbered; an input left out must have no dynamic axis: the core refuses a gear value
+    no input carries)."""
+    index = {i: j for j, i in enumerate(inputs)}
+    positions = [[index[i], axis, k] for i, axis, k in spec.dynamic_positions if i in index]
+    return core.GearDispatch([spec.input_names[i] for i in inputs],
+                             [list(spec.input_shapes[i]) for i in inputs], positions,
+                             [list(g) for g in spec.gears], costs)
 
 
 def _ints(values: Sequence[int]) -> list[int]:

@@ -101,11 +101,11 @@ class Executor:
         self._sink = info.sink
         shapes = [spec.input_shapes[i] for i in staged]
         self._ranks = sum(len(s) for s in shapes)
-        index = {i: j for j, i in enumerate(staged)}  # a state input has no dynamic axis
+        # "which gear": the model's one table (shared by every executor, never rebuilt here),
+        # or the one over the staged inputs when the others are resident state
+        self._dispatch = model.dispatcher.over(staged)
         self._core = core.ExecutorCore(
-            list(self._names), [list(s) for s in shapes],
-            [(index[i], axis, k) for i, axis, k in spec.dynamic_positions],
-            [list(g) for g in spec.gears], [np.dtype(d) for d in self._dtypes],
+            self._dispatch, [np.dtype(d) for d in self._dtypes],
             model.layout if layout is None else layout, session.staging)
         self._out_names = {info.output_names[k]: k for k in self._returned}
         self._preset: tuple[int, ...] | None = None
@@ -132,8 +132,7 @@ class Executor:
         # Per output, the (axis, value index) pairs a padded run's outputs are trimmed along.
         axes = model.output_dynamic_axes
         self._trim_axes = [sorted(axes[k].items()) for k in self._returned]
-        # which gear: the model's dispatcher's configuration (its costs), answered in C++
-        self._core.set_padding(self._pad_values, list(model.dispatcher.costs))
+        self._core.set_padding(self._pad_values)
         # The runs the core makes itself right after staging (where the session offers them)
         self._core.set_runs(session.direct_runs())
         self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
@@ -159,10 +158,10 @@ class Executor:
         if len(values) == 0:
             raise InputError("dims is empty: aclmdlSetInputDynamicDims rejects dimCount 0; "
                              f"pass the {self._ranks} dims of all inputs")
-        if len(values) != self._ranks and len(values) == self._core.values_per_gear:
+        if len(values) != self._ranks and len(values) == self._dispatch.values_per_gear:
             gear_values = values  # the dynamic values alone
         else:
-            gear_values = self._core.values_from_full_dims(values)
+            gear_values = self._dispatch.values_from_full_dims(values)
         self._set(gear_values)
 
     def set_dynamic_batch_size(self, batch: int) -> None:
@@ -209,7 +208,7 @@ class Executor:
 
     def _set(self, values: tuple[int, ...]) -> None:
         if not self._hybrid:
-            self._core.match(values)  # raises 145013 now, at set time, as ACL does
+            self._dispatch.match(values)  # raises 145013 now, at set time, as ACL does
         self._preset = tuple(values)
 
     def _require_mode(self, mode: str, call: str) -> None:
@@ -520,7 +519,7 @@ class Executor:
 
     def _run_dynamic(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss (GE's SelectExecuteGraph): the dynamic-shape graph."""
-        values = self._core.extract(arrays)
+        values = self._dispatch.extract(arrays)
         self._check_preset(values, "the inputs' dynamic dims")
         logger.info("dynamic dims %s match no gear: running the dynamic-shape graph", values)
         self._check_dtypes(arrays)
@@ -537,7 +536,7 @@ class Executor:
         self.last_gear = None
         self._check_preset(self.last_dynamic_dims, "the dims computed on the device")
         try:
-            gear = self._core.match(self.last_dynamic_dims)
+            gear = self._dispatch.match(self.last_dynamic_dims)
         except GearMismatchError as exc:
             raise GearMismatchError(f"{exc.message} (dims computed on the device from the "
                                     "input shapes)", exc.code) from None
