@@ -37,7 +37,7 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
     and without (``execute(copy=False)``), the two alternating ``repeats`` times on one
     loaded model; return run_all rows (medians over the repeats) and, verbose, print each
     run's table and the min-max of every figure over the repeats."""
-    from run_all import row
+    from bench_rows import row
 
     import gear_runtime as gr
     from gear_runtime.compiler import compile_model
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each copy mode, alternating (default 3)")
     args = parser.parse_args(argv)
-    from run_all import format_rows
+    from bench_rows import format_rows
 
     rows = run(args.iterations, args.warmup, args.threads, verbose=True, repeats=args.repeats)
     print()

@@ -114,7 +114,7 @@ def run(width: int = 1024, layers: int = 8, repeats: int = 3, threads: int = 1,
         verbose: bool = False) -> list[dict[str, Any]]:
     """Compile the two versions, measure each load ``repeats`` times; return run_all rows."""
     import onnx
-    from run_all import row
+    from bench_rows import row
 
     import gear_runtime as gr
     from gear_runtime.compiler import compile_model
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(args.child[0], args.child[1], args.threads)))
         return 0
-    from run_all import format_rows
+    from bench_rows import format_rows
 
     rows = run(args.width, args.layers, args.repeats, args.threads, verbose=True)
     print()

@@ -9,9 +9,10 @@ Runtime on the original dynamic model vs the naive per-input ``session.run``, on
 example) and ``bench_memory.py`` (resident memory of an 8-gear weight-heavy model vs its
 1-gear version, each load in a fresh process). Each script also runs alone.
 
-A row is a dict: ``bench``, ``metric``, ``value``, ``unit``, ``target`` (text or None) and
-``status``: ``"PASS"`` / ``"FAIL"`` against the target, ``"info"`` without one, ``"SKIP"``.
-Exit code 0 when no row FAILed.
+The rows (``bench_rows.py``: ``row``, ``format_rows``, re-exported here) are dicts: ``bench``,
+``metric``, ``value``, ``unit``, ``target`` (text or None) and ``status``: ``"PASS"`` /
+``"FAIL"`` against the target, ``"info"`` without one, ``"SKIP"``. Exit code 0 when no row
+FAILed.
 """
 
 from __future__ import annotations
@@ -22,42 +23,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # so that `import bench_gears` works from anywhere
     sys.path.insert(0, str(HERE))
 
-Row = dict[str, Any]
-
-
-def row(bench: str, metric: str, value: float | None, unit: str, target: str | None = None,
-        passed: bool | None = None, status: str | None = None) -> Row:
-    """One table row; ``passed`` None means no target (status "info") unless ``status``."""
-    if status is None:
-        status = "info" if passed is None else ("PASS" if passed else "FAIL")
-    return {"bench": bench, "metric": metric, "value": value, "unit": unit, "target": target,
-            "status": status}
-
-
-def format_rows(rows: Sequence[Row]) -> str:
-    """The rows as one fixed-width table."""
-    cells = [["bench", "metric", "value", "target", "status"]]
-    for r in rows:
-        v = r["value"]
-        if v is None:
-            value = "-"
-        elif isinstance(v, float):
-            value = f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
-        else:
-            value = str(v)
-        cells.append([r["bench"], r["metric"], f"{value} {r['unit']}".strip(),
-                      r["target"] or "", r["status"]])
-    widths = [max(len(c[i]) for c in cells) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-             for line in cells]
-    lines.insert(1, "-" * max(len(x) for x in lines))
-    return "\n".join(lines)
+from bench_rows import Row, format_rows, row  # noqa: E402  (its folder is on sys.path now)
 
 
 def _core_rows(stdout: str) -> list[Row]:

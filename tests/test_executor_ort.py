@@ -96,6 +96,31 @@ def test_sink_reads_the_device_dims_back(tmp_path: Path) -> None:
         ex.execute(random_inputs(original, spec.shapes(0)))
 
 
+def test_sink_outputs_are_checked_against_the_gear_map(tmp_path: Path, monkeypatch) -> None:
+    """GetNext-sink: the device computes the dims and the outputs in one run. Outputs whose
+    shape is not what the gear map says for the dims read back (a mis-routed sink graph:
+    dims of gear 2, batch 8, with outputs of batch 4) are a BackendError naming the output
+    and both shapes, never handed out as gear 2's."""
+    original, spec, path = compiled(tmp_path, "conv_batch", sink=True)
+    ex = gr.load(path).create_executor()
+    feeds = random_inputs(original, spec.shapes(1), seed=1)  # batch 4: gear 1
+    real = ex._session.run_sink
+
+    def misrouted(arrays):
+        outputs, _ = real(arrays)
+        return outputs, (8,)
+
+    monkeypatch.setattr(ex._session, "run_sink", misrouted)
+    for copy in (True, False):
+        with pytest.raises(gr.BackendError, match=r"output 'logits' of gear 2 has shape "
+                                                  r"\(4, 10\), the gear map says \(8, 10\)"):
+            ex.execute(feeds, copy=copy)
+        assert ex.last_gear is None and ex.last_dynamic_dims == (8,)
+    monkeypatch.setattr(ex._session, "run_sink", real)
+    assert_same(ex.execute(feeds), run_model(original, feeds))
+    assert ex.last_gear == 1
+
+
 def test_eight_threads_each_with_its_own_executor(tmp_path: Path) -> None:
     original, spec, path = compiled(tmp_path, "reshape")
     model = gr.load(path, intra_op_num_threads=1)

@@ -34,13 +34,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+#: Folders of scripts run as ``python <folder>/<script>.py``, each of which puts the folder on
+#: ``sys.path`` and imports its siblings by bare name (``import bench_gears``).
+SCRIPT_FOLDERS = ("benchmarks",)
 
 
-def modules(folder: str) -> dict[str, Path]:
+def modules(folder: str, root: Path = ROOT) -> dict[str, Path]:
     """Module name -> file of every .py under ``folder`` (packages by their __init__)."""
     out = {}
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted((root / folder).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -62,19 +65,34 @@ def imported(module: str, path: Path) -> Iterator[str]:
             yield from (f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
 
 
-def graph(*folders: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``folders`` it imports (a package's import is its __init__)."""
+def graph(*folders: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of ``folders`` it imports (a package's import is its __init__).
+
+    A module of a :data:`SCRIPT_FOLDERS` folder imports its siblings by their bare names
+    (``import bench_gears`` in benchmarks/ is ``benchmarks.bench_gears``): a bare name that
+    is a module of the importer's own script folder is resolved to it, as Python does with
+    the folder first on ``sys.path``.
+    """
     mods: dict[str, Path] = {}
     for folder in folders:
-        mods |= modules(folder)
+        mods |= modules(folder, root)
+    siblings = {folder: _siblings(mods, folder) for folder in SCRIPT_FOLDERS}
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in mods.items():
+        top = name.split(".")[0]
         for target in imported(name, path):
+            if target.split(".")[0] in siblings.get(top, ()):
+                target = f"{top}.{target}"
             while target and target not in mods:
                 target = target.rpartition(".")[0]
             if target and target != name and not name.startswith(target + "."):
                 edges[name].add(target)  # a module importing its own package's __init__
     return edges
+
+
+def _siblings(mods: dict[str, Path], folder: str) -> set[str]:
+    """The bare names of the modules directly in script folder ``folder``."""
+    return {m.split(".")[1] for m in mods if m.startswith(folder + ".") and m.count(".") == 1}
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -116,7 +134,25 @@ def package_of(module: str) -> str:
 
 def test_no_import_circles_in_the_package_or_the_benchmarks() -> None:
     assert circles(graph("gear_runtime")) == []
+    assert circles(graph("benchmarks")) == []
     assert circles(graph("gear_runtime", "benchmarks")) == []
+
+
+def test_bare_name_imports_of_the_benchmarks_are_seen(tmp_path) -> None:
+    """The benchmarks import each other by bare name (their folder on sys.path): the graph
+    resolves those to the sibling modules, finds a circle made of them, and leaves a bare
+    name that is no sibling (a third-party module) alone."""
+    edges = graph("benchmarks")
+    assert "benchmarks.bench_scale" in edges["benchmarks.bench_cuda"]  # from bench_scale import
+    assert "benchmarks.bench_gears" in edges["benchmarks.run_all"]  # import bench_gears (lazy)
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "a.py").write_text("import numpy\nimport b\n")
+    (folder / "b.py").write_text("def f():\n    from c import g\n")
+    (folder / "c.py").write_text("from a import x\n")
+    found = graph("benchmarks", root=tmp_path)
+    assert circles(found) == [["benchmarks.a", "benchmarks.b", "benchmarks.c"]]
+    assert found["benchmarks.a"] == {"benchmarks.b"}
 
 
 def test_every_package_has_a_layer() -> None:

@@ -151,3 +151,130 @@ def test_no_pooling_where_reference_counts_are_not_exact(monkeypatch) -> None:
     del a
     pool.array((100,), np.uint8)
     assert pool.reused == 0 and pool.held_bytes == 0
+
+
+# ---- 64-byte alignment, proved against memory that starts 1 byte past a boundary -------------
+class OddNumpy:
+    """numpy, except that 1-D uint8 ``zeros`` / ``empty`` (the raw blocks aligned_buffer and
+    the pool carve their arrays from) start 1 byte past a 64-byte boundary: an address an
+    allocator may give, made certain, so that alignment is proved, not left to malloc."""
+
+    def __init__(self) -> None:
+        self.raw: list[np.ndarray] = []
+
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    def _odd(self, make, shape, dtype, **kw) -> np.ndarray:
+        if isinstance(shape, int | np.integer) and np.dtype(dtype) == np.uint8 and not kw:
+            block = make(int(shape) + 128, np.uint8)
+            start = (1 - block.ctypes.data) % 64
+            raw = block[start:start + int(shape)]
+            assert raw.ctypes.data % 64 == 1
+            self.raw.append(raw)
+            return raw
+        return make(shape, dtype, **kw)
+
+    def zeros(self, shape, dtype=float, **kw) -> np.ndarray:
+        return self._odd(np.zeros, shape, dtype, **kw)
+
+    def empty(self, shape, dtype=float, **kw) -> np.ndarray:
+        return self._odd(np.empty, shape, dtype, **kw)
+
+
+@pytest.fixture
+def odd_memory(monkeypatch) -> OddNumpy:
+    """Every raw block of backends/base.py (aligned_buffer) and of the output pool starts at an
+    odd address while the test runs."""
+    from gear_runtime.backends import base
+
+    odd = OddNumpy()
+    monkeypatch.setattr(base, "np", odd)
+    monkeypatch.setattr(output_pool, "np", odd)
+    return odd
+
+
+def test_aligned_buffer_and_the_pool_align_odd_memory_to_64(odd_memory) -> None:
+    from gear_runtime.backends.base import aligned_buffer
+
+    for nbytes in (0, 1, 3, 63, 64, 65, 1001):
+        buf = aligned_buffer(nbytes)
+        assert buf.ctypes.data % 64 == 0 and buf.nbytes == nbytes, nbytes
+        assert not buf.any()
+    pool = OutputPool(budget=10**6)
+    for shape, dtype in [((3,), np.uint8), ((5, 7), np.float32), ((1, 9), np.float16)]:
+        arr, addr = pool.array(shape, dtype)
+        assert addr % 64 == 0 and arr.ctypes.data == addr and arr.shape == shape, shape
+    assert len(odd_memory.raw) == 7 + 3  # every block above came from odd memory
+    # output_buffers (the OpenVINO session's): one buffer per output, viewed per gear
+    from gear_runtime.backends.base import output_buffers
+    from gear_runtime.backends.null import open_model
+
+    spec = gr.GearSpec.from_atc(input_shape="x:1,-1", dynamic_dims="3;7")
+    info = open_model(None, spec=spec, outputs={"a": [(1, 3), (1, 7)], "b": [(3, 3), (7, 7)],
+                                                "c": [(5,), (5,)]}).info
+    buffers, views, _ = output_buffers(info, FRESH_OUTPUT_MIN_BYTES)
+    assert len(odd_memory.raw) == 10 + 3
+    for arr in [*buffers, *(v for gear in views for v in gear)]:
+        assert arr.ctypes.data % 64 == 0, arr.shape
+
+
+def odd_outputs_model() -> onnx.ModelProto:
+    """x [1, S, 3] float32 -> outputs of odd byte sizes at the odd gears S = 5, 7, 13: uint8,
+    bool and float16 [1, S, 3] (3S / 3S / 6S bytes), float32 [1, S] (4S) and a float32
+    [1, S, 4099] that execute() writes into the pool (>= 64 KiB)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((3, 4099)).astype(np.float32), "w")
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Cast", ["x"], ["u8"], to=TensorProto.UINT8),
+         n("Greater", ["x", "zero"], ["pos"]),
+         n("Cast", ["x"], ["half"], to=TensorProto.FLOAT16),
+         n("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+         n("MatMul", ["x", "w"], ["wide"])], "odd_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 3])],
+        [helper.make_tensor_value_info("u8", TensorProto.UINT8, [1, "S", 3]),
+         helper.make_tensor_value_info("pos", TensorProto.BOOL, [1, "S", 3]),
+         helper.make_tensor_value_info("half", TensorProto.FLOAT16, [1, "S", 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, "S"]),
+         helper.make_tensor_value_info("wide", TensorProto.FLOAT, [1, "S", 4099])],
+        [w, zero, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_executor_outputs_are_64_byte_aligned_in_every_gear(tmp_path, odd_memory) -> None:
+    """On ONNX Runtime's CPU: the staging buffer, every output buffer (views per gear, of the
+    odd sizes above) and every pooled array execute() hands out start on a 64-byte boundary,
+    although the memory they are carved from starts 1 byte past one."""
+    path = str(tmp_path / "odd.gear.onnx")
+    gr.compile(odd_outputs_model(), gr.GearSpec.from_atc(input_shape="x:1,-1,3",
+                                                         dynamic_dims="5;7;13"),
+               path, progress=False)
+    with gr.load(path) as model:
+        ex = model.create_executor()
+        session = ex._session
+        assert session.staging.ctypes.data % 64 == 0
+        assert odd_memory.raw, "the session's buffers did not come from aligned_buffer"
+        for seq in (5, 7, 13, 6):  # 6: padded to 7, trimmed views
+            x = feed_odd(seq)
+            views = ex.execute(x, copy=False, pad=True)
+            assert [v.nbytes for v in views[:4]] == [3 * seq, 3 * seq, 6 * seq, 4 * seq]
+            for name, v in zip(model.output_names, views, strict=True):
+                assert v.ctypes.data % 64 == 0, (seq, name, v.ctypes.data % 64)
+            kept = ex.execute(x, pad=True)
+            assert kept[4].nbytes >= FRESH_OUTPUT_MIN_BYTES
+            assert kept[4].ctypes.data % 64 == 0, (seq, kept[4].ctypes.data % 64)
+            assert not np.shares_memory(kept[4], views[4])
+            np.testing.assert_array_equal(kept[0], views[0])
+        for buffers in session._outputs:
+            for buf in buffers:
+                assert buf.ctypes.data % 64 == 0
+    assert len(odd_memory.raw) >= 1 + 5 + 1  # staging, the 5 output buffers, a pooled block
+
+
+def feed_odd(seq: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seq).standard_normal((1, seq, 3)).astype(np.float32)}

@@ -145,6 +145,60 @@ def test_integer_outputs_must_be_equal_and_chunks_change_nothing(monkeypatch) ->
     assert nan.safe and nan.max_abs == 0.0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_a_difference_in_an_early_chunk_is_not_forgotten_by_the_last(monkeypatch,
+                                                                      dtype) -> None:
+    """The verdict folds EVERY chunk: outputs that differ only in their first chunk and agree
+    in the last one are UNSAFE (chunks of 4 elements: 5 chunks of 20)."""
+    from gear_runtime.tools import padding
+
+    monkeypatch.setattr(padding, "CHUNK_ELEMENTS", 4)
+    want = np.arange(1, 21, dtype=dtype).reshape(4, 5)
+    for where in (0, 9):  # the first chunk, a middle one; the last chunk agrees
+        got = want.copy()
+        got.flat[where] += 100
+        check = padding.OutputCheck("y")
+        padding._compare(check, (4,), got, want, 1e-4, 1e-5)
+        assert check.failed == [(4,)] and not check.safe and check.max_abs == 100.0, where
+    check = padding.OutputCheck("y")
+    padding._compare(check, (4,), want.copy(), want, 1e-4, 1e-5)
+    assert check.safe and check.failed == []
+
+
+def first_is_mean_model() -> onnx.ModelProto:
+    """x [1, S] -> y [1, S]: y[0] = mean(x) (reads the padded positions), y[1:] = x[1:] (safe):
+    padding spoils only the FIRST element of the output."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Slice", ["x", "one", "big", "one"], ["rest"]),
+             helper.make_node("Concat", ["m", "rest"], ["y"], axis=1)]
+    graph = helper.make_graph(
+        nodes, "first_is_mean", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "S"])],
+        [helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+         helper.make_tensor("big", TensorProto.INT64, [1], [1 << 30])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_check_padding_flags_a_model_that_differs_in_its_first_chunk_only(tmp_path,
+                                                                          monkeypatch) -> None:
+    """check_padding end to end, the outputs compared in chunks of 2 elements: only the first
+    element (so the first chunk) of a padded run differs, and the model is UNSAFE."""
+    from gear_runtime.tools import padding
+
+    source = str(tmp_path / "first_is_mean.onnx")
+    onnx.save(first_is_mean_model(), source)
+    gear = str(tmp_path / "first_is_mean.gear.onnx")
+    gr.compile(source, gr.GearSpec.from_atc(input_shape="x:1,-1", dynamic_dims="8;16"), gear,
+               progress=False)
+    monkeypatch.setattr(padding, "CHUNK_ELEMENTS", 2)
+    report = gr.check_padding(gear, source, samples=[5, 8, 11])
+    (y,) = report.outputs
+    assert not report.safe and y.failed == [(5,), (11,)] and "UNSAFE" in y.verdict
+    assert report.outputs[0].max_abs > 1e-3
+
+
 _PEAK = r"""
 import json, sys
 import numpy as np, onnxruntime as ort

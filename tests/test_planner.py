@@ -82,6 +82,20 @@ def test_max_gear_caps_the_plan_and_reports_uncovered() -> None:
     assert plan.gears[-1] == (60,) and plan.uncovered == pytest.approx(1 / 6)
 
 
+def test_max_gear_is_inclusive() -> None:
+    """A request of exactly max_gear is covered (the cap is the largest gear ALLOWED), with one
+    value (the DP) and with several (the heuristic: every value at most the cap)."""
+    plan = plan_gears([1, 2, 3, 50, 60, 100], 2, "elements", max_gear=60)
+    assert plan.gears[-1] == (60,) and plan.uncovered_count == 1  # 100 alone
+    plan = plan_gears([60, 60], 1, "elements", max_gear=60)
+    assert plan.gears == [(60,)] and plan.uncovered_count == 0
+    plan = plan_gears([(60, 1), (2, 60), (61, 1)], 2, "elements", max_gear=60)
+    assert plan.uncovered_count == 1 and all(max(g) <= 60 for g in plan.gears)
+    assert evaluate(plan.gears, [(60, 1), (2, 60)], lambda g: 1.0, "x").uncovered_count == 0
+    with pytest.raises(InputError, match="no request is within max_gear=59"):
+        plan_gears([60, 61], 1, "elements", max_gear=59)
+
+
 def test_measured_cost_follows_the_curve() -> None:
     curve = LatencyCurve((1, 100, 200), (1.0, 1.0, 10.0))  # flat, then steep
     plan = plan_gears(list(range(1, 201)), 2, "measured", curve=curve)

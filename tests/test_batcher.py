@@ -1,0 +1,210 @@
+"""The dynamic batcher's boundaries (gear_runtime/serving/batcher.py), on a recording runner.
+
+* the largest gear: requests that fill it EXACTLY are one batch (``_take``: rows + next <=
+  max_rows), and a batch that reaches it goes at once, without waiting out the delay
+  (``_gather_one``: pending rows < max_rows);
+* the queue delay: requests that arrive within it of the first waiting one are gathered, and a
+  batch below the largest gear waits it out (not less).
+
+A broken boundary must FAIL here, quickly, never hang: every test runs under
+``asyncio.wait_for`` and a watchdog (SIGALRM) that also frees an event loop blocked by a
+gathering task spinning without ever awaiting (what a ``<`` in ``_take`` does with a request
+as large as the largest gear: nothing is taken, and the task retries at once, forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gear_runtime as gr
+from gear_runtime.runtime.dispatch import GearDispatcher
+from gear_runtime.serving.batcher import Batcher, BatchPlan, _Item
+
+GEARS = (1, 2, 4, 8)
+#: A delay no test may wait out: a batch that waits for it fails the test's timeout instead.
+FOREVER_S = 60.0
+
+
+class Hung(Exception):
+    """What the watchdog fails a blocked batcher's requests with."""
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float, batcher: Batcher) -> Iterator[None]:
+    """After ``seconds``, fail every request still waiting in ``batcher`` with :class:`Hung`
+    (SIGALRM: its handler runs in the main thread, even in the middle of a gathering task that
+    spins without ever awaiting): with nothing left to take the task awaits again, and the
+    loop, free again, ends the test. Nothing is raised from the handler itself (an exception
+    raised into arbitrary code can leave the interpreter inconsistent); only if the loop is
+    still blocked 2 s later is :class:`Hung` raised there, as a last resort."""
+    def fire(signum: int, frame: Any) -> None:
+        if not fired:
+            fired.append(True)
+            batcher.fail_waiting(Hung(f"not answered after {seconds} s: the batcher is stuck"))
+            signal.setitimer(signal.ITIMER_REAL, 2.0)
+            return
+        raise Hung(f"the event loop is still blocked {seconds + 2} s on")
+
+    fired: list[bool] = []
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run(main: Callable[[], Awaitable[Any]], batcher: Batcher, timeout: float = 2.0) -> Any:
+    """``main()`` on a fresh event loop: TimeoutError past ``timeout``, Hung shortly after
+    when the loop itself is blocked by ``batcher``."""
+    with watchdog(timeout + 1.0, batcher):
+        return asyncio.run(asyncio.wait_for(main(), timeout))
+
+
+def plan() -> BatchPlan:
+    spec = gr.GearSpec.from_atc("x:-1,3", dynamic_batch_size=",".join(map(str, GEARS)))
+    made, why = BatchPlan.for_model(GearDispatcher(spec), [((b, 3),) for b in GEARS])
+    assert why == "" and made.max_rows == 8
+    return made
+
+
+def recorder() -> tuple[Callable[..., Awaitable[Any]], list[list[int]]]:
+    """A batch runner that records each batch (the rows of each of its requests) and answers
+    every request with its own rows times 2."""
+    batches: list[list[int]] = []
+
+    async def runner(requests: list[list[np.ndarray]]) -> tuple[int, list[list[np.ndarray]]]:
+        batches.append([r[0].shape[0] for r in requests])
+        await asyncio.sleep(0)
+        return len(batches) - 1, [[r[0] * 2] for r in requests]
+
+    return runner, batches
+
+
+def rows(n: int, value: float = 0.0) -> list[np.ndarray]:
+    return [np.full((n, 3), value, np.float32)]
+
+
+# ---- the largest gear -------------------------------------------------------------------------
+@pytest.mark.parametrize("sizes", [(8,), (4, 4), (2, 2, 4), (1, 7)])
+def test_requests_filling_the_largest_gear_go_at_once_as_one_batch(sizes) -> None:
+    """Rows summing to exactly the largest gear (8) are ONE batch, run at once although the
+    delay is a minute and the batcher waits even when idle."""
+    runner, batches = recorder()
+    batcher = Batcher(plan(), runner, max_delay_s=FOREVER_S, slots=1, wait_when_idle=True)
+
+    async def main() -> list[Any]:
+        arrays = [rows(n, i) for i, n in enumerate(sizes)]
+        got = await asyncio.gather(*(batcher.submit(a) for a in arrays))
+        await batcher.close()
+        return [(g, a) for g, a in zip(got, arrays, strict=True)]
+
+    for (ran, (out,)), (x,) in run(main, batcher):
+        assert ran == 0
+        np.testing.assert_array_equal(out, x * 2)
+    assert batches == [list(sizes)]
+
+
+def test_a_request_that_does_not_fit_the_rest_of_the_gear_waits_for_the_next_batch() -> None:
+    """5 rows then 4: 9 > 8, so the first batch is the 5 rows alone; the 4 rows run next (on
+    their own delay: short here)."""
+    runner, batches = recorder()
+    batcher = Batcher(plan(), runner, max_delay_s=0.05, slots=1, wait_when_idle=True)
+
+    async def main() -> None:
+        await asyncio.gather(batcher.submit(rows(5)), batcher.submit(rows(4)))
+        await batcher.close()
+
+    run(main, batcher)
+    assert batches == [[5], [4]]
+
+
+def test_take_takes_up_to_the_largest_gear_inclusive() -> None:
+    """``_take`` itself (no event loop running, so a wrong bound fails at once rather than
+    spinning): the first waiting requests whose rows fit in max_rows, equal included."""
+    loop = asyncio.new_event_loop()
+    try:
+        for sizes, taken in [((8,), [8]), ((8, 1), [8]), ((4, 4, 1), [4, 4]),
+                             ((5, 4), [5]), ((1, 2, 4, 1), [1, 2, 4, 1]), ((3, 6), [3])]:
+            batcher = Batcher(plan(), recorder()[0], max_delay_s=0.0, slots=1)
+            for n in sizes:
+                batcher._pending.append(_Item(rows(n), n, 0.0, loop.create_future()))
+                batcher._pending_rows += n
+            assert [it.rows for it in batcher._take()] == taken, sizes
+            left = list(sizes[len(taken):])
+            assert [it.rows for it in batcher._pending] == left
+            assert batcher._pending_rows == sum(left)
+    finally:
+        loop.close()
+
+
+# ---- the queue delay --------------------------------------------------------------------------
+def test_requests_within_the_delay_are_gathered_and_the_batch_waits_it_out() -> None:
+    """Delay 0.5 s, waiting even when idle: a request, another 0.05 s later -> ONE batch that
+    runs once the first has waited the delay (not before); a lone request afterwards waits its
+    own delay too and runs alone."""
+    delay = 0.5
+    runner, batches = recorder()
+    batcher = Batcher(plan(), runner, max_delay_s=delay, slots=1, wait_when_idle=True)
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def later() -> Any:
+            await asyncio.sleep(0.05)
+            return await batcher.submit(rows(1, 2.0))
+
+        await asyncio.gather(batcher.submit(rows(1, 1.0)), later())
+        first = loop.time() - start
+        start = loop.time()
+        await batcher.submit(rows(1, 3.0))
+        second = loop.time() - start
+        await batcher.close()
+        return first, second
+
+    first, second = run(main, batcher, timeout=4.0)
+    assert batches == [[1, 1], [1]]
+    # the loop's timers may fire up to its clock resolution early; a busy machine is late
+    assert delay - 0.01 <= first < delay + 1.5, first
+    assert delay - 0.01 <= second < delay + 1.5, second
+
+
+def test_an_idle_batcher_runs_a_lone_request_at_once_and_gathers_while_busy() -> None:
+    """Without wait_when_idle, a request to an idle batcher never pays the (minute-long) delay;
+    requests arriving while its batch runs gather, and go as soon as they fill the largest
+    gear."""
+    batches: list[list[int]] = []
+    gate: dict[str, asyncio.Event] = {}
+
+    async def runner(requests: list[list[np.ndarray]]) -> tuple[int, list[list[np.ndarray]]]:
+        batches.append([r[0].shape[0] for r in requests])
+        if len(batches) == 1:
+            await gate["first"].wait()  # the first batch runs until the others are queued
+        return len(batches) - 1, [[r[0] * 2] for r in requests]
+
+    batcher = Batcher(plan(), runner, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> None:
+        gate["first"] = asyncio.Event()
+        first = asyncio.ensure_future(batcher.submit(rows(1)))
+        while not batches:
+            await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(batcher.submit(rows(n))) for n in (3, 5)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(batcher) == 2 and len(batches) == 1  # gathered while the batch runs
+        gate["first"].set()
+        await asyncio.gather(first, *rest)
+        await batcher.close()
+
+    run(main, batcher)
+    assert batches == [[1], [3, 5]]
