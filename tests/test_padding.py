@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from types import ModuleType
 
 import native_pair as pair
@@ -264,17 +265,78 @@ def test_a_padded_image_is_trimmed_along_both_of_its_axes(tmp_path) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "square image gears tie H and W (4 == 4, 8 == 8) and ONNX shape inference names no "
-    "axis of a Conv's output, so gearfile/info.py _axes_of takes fits[0]: axis 3 (W) is "
-    "recorded to follow value 0 (H), {2: 0, 3: 0}, and a (3, 5) request comes back "
-    "(1, 3, 3, 3) instead of (1, 3, 3, 5)"))
 def test_square_image_gears_trim_the_width_by_the_width(tmp_path) -> None:
+    """Gears (4,4), (8,8) tie H and W and ONNX inference names no axis of a Conv's output:
+    the compiler's probe run (at H 4, W 5) tells which value each axis follows, so a (3, 5)
+    request comes back (1, 3, 3, 5), not (1, 3, 3, 3) (the width trimmed by the height)."""
     x = np.random.default_rng(1).standard_normal((1, 3, 3, 5)).astype(np.float32)
     with keep_hw_executor(tmp_path, "4,4;8,8") as model:
+        assert model.output_dynamic_axes == [{2: 0, 3: 1}]
         (got,) = model.create_executor().execute({"data": x}, pad=True)
         assert got.shape == (1, 3, 3, 5)
         np.testing.assert_allclose(got, exact_run(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_tie_the_model_needs_is_kept_and_an_unchecked_one_is_said(tmp_path) -> None:
+    """The same conv behind a Reshape that bakes H == W: the probe cannot run there, so the
+    model needs H == W itself and trimming by either value is the same (the first is kept,
+    no warning). With --verify off nothing runs at all: the first is kept and compile says
+    which axes it could not check."""
+    from onnx import TensorProto, helper
+
+    from gear_runtime.compiler.build import compile_gears
+
+    model = conv_keep_hw_model()
+    g = model.graph
+    # y = Relu(Conv(x)) + 0 * Reshape(x, [1, 3, H, H]) with H = Shape(x)[2]: runs only if H == W
+    g.node.extend([
+        helper.make_node("Shape", ["data"], ["shape"]),
+        helper.make_node("Gather", ["shape", "two"], ["h"], axis=0),
+        helper.make_node("Concat", ["one_three", "h", "h"], ["square"], axis=0),
+        helper.make_node("Reshape", ["data", "square"], ["same"]),
+        helper.make_node("Mul", ["same", "zero"], ["nothing"]),
+        helper.make_node("Add", ["y_conv", "nothing"], ["y"])])
+    g.node[1].output[0] = "y_conv"
+    g.initializer.extend([helper.make_tensor("two", TensorProto.INT64, [1], [2]),
+                          helper.make_tensor("one_three", TensorProto.INT64, [2], [1, 3]),
+                          helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    spec = gr.GearSpec.from_atc(input_shape="data:1,3,-1,-1", dynamic_image_size="4,4;8,8")
+    x = np.random.default_rng(2).standard_normal((1, 3, 3, 3)).astype(np.float32)
+    for verify in (None, False):
+        path = str(tmp_path / f"baked_{verify}.gear.onnx")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = compile_gears(model, spec, path, progress=False, verify=verify)
+        told = [str(w.message) for w in caught if "follows value" in str(w.message)]
+        if verify is None:
+            assert report.unchecked_ties == [] and told == []
+        else:
+            assert report.unchecked_ties == told == [
+                f"y axis {a} follows value 0 or 1 (equal in every gear; no run at compile "
+                "time told which): padded requests trim it by value 0" for a in (2, 3)]
+        with gr.load(path) as loaded:
+            assert loaded.output_dynamic_axes == [{2: 0, 3: 0}]
+            (got,) = loaded.create_executor().execute({"data": x}, pad=True)
+            assert got.shape == (1, 3, 3, 3)
+
+
+def test_ties_are_told_apart_by_inference_or_the_probe() -> None:
+    """gearfile/info.py's rule on its own: an axis following one of two values equal in
+    every gear follows the one inference names, else the one the probe shows, else (no
+    evidence) the first; a probe size neither value has means it follows none."""
+    from gear_runtime.gearfile.info import ambiguous_axes, axes_from_shapes
+
+    gears = [(4, 4), (8, 8)]
+    shapes = [[(1, 3, 4, 4)], [(1, 3, 8, 8)]]
+    assert axes_from_shapes(gears, shapes) == ({2: 0, 3: 0},)  # no evidence: the first
+    assert axes_from_shapes(gears, shapes, [{3: 1}]) == ({2: 0, 3: 1},)
+    assert axes_from_shapes(gears, shapes, None, ((4, 5), [(1, 3, 4, 5)])) == ({2: 0, 3: 1},)
+    assert axes_from_shapes(gears, shapes, None, ((4, 5), [(1, 3, 5, 4)])) == ({2: 1, 3: 0},)
+    # the probe shows a size neither value has (9 = 4 + 5): it follows no single value
+    assert axes_from_shapes(gears, shapes, None, ((4, 5), [(1, 3, 9, 4)])) == ({3: 0},)
+    assert ambiguous_axes(gears, shapes, ({2: 0, 3: 1},), [{3: 1}]) == [(0, 2, [0, 1])]
+    # untied values need neither: (4, 6), (8, 10)
+    assert axes_from_shapes([(4, 6), (8, 10)], [[(1, 4, 6)], [(1, 8, 10)]]) == ({1: 0, 2: 1},)
 
 
 # ---- the built-in prefill model: every length equals the source at its exact length ------------

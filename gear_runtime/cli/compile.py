@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir, model_file
@@ -175,9 +176,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     external = {"auto": None, "yes": True, "no": False}[args.external_data]
     verify = {"auto": None, "yes": True, "no": False}[args.verify]
-    report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
-                           sink=args.sink, external_data=external,
-                           progress=not args.no_progress, verify=verify)
+    with warnings.catch_warnings():  # the report's lines say it, once, below
+        warnings.simplefilter("ignore", UserWarning)
+        report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
+                               sink=args.sink, external_data=external,
+                               progress=not args.no_progress, verify=verify)
     kind = "sink" if args.sink else "case"
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "
@@ -189,4 +192,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"not run at compile time: gear(s) {report.unverified}"
               + (" (--verify no)" if verify is False else
                  " (past the budget: --verify yes runs them all)"))
+    for line in report.unchecked_ties:
+        print(f"unchecked: {line}")
     return EXIT_OK

@@ -14,13 +14,14 @@ import json
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
 
 from gear_runtime import arguments
-from gear_runtime.compiler.axes import output_dynamic_axes
+from gear_runtime.compiler.axes import output_dynamic_axes, probe_values
 from gear_runtime.compiler.branch import (
     build_branch,
     build_dynamic,
@@ -68,6 +69,7 @@ from gear_runtime.gearfile.format import (
     format_output_dims,
     spec_to_json,
 )
+from gear_runtime.gearfile.info import Probe
 from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 
@@ -94,6 +96,10 @@ class CompileReport:
     #: those the budget left unrun (``verify=None``) or ``verify=False`` skipped
     verified: list[int] = field(default_factory=list)
     unverified: list[int] = field(default_factory=list)
+    #: output axes that follow one of several values equal in every gear, recorded to
+    #: follow the first without the probe run that tells them apart (verify off): "y axis 3
+    #: follows value 0 or 1 (...): padded requests trim it by value 0"
+    unchecked_ties: list[str] = field(default_factory=list)
 
 
 #: ``verify=None``: gears are run while the runs so far took less than this many seconds...
@@ -212,6 +218,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                 branches.append(branch)
                 shapes.append(out_shapes)
                 bar.update(1)
+            probed = budget.verify is not False
+            probe = _probe(spec, runner) if probed else None
         finally:
             runner.close()
 
@@ -226,8 +234,14 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         build = build_sink_model if sink else build_case_model
         root = build(source, info, spec, branches, shapes, dynamic)
         del source, branches, dynamic  # the root holds what is left; free the rest early
-        _set_metadata(root, spec, report.kind, shapes,
-                      output_dynamic_axes(skeleton, spec, shapes))
+        axes, ties = output_dynamic_axes(skeleton, spec, shapes, probe, probed)
+        report.unchecked_ties = [
+            f"{info.outputs[k].name} axis {axis} follows value {' or '.join(map(str, fits))}"
+            f" (equal in every gear; no run at compile time told which): padded requests "
+            f"trim it by value {fits[0]}" for k, axis, fits in ties]
+        for line in report.unchecked_ties:
+            warnings.warn(line, stacklevel=3)
+        _set_metadata(root, spec, report.kind, shapes, axes)
         bar.update(1)
         bar.set_postfix_str("checking and writing", refresh=True)
         report.file_bytes, report.data_path, report.data_bytes = save_gear_file(
@@ -255,6 +269,19 @@ class _VerifyBudget:
         check()
         self.spent += time.perf_counter() - start
         return True
+
+
+def _probe(spec: GearSpec, runner: ShapeRunner) -> Probe | None:
+    """The probe run of compiler/axes.py (values tied in every gear made to differ): the
+    values and per output its shape; None when no values are tied or when the model cannot
+    run there (it needs them equal itself)."""
+    values = probe_values(spec.gears)
+    if values is None:
+        return None
+    try:
+        return values, runner.run(spec.shapes_for(values), -1)
+    except CompileError:  # a shape baked into the graph: the probe is evidence, not a rule
+        return None
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:

@@ -78,12 +78,22 @@ def nbytes_of(shape: Sequence[int], dtype: np.dtype) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
 
 
+#: A run at values where the values tied in every gear differ: (the values, per output its
+#: shape). What tells which of them an axis follows when the gears cannot.
+Probe = tuple[Sequence[int], Sequence[Sequence[int]]]
+
+
 def axes_from_shapes(gears: Sequence[Sequence[int]],
                      output_shapes: Sequence[Sequence[Sequence[int]]],
-                     symbolic: Sequence[dict[int, int]] | None = None) -> OutputAxes:
+                     symbolic: Sequence[dict[int, int]] | None = None,
+                     probe: Probe | None = None) -> OutputAxes:
     """Per output ``{axis: value index}`` from the per-gear output shapes
-    (``output_shapes[g][k]``) and, when given, what symbolic inference says (``symbolic[k]``);
-    see the module doc for the rule."""
+    (``output_shapes[g][k]``) and, when given, what symbolic inference says (``symbolic[k]``)
+    and a probe run (:data:`Probe`); see the module doc for the rule. An axis that follows
+    several values equal in every gear (square image gears: H == W) follows the one
+    inference names, else the one whose size it has in the probe (none: it follows no single
+    value, and is not recorded), else the first (without a probe: values the model itself
+    needs equal, such as input_ids' and attention_mask's lengths, trim alike)."""
     if not output_shapes:
         return ()
     count = len(output_shapes[0])
@@ -91,24 +101,57 @@ def axes_from_shapes(gears: Sequence[Sequence[int]],
     for k in range(count):
         shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
         named = symbolic[k] if symbolic is not None and k < len(symbolic) else {}
-        out.append(_axes_of(gears, shapes, named))
+        seen = None if probe is None else (probe[0], tuple(probe[1][k]))
+        out.append(_axes_of(gears, shapes, named, seen))
     return tuple(out)
 
 
+def ambiguous_axes(gears: Sequence[Sequence[int]],
+                   output_shapes: Sequence[Sequence[Sequence[int]]],
+                   axes: OutputAxes,
+                   symbolic: Sequence[dict[int, int]] | None = None
+                   ) -> list[tuple[int, int, list[int]]]:
+    """(output, axis, the values it may follow) of every axis of ``axes`` recorded to follow
+    the first of several values equal in every gear that inference (``symbolic``) does not
+    name: what compile warns about when no probe ran to tell them apart."""
+    found = []
+    for k, recorded in enumerate(axes):
+        shapes = [tuple(output_shapes[g][k]) for g in range(len(gears))]
+        named = symbolic[k] if symbolic is not None and k < len(symbolic) else {}
+        for axis in sorted(recorded):
+            fits = _fits(gears, shapes, axis)
+            if len(fits) > 1 and named.get(axis) not in fits:
+                found.append((k, axis, fits))
+    return found
+
+
+def _fits(gears: Sequence[Sequence[int]], shapes: Sequence[Sequence[int]],
+          axis: int) -> list[int]:
+    """The values ``axis`` follows in every gear."""
+    width = len(gears[0]) if gears else 0
+    return [v for v in range(width) if _misfit(gears, shapes, axis, v) is None]
+
+
 def _axes_of(gears: Sequence[Sequence[int]], shapes: list[tuple[int, ...]],
-             named: dict[int, int]) -> dict[int, int]:
+             named: dict[int, int],
+             probe: tuple[Sequence[int], tuple[int, ...]] | None = None) -> dict[int, int]:
     rank = len(shapes[0])
     if any(len(s) != rank for s in shapes):
         return {}  # rank changes between gears: nothing to trim by prefix
     axes: dict[int, int] = {}
-    width = len(gears[0]) if gears else 0
     for axis in range(rank):
         sizes = [s[axis] for s in shapes]
-        fits = [v for v in range(width) if _misfit(gears, shapes, axis, v) is None]
+        fits = _fits(gears, shapes, axis)
         if not fits:
             continue
         if len(gears) > 1 and len(set(sizes)) > 1:
-            axes[axis] = named[axis] if named.get(axis) in fits else fits[0]
+            if named.get(axis) in fits:
+                fits = [named[axis]]
+            elif len(fits) > 1 and probe is not None:  # the run where tied values differ
+                values, shape = probe
+                fits = [v for v in fits if axis < len(shape) and shape[axis] == values[v]]
+            if fits:
+                axes[axis] = fits[0]
         elif len(gears) == 1 and named.get(axis) in fits:
             # One gear cannot tell a coincidence from a dependency: inference must name it.
             axes[axis] = named[axis]
