@@ -238,8 +238,12 @@ def test_share_weights_with_is_checked(pair) -> None:
     decode = gr.load(str(pair[2]))
     with pytest.raises(InputError, match="must be a GearModel"):
         gr.load(str(pair[1]), share_weights_with="decode.onnx")
-    with pytest.raises(InputError, match="between two onnxruntime models"):
+    with pytest.raises(InputError, match=r"one backend that shares them \(onnxruntime\); "
+                       "this one is on 'null', the other on 'onnxruntime'"):
         gr.load(str(pair[1]), backend="null", share_weights_with=decode)
+    null_decode = gr.load(str(pair[2]), backend="null")
+    with pytest.raises(InputError, match="this one is on 'null', the other on 'null'"):
+        gr.load(str(pair[1]), backend="null", share_weights_with=null_decode)
 
 
 def test_executors_made_before_sharing_keep_their_session(pair, ort_pair) -> None:

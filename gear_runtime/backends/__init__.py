@@ -42,9 +42,16 @@ class BackendFacts:
     (beside the backends) rather than as name checks where they are used.
 
     ``own_suffix``: the backend opens its own model files of this suffix (an .om, a MindIR),
-    not gear files. ``threads_option`` / ``device_option`` / ``config_option``: the
-    ``load`` option ``--threads`` / ``--device`` / ``--config`` set (None: the backend has
-    none). ``device_kind``: what ``--device`` takes, an integer id or a device name."""
+    not gear files. ``threads_option`` / ``device_option`` / ``config_option`` /
+    ``providers_option``: the ``load`` option ``--threads`` / ``--device`` / ``--config`` /
+    ``--providers`` set (None: the backend has none). ``device_kind``: what ``--device``
+    takes, an integer id or a device name. ``spin_keys``: the ``session_config`` keys that
+    turn the backend's thread-pool spinning on or off (the server's ``--spin``).
+    ``shares_weights``: ``load(..., share_weights_with=)`` works between two of its models.
+    ``instance_kind``: the Triton model config's instance_group kind. ``reads_gear_file``:
+    ``inspect`` reads a gear file itself, with no backend opened (the default backend runs
+    the file as it is, so the file says everything). ``naive``: what the bench table's
+    naive column runs on it (``BackendModel.naive_run``; empty: none)."""
 
     own_suffix: str | None = None
     threads_option: str | None = None
@@ -52,20 +59,41 @@ class BackendFacts:
     device_kind: type = int
     config_option: str | None = None
     input_shape_option: str | None = None
+    providers_option: str | None = None
+    spin_keys: tuple[str, ...] = ()
+    shares_weights: bool = False
+    instance_kind: str = "KIND_MODEL"
+    reads_gear_file: bool = False
+    naive: str = ""
 
 
 _SUFFIX_OF = {backend: suffix for suffix, backend in OWN_FILE_SUFFIXES.items()}
 
+#: The backend ``load`` uses when none is named.
+DEFAULT_BACKEND = "onnxruntime"
+
 FACTS: dict[str, BackendFacts] = {
-    "onnxruntime": BackendFacts(threads_option="intra_op_num_threads",
-                                device_option="device_id"),
+    "onnxruntime": BackendFacts(
+        threads_option="intra_op_num_threads", device_option="device_id",
+        providers_option="providers", shares_weights=True, instance_kind="KIND_CPU",
+        spin_keys=("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"),
+        reads_gear_file=True, naive="session.run(None, feeds) on the model's session"),
     "acl": BackendFacts(own_suffix=_SUFFIX_OF["acl"], device_option="device_id",
                         input_shape_option="input_shape"),
     "mindspore_lite": BackendFacts(own_suffix=_SUFFIX_OF["mindspore_lite"],
                                    device_option="device_id", config_option="config"),
     "openvino": BackendFacts(threads_option="num_threads", device_option="device",
-                             device_kind=str),
+                             device_kind=str,
+                             naive="OpenVINO's own dynamic-shape model of the source graph (x "
+                                   "naive: what the static gears gain)"),
     "null": BackendFacts(),
+}
+
+
+#: Names the command line takes for a backend with options: ``--backend cuda`` is ONNX Runtime
+#: with the CUDA provider first (CPU for what CUDA lacks).
+ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "cuda": ("onnxruntime", {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]}),
 }
 
 
@@ -81,8 +109,9 @@ def backend_of_file(path: str) -> str | None:
                 None)
 
 
-__all__ = ["BACKENDS", "FACTS", "BackendFacts", "BackendModel", "BackendSession",
-           "aligned_buffer", "backend_of_file", "facts", "import_runtime", "open_model"]
+__all__ = ["ALIASES", "BACKENDS", "DEFAULT_BACKEND", "FACTS", "BackendFacts", "BackendModel",
+           "BackendSession", "aligned_buffer", "backend_of_file", "facts", "import_runtime",
+           "open_model"]
 
 
 def open_model(path: str, backend: str, **options: Any) -> BackendModel:

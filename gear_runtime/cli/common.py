@@ -37,9 +37,9 @@ class Parser(argparse.ArgumentParser):
 
 def backends_help() -> str:
     """The help text of every ``--backend`` flag: the registered backends."""
-    from gear_runtime.backends import BACKENDS
+    from gear_runtime.backends import BACKENDS, DEFAULT_BACKEND
 
-    return f"one of {', '.join(sorted(BACKENDS))} (default onnxruntime)"
+    return f"one of {', '.join(sorted(BACKENDS))} (default {DEFAULT_BACKEND})"
 
 
 # ---- argparse types ---------------------------------------------------------------------------
@@ -86,14 +86,13 @@ def int_list(text: str, what: str) -> list[int]:
 #: ``--providers`` short names (ONNX Runtime's full names are accepted as they are).
 PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                   "tensorrt": "TensorrtExecutionProvider", "trt": "TensorrtExecutionProvider"}
-#: ``--backend cuda``: ONNX Runtime with these providers (CUDA first, CPU for what CUDA lacks).
-CUDA_SHORTHAND = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
 def add_backend_flags(p: argparse.ArgumentParser) -> None:
     """``--backend``, ``--providers`` and ``--threads``: where and how the gear file runs."""
     p.add_argument("--backend", default="onnxruntime", metavar="B",
-                   help=backends_help() + "; cuda: onnxruntime with --providers cuda,cpu")
+                   help=backends_help() + "; cuda: onnxruntime with --providers cuda,cpu "
+                   "(backends.ALIASES)")
     p.add_argument("--providers", metavar="P,P",
                    help="onnxruntime: the execution providers in order, ONNX Runtime's names "
                    "or cpu / cuda / tensorrt (default cpu; CUDA needs onnxruntime-gpu and a GPU)")
@@ -159,22 +158,22 @@ def opens_own_files(backend: str) -> bool:
 def backend_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The backend and ``load`` options the backend flags ask for: ``--backend cuda`` is
     onnxruntime on CUDA; ``--providers`` / ``--threads`` only go with onnxruntime."""
-    backend, options = args.backend, {}
-    providers = None
-    if backend == "cuda":
-        backend, providers = "onnxruntime", list(CUDA_SHORTHAND)
+    from gear_runtime.backends import ALIASES, FACTS, facts
+
+    backend, options = ALIASES.get(args.backend, (args.backend, {}))
+    options = {k: list(v) if isinstance(v, list) else v for k, v in options.items()}
     if args.providers is not None:
-        if backend != "onnxruntime":
-            raise UsageError(f"--providers is an onnxruntime option; --backend is {backend!r}")
+        option = facts(backend).providers_option
+        if option is None:
+            having = sorted(b for b, f in FACTS.items() if f.providers_option)
+            raise UsageError(f"--providers is an {', '.join(having)} option; "
+                             f"--backend is {backend!r}")
         providers = [PROVIDER_NAMES.get(p.strip().lower(), p.strip())
                      for p in args.providers.split(",") if p.strip()]
         if not providers:
             raise UsageError("--providers is empty; give e.g. cuda,cpu")
-    if providers is not None:
-        options["providers"] = providers
+        options[option] = providers
     if args.threads is not None:
-        from gear_runtime.backends import FACTS
-
         option = FACTS[backend].threads_option if backend in FACTS else None
         if option is None:
             having = sorted(b for b, f in FACTS.items() if f.threads_option)

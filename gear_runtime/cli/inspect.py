@@ -35,8 +35,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.json is not None:
         jsonout.check_target(args.json)
-    if args.backend in (None, "onnxruntime") and device_options(
-            args.backend or "onnxruntime", args) == {}:
+    from gear_runtime.backends import DEFAULT_BACKEND, facts
+
+    backend = args.backend or DEFAULT_BACKEND
+    if facts(backend).reads_gear_file and device_options(backend, args) == {}:
         existing_file(args.file, "gear file")
         doc = inspect_document(args.file)
     else:

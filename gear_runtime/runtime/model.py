@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from gear_runtime import arguments
-from gear_runtime.backends import BackendModel, open_model
+from gear_runtime.backends import FACTS, BackendModel, facts, open_model
 from gear_runtime.errors import ClosedError, GearFileError, InputError
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
@@ -78,10 +78,11 @@ def _weights_source(other: object, backend: str) -> BackendModel:
                          f"{type(other).__name__}")
     if other.closed:
         raise ClosedError("share_weights_with: that model is closed")
-    if other.backend != backend or backend != "onnxruntime":
-        raise InputError(f"share_weights_with: weights are shared between two onnxruntime "
-                         f"models here; this one is on {backend!r}, the other on "
-                         f"{other.backend!r}")
+    if other.backend != backend or not facts(backend).shares_weights:
+        sharing = ", ".join(b for b, f in FACTS.items() if f.shares_weights)
+        raise InputError(f"share_weights_with: weights are shared between two models of one "
+                         f"backend that shares them ({sharing}); this one is on {backend!r}, "
+                         f"the other on {other.backend!r}")
     return other.backend_model
 
 

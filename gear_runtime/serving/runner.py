@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from gear_runtime.backends import facts
 from gear_runtime.errors import (
     ClosedError,
     GearMismatchError,
@@ -100,13 +101,13 @@ class ServeOptions:
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
-        if self.backend != "onnxruntime":
-            return dict(self.device_options)
-        spin = "1" if self.spin else "0"
-        options: dict[str, Any] = {"session_config": {
-            "session.intra_op.allow_spinning": spin, "session.inter_op.allow_spinning": spin}}
-        if self.intra_op_threads is not None:
-            options["intra_op_num_threads"] = self.intra_op_threads
+        known = facts(self.backend)
+        options: dict[str, Any] = {}
+        if known.spin_keys:
+            spin = "1" if self.spin else "0"
+            options["session_config"] = dict.fromkeys(known.spin_keys, spin)
+        if self.intra_op_threads is not None and known.threads_option:
+            options[known.threads_option] = self.intra_op_threads
         options.update(self.device_options)
         return options
 
@@ -373,8 +374,8 @@ class ServedModel:
             "backend": "gear_runtime", "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": plan.max_rows if batched else 0,
             "input": inputs, "output": outputs,
-            "instance_group": [{"name": self.name, "kind": "KIND_CPU"
-                                if self.model.backend == "onnxruntime" else "KIND_MODEL",
+            "instance_group": [{"name": self.name,
+                                "kind": facts(self.model.backend).instance_kind,
                                 "count": self.options.executors}],
             "parameters": {"mode": {"string_value": self.model.mode},
                            "gears": {"string_value": ";".join(
@@ -580,7 +581,7 @@ class StartModel:
                  answered: Sequence[str], options: ServeOptions) -> None:
         import gear_runtime as gr
 
-        share = {"share_weights_with": step} if options.backend == "onnxruntime" else {}
+        share = {"share_weights_with": step} if facts(options.backend).shares_weights else {}
         self.model = gr.load(path, backend=options.backend, **options.load_options(), **share)
         try:
             self._check(step, state, answered, path)
