@@ -313,6 +313,33 @@ def test_outputs_are_written_in_place(tmp_path: Path, share: bool) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_large_outputs_come_from_the_pool(tmp_path: Path) -> None:
+    """execute(copy=True) on OpenVINO takes its large outputs from the session's pool, as on
+    ONNX Runtime (output_pool.py): a dropped array's memory is reused (no fresh pages for
+    OpenVINO to fault in), a kept one is never written again."""
+    import gc
+
+    source = build_encoder_model(hidden=256, layers=1, heads=4, vocab=128)
+    spec, path = compiled(tmp_path, source, {
+        "input_shape": "input_ids:1,-1;attention_mask:1,-1", "dynamic_dims": "64,64;128,128"},
+        "encoder")
+    ex = load(path).create_executor()
+    pool = ex.session._pool
+    feeds = [encoder_inputs(spec.shapes(g), seed=g, vocab=128) for g in range(2)]
+    kept = ex.execute(feeds[1])[0]  # last_hidden_state [1, 128, 256]: 128 KiB, pooled
+    snapshot, address = kept.copy(), kept.ctypes.data
+    assert pool.allocated == 1 and kept.ctypes.data % 64 == 0
+    other = ex.execute(feeds[1])[0]
+    assert not np.shares_memory(kept, other)  # the kept array's block is not free
+    freed = {address, other.ctypes.data}
+    np.testing.assert_array_equal(kept, snapshot)
+    del kept, other
+    gc.collect()
+    again = ex.execute(feeds[1])[0]
+    assert pool.reused == 1 and again.ctypes.data in freed
+    np.testing.assert_allclose(again, run_model(source, feeds[1])[0], rtol=1e-5, atol=1e-5)
+
+
 def test_served_on_openvino_with_batching_equals_onnxruntime(tmp_path: Path) -> None:
     """`gear-runtime serve --backend openvino`: tritonclient requests of batch 1 and 3,
     batched into the batch gears on OpenVINO, answer what ONNX Runtime computes."""

@@ -21,11 +21,12 @@ from __future__ import annotations
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
+from gear_runtime.backends.output_pool import FRESH_OUTPUT_MIN_BYTES
 from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError, InputError
 from gear_runtime.gearfile.info import ModelInfo
 
@@ -216,17 +217,25 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     return np.ndarray((nbytes,), np.uint8, buffer=raw, offset=start)
 
 
-def output_buffers(info: ModelInfo, fresh_min_bytes: int
+def output_buffers(info: ModelInfo, fresh_min_bytes: float = FRESH_OUTPUT_MIN_BYTES,
+                   skip: Collection[int] = ()
                    ) -> tuple[list[np.ndarray], list[list[np.ndarray]], list[list[int]]]:
-    """A session's output memory: one buffer per output sized for its largest gear, the
-    per-gear views of them (``[gear][output]``, the gear's shapes) and, per gear, the
-    outputs of at least ``fresh_min_bytes`` (bound to fresh arrays by execute(copy=True))."""
+    """A CPU session's output memory, the one rule of every CPU backend: one buffer per
+    output sized for its largest gear (64-byte aligned, as ORT's own allocations: vectorised
+    kernels store faster there), the per-gear views of them (``[gear][output]``, the gear's
+    shapes) and, per gear, the outputs of at least ``fresh_min_bytes`` (execute(copy=True)
+    has the backend write those into pooled arrays the caller keeps:
+    :meth:`OutputPool.for_outputs`). ``skip``: outputs with no buffer of their own (a state
+    output, written into the state's buffers): one item of memory, empty views, never big."""
     gears = range(info.spec.gear_count)
-    buffers = [aligned_buffer(max(max(info.output_size(g, k) for g in gears), dt.itemsize))
+    buffers = [aligned_buffer(dt.itemsize if k in skip else
+                              max(max(info.output_size(g, k) for g in gears), dt.itemsize))
                .view(dt) for k, dt in enumerate(info.output_dtypes)]
-    views = [[buf[:int(np.prod(info.output_shapes[g][k]))].reshape(info.output_shapes[g][k])
+    views = [[buf[:0] if k in skip else
+              buf[:int(np.prod(info.output_shapes[g][k]))].reshape(info.output_shapes[g][k])
               for k, buf in enumerate(buffers)] for g in gears]
-    big = [[k for k, o in enumerate(outs) if o.nbytes >= fresh_min_bytes] for outs in views]
+    big = [[k for k, o in enumerate(outs) if k not in skip and o.nbytes >= fresh_min_bytes]
+           for outs in views]
     return buffers, views, big
 
 

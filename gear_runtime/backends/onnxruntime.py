@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from gear_runtime.backends.base import (
     DirectRun,
     HostState,
     aligned_buffer,
+    output_buffers,
     split_sink_outputs,
 )
 from gear_runtime.backends.bench_hooks import BenchModel, BenchSession
@@ -75,8 +77,6 @@ from gear_runtime.spec.rules import PRECISION_LOWERED
 #: ORT session config key: the folder external data is resolved against for a model given as
 #: bytes (the gear file's folder, never the working directory).
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
-#: The pool keeps at most this many times the bytes of the largest gear's pooled outputs.
-POOL_BUDGET_FACTOR = 2
 #: The oldest ONNX Runtime with everything this backend uses: EXTERNAL_FOLDER_KEY (a gear file
 #: with a data file does not load without it) came in 1.21.0 (ORT PR 23557), ``gpu_graph_id``
 #: (one CUDA graph per gear, else every gear replays the first one's) in 1.18.0 (PR 19636).
@@ -521,27 +521,15 @@ class OrtSession(BackendSession, BenchSession):
         self.staging = aligned_buffer(nbytes) if pinned is None else pinned[0]
 
     def _host_outputs(self) -> None:
-        """CPU: output buffers sized for each output's largest gear, viewed per gear (64-byte
-        aligned as ORT's own allocations: vectorised kernels store faster there), and what
-        ``execute(copy=True)`` writes into instead (:meth:`run_gear_owned`)."""
-        info = self.model.info
-        gears = range(info.spec.gear_count)
-        # a state output is written into the state's buffers: no buffer of its own
-        self._out_buffers = [
-            aligned_buffer(info.output_dtypes[k].itemsize if k in self._state_out else
-                           max(max(info.output_size(g, k) for g in gears),
-                               info.output_dtypes[k].itemsize)).view(info.output_dtypes[k])
-            for k in range(len(info.output_names))]
-        self._outputs = [[buf[:0] if k in self._state_out else
-                          buf[:int(np.prod(info.output_shapes[g][k]))].reshape(
-            info.output_shapes[g][k]) for k, buf in enumerate(self._out_buffers)] for g in gears]
-        # Per gear, the outputs execute(copy=True) gets ORT to write into arrays the caller
-        # keeps: memory recycled from the pool once the caller drops them (output_pool.py).
-        self._big_outputs = [[k for k, o in enumerate(outs) if o.nbytes >= FRESH_OUTPUT_MIN_BYTES
-                              and self.state is None] for outs in self._outputs]
-        self._pool = OutputPool(POOL_BUDGET_FACTOR * max(
-            sum(outs[k].nbytes for k in big) for outs, big in zip(
-                self._outputs, self._big_outputs, strict=True)))
+        """CPU: the output memory of every CPU backend (base.output_buffers; a state output
+        is written into the state's buffers, no buffer of its own), and what
+        ``execute(copy=True)`` writes into instead (:meth:`run_gear_owned`): per gear, the
+        large outputs ORT writes into arrays the caller keeps, memory recycled from the pool
+        once the caller drops them (output_pool.py). With resident state none are pooled."""
+        fresh = FRESH_OUTPUT_MIN_BYTES if self.state is None else math.inf
+        self._out_buffers, self._outputs, self._big_outputs = output_buffers(
+            self.model.info, fresh, skip=self._state_out)
+        self._pool = OutputPool.for_outputs(self._outputs, self._big_outputs)
         # Per gear, a second binding for copy=True runs (built on first use), what a run
         # takes of it, and the address each of its pooled outputs is bound to: a recycled
         # block is rebound only when it moved. The first binding keeps pointing at the

@@ -61,7 +61,7 @@ from gear_runtime.backends.base import (
     output_buffers,
     split_sink_outputs,
 )
-from gear_runtime.backends.output_pool import FRESH_OUTPUT_MIN_BYTES
+from gear_runtime.backends.output_pool import OutputPool
 from gear_runtime.errors import BackendError, InputError
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.reader import GearFile, read_gear_file
@@ -461,8 +461,9 @@ class OvSession(BackendSession):
         info = model.info
         # One buffer per output at its largest gear, viewed per gear (one gear runs at a time;
         # in a shared-weights model the gears that do not run return empty outputs).
-        self._out_buffers, self._outputs, self._big = output_buffers(info,
-                                                                     FRESH_OUTPUT_MIN_BYTES)
+        self._out_buffers, self._outputs, self._big = output_buffers(info)
+        # what execute(copy=True) has OpenVINO write its large outputs into (output_pool.py)
+        self._pool = OutputPool.for_outputs(self._outputs, self._big)
         self._index = np.zeros((), np.int32)  # the gear-index input of a shared model
         self._dynamic: Any = None
         self._requests: list[Any] = []
@@ -532,13 +533,17 @@ class OvSession(BackendSession):
         return self._outputs[gear]
 
     def run_gear_owned(self, gear: int) -> list[np.ndarray]:
-        """Big outputs are written by OpenVINO straight into fresh arrays bound for this one
-        run (no copy); small ones are copied out of the session's buffers."""
+        """Big outputs are written by OpenVINO straight into arrays the caller keeps, bound
+        for this one run (no copy), from the session's pool: memory no live array shares,
+        recycled once the caller drops it, so a run does not first-touch fresh pages as a new
+        ``np.empty`` would (output_pool.py); small ones are copied out of the session's
+        buffers."""
         big = self._big[gear]
         if not big or not self._requests:
             return super().run_gear_owned(gear)
         request, ports, outs = self._requests[gear], self._ports[gear], self._outputs[gear]
-        fresh = {k: np.empty(outs[k].shape, outs[k].dtype) for k in big}
+        array = self._pool.array
+        fresh = {k: array(outs[k].shape, outs[k].dtype, outs[k].nbytes)[0] for k in big}
         try:
             for k, f in fresh.items():
                 request.set_output_tensor(ports[k], self._tensor(f))

@@ -45,6 +45,11 @@ def _refs_when_free() -> int:
     return sys.getrefcount(blocks[i])
 
 
+#: A session's pool keeps at most this many times the bytes of its largest gear's pooled
+#: outputs (:meth:`OutputPool.for_outputs`): room for the caller to keep one call's outputs
+#: while the next is written.
+POOL_BUDGET_FACTOR = 2
+
 #: Alignment of the arrays handed out (bytes): ORT's CPU allocator aligns to 64, and
 #: vectorised kernels store faster to aligned memory.
 ALIGNMENT = 64
@@ -71,6 +76,15 @@ class OutputPool:
         #: blocks reused / newly allocated (for tests and benchmarks).
         self.reused = 0
         self.allocated = 0
+
+    @classmethod
+    def for_outputs(cls, views: Sequence[Sequence[np.ndarray]],
+                    big: Sequence[Sequence[int]]) -> OutputPool:
+        """The pool of a session whose gears have the outputs ``views`` (``[gear][output]``)
+        and pool the outputs ``big[gear]`` (base.output_buffers gives both)."""
+        largest = max((sum(outs[k].nbytes for k in b) for outs, b in zip(views, big, strict=True)),
+                      default=0)
+        return cls(POOL_BUDGET_FACTOR * largest)
 
     def array(self, shape: Sequence[int], dtype: np.dtype, nbytes: int | None = None
               ) -> tuple[np.ndarray, int]:
