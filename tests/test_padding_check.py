@@ -264,3 +264,16 @@ def test_progress_on_a_terminal_and_nothing_on_a_log(tmp_path, capsys, monkeypat
     assert "check-padding" in capsys.readouterr().err  # the bar
     assert main(["check-padding", gear, source, "--samples", "3;5", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_difference_from_an_exact_zero_warns_nothing() -> None:
+    """A padded value far from an exact 0 has an infinite relative difference, reported as
+    such, without numpy's overflow warning on the user's terminal."""
+    import warnings
+
+    from gear_runtime.tools.padding import _differences
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        absolute, relative = _differences(np.array([1e10, 0.0]), np.array([0.0, 0.0]))
+    assert absolute == 1e10 and relative == np.inf

@@ -399,6 +399,7 @@ def _differences(g: np.ndarray, w: np.ndarray) -> tuple[float, float]:
         diff = np.abs(g64 - w64)
     diff[(g64 == w64) | (np.isnan(g64) & np.isnan(w64))] = 0.0  # inf == inf, NaN vs NaN
     diff[np.isnan(diff)] = np.inf
-    rel = diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny)
+    with np.errstate(over="ignore"):  # a difference from an exact 0: inf, as meant
+        rel = diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny)
     rel[diff == 0] = 0.0
     return float(diff.max()), float(rel.max())
