@@ -30,6 +30,15 @@ OpenVINO's own per-node timing (PERF_COUNT) of the dynamic model and the static 
 split into the weight products (FullyConnected, MatMul) and the rest: what a static shape can
 save at best.
 
+``--large``: only the large-output rows, on bench_scale's wide model (``x [B, 64] @ w [64,
+262144]``: 1 MiB of float32 output per row, batch gears 1 / 16 / 64 / 256, 64 MiB of weights):
+per gear, ``execute()`` (its large output written by OpenVINO into the session's recycled
+output pool), the same with the pool off (a fresh ``np.empty`` per call: what it did before),
+``execute(copy=False)`` (views of the session's buffers), ``execute()`` on one compiled model
+per gear (``share_weights=False``: no If around the gear, whose body's outputs the shared
+model copies out on every run) and OpenVINO's own infer request on the static model (its
+output tensor reused, no array handed out).
+
 Load, each in a FRESH process that imported everything first: wall time, compile time, RSS
 increase after one run of every gear, split into anonymous memory (the process's own: the
 CPU plugin's packed weights, once per compiled model) and file pages (the mapped data file,
@@ -55,7 +64,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from bench_scale import interleaved  # noqa: E402 (one interleaved loop for the benchmarks)
+from bench_scale import (  # noqa: E402 (one interleaved loop for the benchmarks)
+    WIDE_BATCHES,
+    WIDE_COLUMNS,
+    interleaved,
+    mlp_model,
+    save_external,
+)
 
 SEQS = (32, 64, 128, 256)
 MAX_RATIO = 0.85
@@ -332,6 +347,56 @@ def report(m: dict[str, Any], lat: list[dict[str, Any]], ld: dict[str, dict[str,
     return 1 if failed else 0
 
 
+def large_outputs(workdir: Path, threads: int, budget_s: float) -> int:
+    """The ``--large`` table: per batch gear of the wide model, p50 ms of execute() with the
+    pool, without it, copy=False, and OpenVINO's own static infer request."""
+    import openvino as ov
+
+    import gear_runtime as gr
+    from gear_runtime.backends.output_pool import OutputPool
+
+    src = save_external(mlp_model([64, WIDE_COLUMNS], relu=False), workdir / "wide.onnx")
+    spec = gr.GearSpec.from_atc(input_shape="x:-1,64",
+                                dynamic_batch_size=",".join(map(str, WIDE_BATCHES)))
+    path = workdir / "wide.gear.onnx"
+    gr.compile(str(src), spec, str(path), progress=False)
+    model = gr.load(str(path), backend="openvino", num_threads=threads)
+    pooled, fresh = model.create_executor(), model.create_executor()
+    fresh.session._pool = OutputPool(0)  # keeps no block: every call maps new memory
+    per_gear = gr.load(str(path), backend="openvino", num_threads=threads,
+                       share_weights=False).create_executor()
+    core = ov.Core()
+    print(f"large outputs on OpenVINO {ov.__version__}, {threads} thread(s): wide model, "
+          f"{WIDE_COLUMNS * 4 // 2**20} MiB of output per batch row; p50 ms per call")
+    header = ("batch", "output MiB", "execute()", "no pool", "copy=False", "per-gear",
+              "ov infer", "execute/ov", "no pool/ov", "per-gear/ov")
+    print("  ".join(f"{h:>11}" for h in header))
+    ok = True
+    for g, batch in enumerate(WIDE_BATCHES):
+        x = np.random.default_rng(g).standard_normal((batch, 64), dtype=np.float32)
+        static = core.read_model(str(src))
+        static.reshape({"x": [batch, 64]})
+        request = core.compile_model(static, "CPU", {**OV_PROPERTIES,
+                                                      "INFERENCE_NUM_THREADS": threads,
+                                                      "INFERENCE_PRECISION_HINT": "f32"}
+                                     ).create_infer_request()
+        feeds = {"x": x}
+        runs = [lambda f=feeds: pooled.execute(f), lambda f=feeds: fresh.execute(f),
+                lambda f=feeds: pooled.execute(f, copy=False),
+                lambda f=feeds: per_gear.execute(f),
+                lambda f=feeds, r=request: r.infer(f, share_inputs=True, share_outputs=True)]
+        times = [float(np.median(t)) * 1e3 for t in interleaved(runs, budget_s)]
+        ratios = [times[k] / times[4] for k in (0, 1, 3)]
+        ok &= ratios[2] <= 1.10
+        print("  ".join(f"{v:>11}" for v in (batch, batch * WIDE_COLUMNS * 4 // 2**20,
+                                               *(f"{t:.2f}" for t in times),
+                                               *(f"{r:.2f}x" for r in ratios))))
+    print("goal: execute() per gear (share_weights=False) <= 1.10x OpenVINO's own infer "
+          "request on every gear: " + ("PASS" if ok else "FAIL") + "; the shared model "
+          "(the CPU default) also copies each output out of its If")
+    return 0 if ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the 66 MiB encoder, short budgets")
@@ -349,12 +414,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "seq gear, median of RUNS runs")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="time per run: wall (default) or the process's CPU time")
+    p.add_argument("--large", action="store_true",
+                   help="only the large-output rows (bench_scale's wide model): execute() with "
+                        "and without the output pool vs OpenVINO's own infer request")
     args = p.parse_args(argv)
     size = "quick" if args.quick else "full"
     budget = args.seconds if args.seconds is not None else (3.0 if args.quick else 20.0)
     with tempfile.TemporaryDirectory(prefix="bench_openvino_") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        if args.large:
+            return large_outputs(workdir, int(args.threads.split(",")[0]),
+                                 args.seconds if args.seconds is not None else 3.0)
         if args.model:
             src = Path(args.model).resolve()
             m = compiled(src, workdir, token_inputs(src), args.vocab, f"{src.name} (--model)")
