@@ -154,10 +154,25 @@ ROWS: list[Row] = [
         "--output-dir", "{garbage}"),
     row("run-unknown-backend", "backend 'nosuch' is unknown", "run", "{gear}", "--backend",
         "nosuch"),
+    row("run-batchsize-zero", "--batchsize: '0' must be >= 1", "run", "{gear}", "--batchsize",
+        "0"),
+    # run with ais_bench's --input folders (one inference per file)
+    row("run-input-folders-uneven", "different numbers of .npy/.bin files", "run", "{gear}",
+        "--input", "{folders:uneven}"),
+    row("run-input-folder-fifo", "'x.npy' is not a regular file", "run", "{gear}", "--input",
+        "{folders:fifo}"),
+    row("run-input-folder-garbage", "not a .npy file", "run", "{gear}", "--input",
+        "{folders:garbage}"),
+    row("run-input-folders-and-files", "mixes folders", "run", "{gear}", "--input",
+        "{folders:mixed}"),
+    row("run-input-folders-too-few", "gives 2 folder(s)", "run", "{gear}", "--input",
+        "{folders:two}"),
     # ---- bench
     row("bench-gears-out-of-range", "out of range", "bench", "{gear}", "--gears", "99"),
     row("bench-gears-float", "not a gear index", "bench", "{gear}", "--gears", "1.5"),
     row("bench-iterations-zero", "must be in 1..100000", "bench", "{gear}", "--iterations", "0"),
+    row("bench-batchsize-not-integer", "--batchsize: 'x' is not an integer", "bench", "{gear}",
+        "--batchsize", "x"),
     row("bench-iterations-huge", "must be in 1..100000", "bench", "{gear}", "--iterations",
         "1000000"),
     row("bench-shapes-and-gears", "drop --gears", "bench", "{gear}", "--shapes",
@@ -376,7 +391,36 @@ def paths(tmp_path_factory) -> dict[str, str]:
     (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="ascii")
     out["deep_json"] = str(d / "deep.json")
     out.update(_plan_files(d, model_path))
+    out.update(_input_folders(d, spec))
     return out
+
+
+def _input_folders(d: Path, spec: gr.GearSpec) -> dict[str, str]:
+    """``{folders:<case>}``: ais_bench's --input of one folder per input of the prefill
+    example (in input order, ',' between them), each breaking one rule: ``uneven`` (2 files
+    in the last folder, 1 in the others), ``fifo`` (a FIFO named x.npy: never opened),
+    ``garbage`` (random bytes named .npy), ``mixed`` (folders and a file), ``two`` (2 folders
+    for 4 inputs)."""
+    root = d / "folders"
+    folders = []
+    for name, value in prefill.example_inputs(spec, 1, seed=1).items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        np.save(folder / "0.npy", value)
+        folders.append(folder)
+    two, fifo, garbage = root / "two_files", root / "fifo", root / "garbage"
+    for folder in (two, fifo, garbage):
+        folder.mkdir()
+    for k in range(2):  # the last input's files, twice
+        np.save(two / f"{k}.npy", np.load(folders[-1] / "0.npy"))
+    os.mkfifo(fifo / "x.npy")
+    (garbage / "0.npy").write_bytes(np.random.default_rng(1).bytes(512))
+    first = ",".join(map(str, folders[:3]))
+    return {"folders:uneven": f"{first},{two}",
+            "folders:fifo": f"{first},{fifo}",
+            "folders:garbage": ",".join(map(str, [garbage, *folders[1:]])),
+            "folders:mixed": f"{first},{folders[3] / '0.npy'}",
+            "folders:two": ",".join(map(str, folders[:2]))}
 
 
 def _plan_files(d: Path, model_path: Path) -> dict[str, str]:

@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``bench`` command's flags."""
     p = sub.add_parser("bench", help="per-gear latency, throughput, overhead and memory",
                        description="Benchmark every gear: execute vs the backend's bare run, "
-                       "the naive per-input session.run and the original dynamic model. With "
+                       "the naive per-input session.run and the original dynamic model; the "
+                       "table is followed by ais_bench's Performance Summary lines of each "
+                       "gear (NPU_compute_time and throughput, of execute). With "
                        "--compare: compare two --json results of the same model instead "
                        "(exit 1 with --fail-on-regression PCT when a gear got slower).")
     p.add_argument("file", metavar="FILE", nargs="?",
@@ -68,8 +70,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", "--loop", type=int_at_least(1, MAX_ITERATIONS), default=100,
                    metavar="N", help=f"timed runs per gear (ais_bench's --loop; default 100, at "
                    f"most {MAX_ITERATIONS})")
-    p.add_argument("--warmup", type=int_at_least(0), default=10, metavar="N",
-                   help="untimed runs per gear first (default 10)")
+    p.add_argument("--warmup", "--warmup_count", "--warmup-count", type=int_at_least(0),
+                   default=10, metavar="N",
+                   help="untimed runs per gear first (ais_bench's --warmup_count; default 10)")
+    p.add_argument("--batchsize", type=int_at_least(1), metavar="N",
+                   help="ais_bench's --batchsize: the items per run that the throughput of "
+                   "ais_bench's summary lines counts (1000 * N / mean ms); the gears run as "
+                   "they are (default: per gear, the first dim of its first input)")
     add_json_flag(p, "bench", "the results with their context and every iteration's times "
                   "(what --compare reads)")
     p.add_argument("--plot", metavar="OUT.png",
@@ -109,10 +116,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          backend=backend, progress=not args.no_progress,
                          copy=not args.no_copy, providers=options.get("providers"),
                          request=request, pad=args.pad, fill=args.fill,
-                         load_options=device_options(backend, args))
+                         load_options=device_options(backend, args), batchsize=args.batchsize)
     quiet = args.json == jsonout.STDOUT  # stdout is the JSON alone
     if not quiet:
         print(report.table())
+        print()
+        print(report.ais_bench_summary())
     if args.json is not None and jsonout.write(args.json, report.to_dict()) is not None:
         print(f"wrote {args.json}")
     if args.plot is not None:
@@ -131,6 +140,9 @@ def _bench_compare(args: argparse.Namespace) -> int:
 
     if args.file is not None:
         raise UsageError(f"--compare compares two results; drop the gear file {args.file!r}")
+    if args.batchsize is not None:
+        raise UsageError("--batchsize counts the items of a benchmark run; --compare compares "
+                         "two results: drop it")
     if args.plot is not None:
         check_output_file("--plot", args.plot)
         check_png_name(args.plot, "--plot")

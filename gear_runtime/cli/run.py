@@ -1,5 +1,6 @@
 """``gear-runtime run``: execute a gear file on .npy or synthetic inputs (once or ``--loop
-N`` times), save the outputs, print (or ``--json``) what ran and how long it took."""
+N`` times; or once per file of ais_bench's ``--input`` folders), save the outputs, print (or
+``--json``) what ran and how long it took, with ais_bench's Performance Summary lines."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import argparse
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,11 @@ if TYPE_CHECKING:
 
 #: The version of the ``--json`` document (docs/json.md).
 JSON_VERSION = 1
+#: The most files an ``--input`` folder may hold (one inference each): past it the listing
+#: stops, so a folder of millions of files is refused before anything runs.
+MAX_INFERENCES = 100_000
+#: The files an ``--input`` folder's inferences are read from (ais_bench's, any case).
+FOLDER_SUFFIXES = (".npy", ".bin")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "name>.npy (odd characters as '_', a suffix _2, _3... where two names would share a "
         "file). Inputs: .npy files (--input), or synthetic arrays of the model's dtypes "
         "(--shapes, trtexec's form, or the shapes of the gear a --dynamic-* flag names). "
-        "Without a --dynamic-* flag the gear comes from the inputs' shapes.")
+        "Without a --dynamic-* flag the gear comes from the inputs' shapes. ais_bench's "
+        "--input folders run one inference per file, each output saved as <the first input's "
+        "file name without .npy/.bin>_<output index>.npy. With --loop, folders or --batchsize "
+        "the timings end with ais_bench's Performance Summary lines.")
     p.add_argument("file", metavar="FILE", nargs="?",
                    help="a gear file written by compile (or ais_bench's --model)")
     p.add_argument("--model", dest="model_flag", metavar="FILE",
@@ -60,7 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE",
                    help="an input from a .npy or .bin file (repeat for every input); or "
                    "ais_bench's form: the files of every input in input order, separated by "
-                   "',' (a .bin holds the raw values in the input's dtype, at its gear's shape)")
+                   "',' (a .bin holds the raw values in the input's dtype, at its gear's shape); "
+                   "or ais_bench's folders, one per input in input order: the i-th .npy/.bin "
+                   "file of each (by name, numbers by value) make the i-th inference; every "
+                   f"folder holds as many files, at most {MAX_INFERENCES}")
     p.add_argument("--dymShape", "--dym-shape", dest="dym_shape", metavar="NAME:D,D;...",
                    help="ais_bench's --dymShape: each input's shape, e.g. "
                    '"input_ids:1,100;attention_mask:1,100" (as --shapes)')
@@ -81,9 +94,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --pad: the value an input is padded with (default 0), repeatable")
     p.add_argument("--loop", type=int_at_least(1), default=1, metavar="N",
                    help="execute N times and report the latency (ais_bench --loop; default 1); "
-                   "the outputs are those of the last run")
-    p.add_argument("--warmup", type=int_at_least(0), default=0, metavar="N",
-                   help="untimed executes before the --loop ones (default 0)")
+                   "the outputs are those of the last run (with --input folders: N times per "
+                   "inference)")
+    p.add_argument("--batchsize", type=int_at_least(1), metavar="N",
+                   help="ais_bench's --batchsize: the items per run that the throughput of "
+                   "ais_bench's summary lines counts (1000 * N / mean ms); the model runs as "
+                   "it is (default: the first dim of the first input)")
+    p.add_argument("--warmup", "--warmup_count", "--warmup-count", type=int_at_least(0),
+                   default=0, metavar="N",
+                   help="untimed executes before the --loop ones (ais_bench's --warmup_count; "
+                   "default 0; with --input folders, on the first inference's inputs, as "
+                   "ais_bench)")
     p.add_argument("--output-dir", "--output", default=".", metavar="DIR",
                    help="where the outputs go (created if needed; default: here; ais_bench's "
                    "--output)")
@@ -112,24 +133,13 @@ def add_gear_flags(p: argparse.ArgumentParser) -> None:
 # ---- inputs -----------------------------------------------------------------------------------
 def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
     """``NAME=FILE`` items -> (name, path), checked before the model is loaded; an item
-    without ``=`` is ais_bench's list (files in input order, named ``#0``, ``#1``... until
-    the model's input names are known)."""
+    without ``=`` is ais_bench's list (files, or folders, in input order, named ``#0``,
+    ``#1``... until the model's input names are known)."""
     pairs: list[tuple[str, str]] = []
     for item in items:
         name, sep, path = item.partition("=")
-        if not sep:  # ais_bench: "a.bin,b.bin" in input order
-            for k, file in enumerate(p.strip() for p in item.split(",")):
-                if os.path.isdir(file):
-                    raise InputError(f"--input {file!r} is a folder: ais_bench's folders of "
-                                     "inputs (one inference per file) are not supported; give "
-                                     "one file per input")
-                if not os.path.exists(file):
-                    raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. "
-                                     "input_ids=ids.npy) or ais_bench's form, every input's "
-                                     f"file in input order separated by ',': there is no file "
-                                     f"{file!r}")
-                existing_file(file, f"--input #{k}:", InputError)
-                pairs.append((f"#{len(pairs)}", file))
+        if not sep:  # ais_bench: "a.bin,b.bin" (or folders "a,b") in input order
+            pairs += _ais_bench_entries(item, len(pairs))
             continue
         if not name or not path:
             raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. input_ids=ids.npy)")
@@ -139,7 +149,38 @@ def _parse_input_args(items: Sequence[str]) -> list[tuple[str, str]]:
         if not path.lower().endswith(".bin"):
             _check_npy_magic(name, path)
         pairs.append((name, path))
+    _check_one_kind(pairs)
     return pairs
+
+
+def _ais_bench_entries(item: str, start: int) -> list[tuple[str, str]]:
+    """ais_bench's ``a.bin,b.bin`` (or ``folder_a,folder_b``): (``#k``, path) per entry, ``k``
+    counted from ``start``; InputError for an entry that is neither a file nor a folder."""
+    pairs: list[tuple[str, str]] = []
+    for file in (p.strip() for p in item.split(",")):
+        k = start + len(pairs)
+        if os.path.isdir(file):  # listed once the model's inputs are known (_folder_files)
+            pairs.append((f"#{k}", file))
+            continue
+        if not os.path.exists(file):
+            raise InputError(f"--input {item!r} must be NAME=FILE.npy (e.g. "
+                             "input_ids=ids.npy) or ais_bench's form, every input's "
+                             "file (or folder) in input order separated by ',': there is no "
+                             f"file {file!r}")
+        existing_file(file, f"--input #{k}:", InputError)
+        pairs.append((f"#{k}", file))
+    return pairs
+
+
+def _check_one_kind(pairs: Sequence[tuple[str, str]]) -> None:
+    """InputError unless the ais_bench entries are all folders or all files (ais_bench's rule:
+    a folder's files are successive inferences, a file is one input of one inference)."""
+    folders = [p for _, p in pairs if os.path.isdir(p)]
+    files = [p for _, p in pairs if not os.path.isdir(p)]
+    if folders and files:
+        raise InputError(f"--input mixes folders ({folders[0]!r}) and files ({files[0]!r}); "
+                         "give every input a folder (one inference per file) or every input "
+                         "one file, in input order")
 
 
 def _named_pairs(model: GearModel, pairs: Sequence[tuple[str, str]]
@@ -150,10 +191,84 @@ def _named_pairs(model: GearModel, pairs: Sequence[tuple[str, str]]
         return list(pairs)
     names = model.input_names
     if len(positional) != len(pairs) or len(positional) != len(names):
-        raise InputError(f"--input gives {len(positional)} file(s) in ais_bench's form; the "
-                         f"model has {len(names)} inputs ({', '.join(names)}): give one file "
+        one = "folder" if os.path.isdir(positional[0]) else "file"
+        raise InputError(f"--input gives {len(positional)} {one}(s) in ais_bench's form; the "
+                         f"model has {len(names)} inputs ({', '.join(names)}): give one {one} "
                          "per input, in this order (or NAME=FILE for each)")
     return list(zip(names, positional, strict=True))
+
+
+# ---- ais_bench's folders of inputs ------------------------------------------------------------
+def _folder_files(pairs: Sequence[tuple[str, str]]) -> list[list[str]] | None:
+    """ais_bench's --input folders (one per input, in ``pairs``' order): per input, its
+    .npy / .bin files in name order (numbers by value: 2 before 10, as ais_bench sorts), the
+    i-th of each folder making the i-th inference; None when the inputs are files.
+    InputError for folders of different file counts, or whose inferences would write the
+    same output files."""
+    if not pairs or not os.path.isdir(pairs[0][1]):
+        return None
+    listed = [_list_folder(path) for _, path in pairs]
+    counts = {len(files) for files in listed}
+    if len(counts) > 1:
+        raise InputError("--input folders hold different numbers of .npy/.bin files ("
+                         + ", ".join(f"{path}: {len(files)}" for (_, path), files
+                                     in zip(pairs, listed, strict=True))
+                         + "); the i-th file of each folder makes the i-th inference, so every "
+                         "folder needs as many")
+    stems: dict[str, str] = {}
+    for file in listed[0]:  # outputs are named after the first input's files
+        name = os.path.basename(file)
+        if _stem(name).lower() in stems:  # lower(): case-insensitive file systems too
+            raise InputError(f"--input folder {pairs[0][1]!r}: {stems[_stem(name).lower()]!r} "
+                             f"and {name!r} would write the same output files "
+                             f"({_stem(name)}_0...); rename or remove one")
+        stems[_stem(name).lower()] = name
+    return listed
+
+
+def _list_folder(folder: str) -> list[str]:
+    """The .npy / .bin files of ``folder`` (any case), sorted as ais_bench does; InputError
+    for none, for more than :data:`MAX_INFERENCES` (the listing stops there), for one that is
+    not a regular file (a FIFO, a device, a folder named x.npy) and for an unreadable folder."""
+    names: list[str] = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.lower().endswith(FOLDER_SUFFIXES):
+                    continue
+                if not entry.is_file():  # follows links: a link to a regular file is fine
+                    raise InputError(f"--input folder {folder!r}: {entry.name!r} is not a "
+                                     "regular file; a folder of inputs holds .npy/.bin files")
+                names.append(entry.name)
+                if len(names) > MAX_INFERENCES:
+                    raise InputError(f"--input folder {folder!r} holds more than "
+                                     f"{MAX_INFERENCES} .npy/.bin files (one inference each); "
+                                     "split it into folders of fewer files")
+    except OSError as exc:
+        raise InputError(f"--input folder {folder!r} cannot be read "
+                         f"({exc.strerror or exc})") from None
+    if not names:
+        raise InputError(f"--input folder {folder!r} holds no .npy or .bin file; ais_bench's "
+                         "folders hold one file per inference")
+    return [os.path.join(folder, n) for n in sorted(names, key=_natural_key)]
+
+
+def _natural_key(name: str) -> tuple[list[Any], str]:
+    """ais_bench's order of a folder's files: by name, case-insensitive, runs of digits by
+    their value (``x2`` before ``x10``); the name itself breaks ties (``x01``, ``x1``)."""
+    parts = re.split(r"(\d+)", name)  # str, digits, str, ...: same types at same places
+    return [int(p) if k % 2 else p.lower() for k, p in enumerate(parts)], name
+
+
+def _stem(name: str) -> str:
+    """A folder file's name without its .npy / .bin suffix: the stem of its outputs' names
+    (ais_bench cuts at the first '.', so ``a.1.bin`` and ``a.2.bin`` would share outputs)."""
+    return os.path.splitext(name)[0] if name.lower().endswith(FOLDER_SUFFIXES) else name
+
+
+def _folder_outputs(stem: str, count: int, fmt: str) -> list[str]:
+    """ais_bench's names of one inference's output files: ``<stem>_<output index>.<fmt>``."""
+    return [f"{stem}_{k}.{fmt.lower()}" for k in range(count)]
 
 
 def _read_bin(model: GearModel, ex: Executor, name: str, path: str,
@@ -184,7 +299,9 @@ def _read_bin(model: GearModel, ex: Executor, name: str, path: str,
 
 
 def _read_npy(name: str, path: str) -> np.ndarray:
-    """The one .npy array of a checked --input; InputError for an unreadable file or .npz."""
+    """The one .npy array of an --input; InputError for a file that is not .npy, an
+    unreadable one or an .npz."""
+    _check_npy_magic(name, path)  # again: ais_bench's files and folders' files come here only
     try:
         value = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -217,19 +334,20 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
            shapes: Mapping[str, tuple[int, ...]], args: argparse.Namespace
            ) -> tuple[dict[str, np.ndarray], dict[str, str | None]]:
     """Every input, from its file, its --shapes entry, or the chosen gear's shapes (in that
-    order); and per input its file (None: synthetic). InputError for a name the model lacks
-    or an input that none of them gives."""
+    order); and per input its file (None: synthetic). A raw .bin file takes its shape from
+    --shapes / --dymShape (ais_bench's --input x.bin --dymShape x:1,16). InputError for a
+    name the model lacks or an input that none of them gives."""
     names = model.input_names
     unknown = [n for n, _ in pairs if n not in names]
     if unknown:
         raise InputError(f"--input: the model has no input {unknown[0]!r}; its inputs are "
                          f"{', '.join(names)}")
-    both = [n for n, _ in pairs if n in shapes]
+    both = [n for n, p in pairs if n in shapes and not p.lower().endswith(".bin")]
     if both:
         raise InputError(f"input {both[0]!r} is given by --input and by --shapes; give one")
     check_request_shapes(model, shapes)
     files: dict[str, str | None] = {n: p for n, p in pairs}
-    wanted = dict(shapes)
+    wanted = {n: s for n, s in shapes.items() if n not in files}  # the synthetic ones
     rest = [n for n in names if n not in files and n not in wanted]
     if rest:
         gear = 0 if model.mode == "static" else _chosen_gear(model, ex)  # its one gear
@@ -368,7 +486,6 @@ def _timed(run: Callable[[], list[np.ndarray]], loop: int,
 
 def cmd_run(args: argparse.Namespace) -> int:
     import gear_runtime as gr
-    from gear_runtime.tools.bench.report import Stats
 
     args.file = model_file(args.file, args.model_flag,
                            "give the model to run: FILE (or ais_bench's --model FILE)")
@@ -386,18 +503,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     with gr.load(args.file, backend=backend, **options) as model:
         ex = model.create_executor(pad_values=pads or None)
         choose_gear(ex)
-        feeds, files = _feeds(model, ex, _named_pairs(model, pairs), shapes, args)
-        outputs, samples = _timed(lambda: ex.execute(feeds, pad=args.pad), args.loop,
-                                  args.warmup)
-        out_dir = make_dir("--output-dir", args.output_dir)
-        saved = []
-        for value, file in zip(outputs, _output_files(model.output_names, args.outfmt),
-                               strict=True):
-            _save(out_dir / file, value, args.outfmt)
-            saved.append(str(out_dir / file))
-        doc = _document(model, ex, feeds, files, outputs, saved, samples, args)
+        named = _named_pairs(model, pairs)
+        folders = _folder_files(named)
+        doc = _run_inferences(model, ex, _inferences(model, named, folders, args.outfmt),
+                              shapes, args,
+                              [path for _, path in named] if folders is not None else None)
     if args.json != jsonout.STDOUT:
-        _print(doc, Stats.of_ns(samples) if args.loop > 1 else None)
+        _print(doc, timed=args.loop > 1 or len(doc["inferences"]) > 1
+               or args.batchsize is not None)
     if args.json is not None:
         written = jsonout.write(args.json, doc)
         if written is not None:
@@ -405,12 +518,68 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+Inference = tuple[list[tuple[str, str]], list[str]]
+
+
+def _inferences(model: GearModel, pairs: Sequence[tuple[str, str]],
+                folders: Sequence[Sequence[str]] | None, fmt: str) -> Iterator[Inference]:
+    """Per inference, its input files ((name, path); inputs not in them are synthetic) and
+    the names of its output files: the one inference of ``pairs``, or one per file of
+    ais_bench's folders (``folders``: :func:`_folder_files`), named after the first input's
+    file as ais_bench names them."""
+    if folders is None:
+        yield list(pairs), _output_files(model.output_names, fmt)
+        return
+    names = [n for n, _ in pairs]
+    for files in zip(*folders, strict=True):
+        yield (list(zip(names, files, strict=True)),
+               _folder_outputs(_stem(os.path.basename(files[0])), len(model.output_names), fmt))
+
+
+def _run_inferences(model: GearModel, ex: Executor, inferences: Iterable[Inference],
+                    shapes: Mapping[str, tuple[int, ...]], args: argparse.Namespace,
+                    input_folders: list[str] | None) -> dict[str, Any]:
+    """Run every inference, each ``--loop`` times (``--warmup`` untimed runs before the
+    first one's, as ais_bench warms up); each is read when its turn comes and its outputs
+    saved before the next is read, so one inference's arrays are in memory at a time. The
+    run document: the last inference's inputs and outputs, every inference's files, every
+    timed run (``input_folders``: ais_bench's folders the inferences came from, or None)."""
+    from gear_runtime.tools.bench.report import first_dim
+
+    samples: list[int] = []
+    runs: list[dict[str, Any]] = []
+    out_dir: Path | None = None
+    batches: list[int] = []  # each inference's first dim of its first input
+    for pairs, out_files in inferences:
+        feeds, files = _feeds(model, ex, pairs, shapes, args)
+        outputs, timed = _timed(lambda f=feeds: ex.execute(f, pad=args.pad), args.loop,
+                                args.warmup if not runs else 0)
+        samples += timed
+        out_dir = out_dir or make_dir("--output-dir", args.output_dir)
+        saved = [str(out_dir / file) for file in out_files]
+        for value, path in zip(outputs, saved, strict=True):
+            _save(Path(path), value, args.outfmt)
+        runs.append({"inputs": [files[n] for n in model.input_names], "outputs": saved,
+                     "gear": ex.last_gear})
+        batches.append(first_dim({n: v.shape for n, v in feeds.items()}, model.input_names))
+    # ais_bench's default batchsize: the first input's first dim, its mean over inferences
+    # of several sizes (every inference runs --loop times, so 1000 * mean batch / mean ms
+    # is the items per second)
+    mean = sum(batches) / len(batches)
+    batchsize = args.batchsize or (int(mean) if mean.is_integer() else mean)
+    return _document(model, ex, feeds, files, outputs, saved, samples, args,
+                     {"input_folders": input_folders, "inferences": runs}, batchsize)
+
+
 def _document(model: GearModel, ex: Executor, feeds: Mapping[str, np.ndarray],
               files: Mapping[str, str | None], outputs: Sequence[np.ndarray],
               saved: Sequence[str], samples: Sequence[int],
-              args: argparse.Namespace) -> dict[str, Any]:
-    """The ``gear-runtime-run/1`` document (docs/json.md)."""
-    from gear_runtime.tools.bench.report import Stats
+              args: argparse.Namespace, every: Mapping[str, Any],
+              batchsize: float) -> dict[str, Any]:
+    """The ``gear-runtime-run/1`` document (docs/json.md): ``run``, ``inputs`` and
+    ``outputs`` of the last inference; ``every``: ``input_folders`` and ``inferences``, the
+    files of each inference."""
+    from gear_runtime.tools.bench.report import AisBenchSummary, Stats
 
     providers = getattr(model.backend_model, "execution_providers", None)
     gear = ex.last_gear
@@ -427,9 +596,13 @@ def _document(model: GearModel, ex: Executor, feeds: Mapping[str, np.ndarray],
                    for n in model.input_names],
         "outputs": [{"name": n, "dtype": str(v.dtype), "shape": list(v.shape), "file": f}
                     for n, v, f in zip(model.output_names, outputs, saved, strict=True)],
+        "input_folders": every["input_folders"],
+        "inferences": [dict(r) for r in every["inferences"]],
         "timing": {"loop": args.loop, "warmup": args.warmup,
+                   "inferences": len(every["inferences"]),
                    "ms": Stats.of_ns(samples).to_dict(),
-                   "samples_ns": [int(s) for s in samples]},
+                   "samples_ns": [int(s) for s in samples],
+                   "ais_bench": AisBenchSummary.of_ns(samples, batchsize).to_dict()},
     })
 
 
@@ -437,8 +610,46 @@ def _ints(values: Sequence[int] | None) -> list[int] | None:
     return None if values is None else [int(v) for v in values]
 
 
-def _print(doc: Mapping[str, Any], stats: Any) -> None:
-    """The human summary of a run document (``stats``: the latency of a --loop, or None)."""
+def _gear_text(gear: int | None, gears: Sequence[Sequence[int]]) -> str:
+    """``gear 1 (dims 64,64)``, ``gear 0 (a static model)`` or the hybrid graph's name."""
+    if gear is None:
+        return "the dynamic-shape graph (hybrid)"
+    dims = ",".join(map(str, gears[gear]))
+    return f"gear {gear} (dims {dims})" if dims else f"gear {gear} (a static model)"
+
+
+def _print(doc: Mapping[str, Any], timed: bool) -> None:
+    """The human summary of a run document; ``timed``: with the latency of the timed runs
+    and ais_bench's Performance Summary lines."""
+    from gear_runtime.tools.bench.report import AisBenchSummary, Stats
+    from gear_runtime.tools.bench.table import ais_bench_lines, ais_bench_note
+
+    if doc["input_folders"] is None:
+        _print_one(doc)
+        what = _gear_text(doc["run"]["gear"], doc["model"]["gears"])
+    else:
+        _print_folders(doc)
+        what = _inferences_text(len(doc["inferences"]))
+    if not timed:
+        return
+    timing = doc["timing"]
+    stats = Stats.of_ns(timing["samples_ns"])
+    runs = len(timing["samples_ns"])
+    per = (f" ({timing['inferences']} inferences x --loop {timing['loop']})"
+           if timing["inferences"] > 1 else "")
+    print(f"  {runs} runs{per} after {timing['warmup']} warm-up: p50 {stats.p50:.3f} ms, "
+          f"p99 {stats.p99:.3f} ms, mean {stats.mean:.3f} ms, min {stats.min:.3f} ms")
+    ais = timing["ais_bench"]
+    summary = AisBenchSummary.of_ns(timing["samples_ns"], ais["batchsize"])
+    print("\n".join([*ais_bench_lines(summary, what), ais_bench_note()]))
+
+
+def _inferences_text(count: int) -> str:
+    return f"{count} inference{'' if count == 1 else 's'}"
+
+
+def _print_one(doc: Mapping[str, Any]) -> None:
+    """The gear that ran, the synthetic inputs and the output files of one inference."""
     run = doc["run"]
     dims = ",".join(map(str, run["dynamic_dims"] or []))
     if run["gear"] is not None:
@@ -454,7 +665,21 @@ def _print(doc: Mapping[str, Any], stats: Any) -> None:
               + ", ".join(f"{i['name']}{i['shape']}" for i in synthetic))
     for out in doc["outputs"]:
         print(f"  {out['name']}: {out['dtype']} {out['shape']} -> {out['file']}")
-    if stats is not None:
-        print(f"  {doc['timing']['loop']} runs after {doc['timing']['warmup']} warm-up: p50 "
-              f"{stats.p50:.3f} ms, p99 {stats.p99:.3f} ms, mean {stats.mean:.3f} ms, min "
-              f"{stats.min:.3f} ms")
+
+
+def _print_folders(doc: Mapping[str, Any]) -> None:
+    """ais_bench's folders: how many inferences ran, on which gears, where the outputs are."""
+    runs = doc["inferences"]
+    print(f"{_inferences_text(len(runs))}, the i-th file of each --input folder together: "
+          + ", ".join(f"{name} <- {folder}" for name, folder
+                      in zip([i["name"] for i in doc["inputs"]], doc["input_folders"],
+                             strict=True)))
+    gears = Counter(r["gear"] for r in runs)
+    print("  " + "; ".join(f"{_gear_text(g, doc['model']['gears'])}: {n} inference(s)"
+                           for g, n in sorted(gears.items(), key=lambda x: (x[0] is None,
+                                                                            x[0] or 0))))
+    first, last = runs[0]["outputs"], runs[-1]["outputs"]
+    where = os.path.dirname(first[0]) or "."
+    print(f"  outputs: {len(runs) * len(first)} files in {where}, <the first input's file "
+          f"name without .npy/.bin>_<output index> ({os.path.basename(first[0])} ... "
+          f"{os.path.basename(last[-1])})")

@@ -56,6 +56,7 @@ from gear_runtime.tools.bench.report import (
     BenchReport,
     GearBench,
     Stats,
+    first_dim,
 )
 from gear_runtime.tools.inputs import check_request_shapes, synthetic_inputs
 from gear_runtime.tools.source import check_source_inputs
@@ -197,7 +198,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 providers: Sequence[str] | None = None,
                 request: Mapping[str, Sequence[int]] | None = None, pad: bool = False,
                 fill: str = "random",
-                load_options: Mapping[str, Any] | None = None) -> BenchReport:
+                load_options: Mapping[str, Any] | None = None,
+                batchsize: int | None = None) -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path; with
     ``backend`` acl / mindspore_lite, the backend's own .om / MindIR, ``load_options``
     carrying what it needs: ``device_id``, ``config``, ``input_shape``).
@@ -211,6 +213,9 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     gear, or with ``pad=True`` the covering one it is padded to. ``copy``: what ``execute``
     is timed with (True: outputs the caller keeps, as services get by default; False: views
     of the executor's buffers, no output copy); ``pad``: ``execute(pad=True)``.
+    ``batchsize``: ais_bench's --batchsize, the items per run its throughput counts
+    (:class:`~gear_runtime.tools.bench.report.AisBenchSummary`; default: per gear, the first
+    dim of the first input); nothing that runs changes with it.
     ``progress``: a bar on stderr, only when stderr is a terminal (never in a log). Raises
     InputError for bad arguments and when the inputs do not select the gear they were made
     for.
@@ -222,6 +227,9 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         raise InputError(f"warmup must be an integer >= 0, got {warmup!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InputError(f"threads must be an integer >= 1, got {threads!r}")
+    if batchsize is not None and (not isinstance(batchsize, int) or isinstance(batchsize, bool)
+                                  or batchsize < 1):
+        raise InputError(f"batchsize must be an integer >= 1, got {batchsize!r}")
     machine = machine_context()  # the load average before this run adds to it
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -274,7 +282,7 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
             for g in selected:
                 report.gears.append(_bench_gear(model, executor, handles, ref_session, g,
                                                 dict(make_inputs(model, g)), iterations, warmup,
-                                                bar, copy, pad))
+                                                bar, copy, pad, batchsize))
         return report
 
 
@@ -308,8 +316,10 @@ def _path_or_none(path: str) -> str | None:
 
 def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_session: Any,
                 g: int, feeds: dict[str, np.ndarray], iterations: int, warmup: int,
-                bar: Any, copy: bool = True, pad: bool = False) -> GearBench:
-    """Time one gear: execute / bare / naive / dynamic interleaved per iteration."""
+                bar: Any, copy: bool = True, pad: bool = False,
+                batchsize: int | None = None) -> GearBench:
+    """Time one gear: execute / bare / naive / dynamic interleaved per iteration
+    (``batchsize``: ais_bench's, None for the first dim of the first input fed)."""
     executor.execute(feeds, copy=copy, pad=pad)
     if executor.last_gear != g:  # the inputs must select this gear, or the row would lie
         raise InputError(f"the inputs given for gear {g} {model.gears[g]} selected gear "
@@ -364,7 +374,9 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                      execute=Stats.of_ns(samples["execute"]), bare=stats("bare"),
                      overhead_us=overhead, naive=stats("naive"), dynamic=stats("dynamic"),
                      input_bytes=input_bytes, output_bytes=output_bytes,
-                     samples_ns={n: samples[n] for n in RUNNERS if n in samples})
+                     samples_ns={n: samples[n] for n in RUNNERS if n in samples},
+                     batchsize=batchsize or first_dim({n: v.shape for n, v in feeds.items()},
+                                                      model.input_names))
 
 
 __all__ = ["InputsFn", "bench_model", "default_inputs", "parse_gears"]

@@ -1,16 +1,17 @@
-"""What a benchmark run produced: per-runner statistics, one :class:`GearBench` per gear and
+"""What a benchmark run produced: per-runner statistics, ais_bench's Performance Summary of
+them (:class:`AisBenchSummary`, ``run`` prints it too), one :class:`GearBench` per gear and
 the whole :class:`BenchReport`, and their JSON form (:data:`SCHEMA`, read back by
 :mod:`gear_runtime.tools.bench.compare`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gear_runtime.tools.bench.table import format_table
+from gear_runtime.tools.bench.table import format_ais_bench, format_table
 
 #: The JSON layout written by :meth:`BenchReport.to_dict` (read back by bench_compare).
 SCHEMA = "gear-runtime-bench/2"
@@ -45,6 +46,56 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class AisBenchSummary:
+    """ais_bench's "Performance Summary" of timed runs: its NPU_compute_time figures (min, max,
+    mean, median, 99th percentile, in ms) and its throughput, ``1000 * batchsize / mean``.
+    ``batchsize`` is ais_bench's --batchsize: the items the throughput counts per run (a mean
+    where runs of several sizes are summed up); it changes nothing that runs. The times are
+    those of the runs given (``execute``, which stages the inputs and returns the outputs:
+    ais_bench's NPU_compute_time is the device run alone)."""
+
+    batchsize: float
+    count: int
+    min: float
+    max: float
+    mean: float
+    median: float
+    p99: float
+    #: the runner whose times these are (the text names it: table.ais_bench_lines).
+    runner: str = "execute"
+
+    @classmethod
+    def of_ns(cls, samples_ns: Sequence[int], batchsize: float,
+              runner: str = "execute") -> AisBenchSummary:
+        """The summary of per-run durations in nanoseconds (at least one sample); ais_bench's
+        percentile is numpy's default (linear) too."""
+        ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
+        median, p99 = np.percentile(ms, [50, 99])
+        return cls(batchsize, len(ms), float(ms.min()), float(ms.max()), float(ms.mean()),
+                   float(median), float(p99), runner)
+
+    @property
+    def throughput(self) -> float:
+        """ais_bench's throughput: ``1000 * batchsize / mean`` (items per second)."""
+        return 1e3 * self.batchsize / self.mean
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (docs/json.md): ``compute_time_ms`` holds ais_bench's NPU_compute_time
+        figures."""
+        return {"runner": self.runner, "batchsize": self.batchsize, "count": self.count,
+                "compute_time_ms": {"min": self.min, "max": self.max, "mean": self.mean,
+                                    "median": self.median, "percentile_99": self.p99},
+                "throughput": self.throughput}
+
+
+def first_dim(shapes: Mapping[str, Sequence[int]], names: Sequence[str]) -> int:
+    """ais_bench's batchsize when --batchsize is not given: the first dim of the first input
+    (1 for a scalar)."""
+    shape = shapes[names[0]] if names else ()
+    return int(shape[0]) if len(shape) else 1
+
+
+@dataclass(frozen=True)
 class GearBench:
     """One gear's results. Times in ms; ``overhead_us`` in microseconds; bytes for memory."""
 
@@ -63,6 +114,8 @@ class GearBench:
     output_bytes: int
     #: per runner, every timed iteration's duration in ns, in the order they ran.
     samples_ns: dict[str, list[int]] = field(default_factory=dict)
+    #: ais_bench's batchsize of this gear: --batchsize, else the first dim of its first input.
+    batchsize: int = 1
 
     @property
     def throughput(self) -> float:
@@ -72,6 +125,11 @@ class GearBench:
     @property
     def throughput_unit(self) -> str:
         return "items/s" if self.items is not None else "runs/s"
+
+    @property
+    def ais_bench(self) -> AisBenchSummary:
+        """ais_bench's Performance Summary of this gear's execute times."""
+        return AisBenchSummary.of_ns(self.samples_ns["execute"], self.batchsize)
 
     @property
     def speedup_vs_dynamic(self) -> float | None:
@@ -105,6 +163,7 @@ class GearBench:
             "input_bytes": self.input_bytes,
             "output_bytes": self.output_bytes,
             "samples_ns": {k: list(map(int, v)) for k, v in self.samples_ns.items()},
+            "ais_bench": self.ais_bench.to_dict(),
         }
 
 
@@ -145,5 +204,10 @@ class BenchReport:
         """The human table: one row per gear, then the memory and setup lines."""
         return format_table(self)
 
+    def ais_bench_summary(self) -> str:
+        """ais_bench's Performance Summary, one block per gear (ais_bench runs one gear)."""
+        return format_ais_bench(self)
 
-__all__ = ["MAX_ITERATIONS", "RUNNERS", "SCHEMA", "BenchReport", "GearBench", "Stats"]
+
+__all__ = ["MAX_ITERATIONS", "RUNNERS", "SCHEMA", "AisBenchSummary", "BenchReport",
+           "GearBench", "Stats", "first_dim"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gear_runtime.backends import DEFAULT_BACKEND, facts
 from gear_runtime.tools.textfmt import format_bytes
 from gear_runtime.tools.textfmt import format_table as text_table
 
@@ -43,6 +44,40 @@ def format_table(report: Any) -> str:
     return "\n".join(lines)
 
 
+def ais_bench_note(copy: bool = True) -> str:
+    """What the NPU_compute_time of the ais_bench lines is here (printed once under them):
+    ``execute`` with (``copy``) or without the output copy."""
+    work = "input staging + run + output copy" if copy else "input staging + run, no output copy"
+    return (f"NPU_compute_time above = execute(): {work} (ais_bench's is the device run "
+            "alone); the throughput counts --batchsize items per run (default: the first "
+            "input's first dim, its mean over the runs)")
+
+
+def ais_bench_lines(summary: Any, what: str) -> list[str]:
+    """ais_bench's Performance Summary lines of ``summary`` (an
+    :class:`~gear_runtime.tools.bench.report.AisBenchSummary`) as ais_bench prints them,
+    without its ``[INFO]`` prefix so that what parses ais_bench's output parses these, under a
+    title naming ``what`` was timed (what the times are: :func:`ais_bench_note`)."""
+    mean = f"{summary.mean:.4f}"
+    return [
+        f"Performance Summary (ais_bench) of {what}: {summary.count} {summary.runner}() runs, "
+        f"batchsize {summary.batchsize:g}",
+        f"NPU_compute_time (ms): min = {summary.min:.4f}, max = {summary.max:.4f}, mean = "
+        f"{mean}, median = {summary.median:.4f}, percentile(99%) = {summary.p99:.4f}",
+        f"throughput 1000*batchsize.mean({summary.batchsize:g})/NPU_compute_time.mean({mean}): "
+        f"{summary.throughput:.2f}",
+    ]
+
+
+def format_ais_bench(report: Any) -> str:
+    """ais_bench's Performance Summary of every gear of ``report`` (a BenchReport: ais_bench
+    runs one gear per invocation, so one block per gear), then once what its times are."""
+    lines: list[str] = []
+    for r in report.gears:
+        lines += ais_bench_lines(r.ais_bench, f"gear {r.gear} (dims {','.join(map(str, r.dims))})")
+    return "\n".join([*lines, ais_bench_note(report.copy)])
+
+
 def column_notes(copy: bool, reference: str | None,
                  backend: str = "onnxruntime") -> list[str]:
     """What each column of the table includes (on ``backend``): the lines printed under it."""
@@ -59,16 +94,12 @@ def column_notes(copy: bool, reference: str | None,
         "bare = the backend's run of the same gear on the executor's pre-bound buffers "
         "(no staging, no copy)",
         f"overhead us = median over iterations of (execute - bare): {overhead}",
-        f"naive = {NAIVE.get(backend, NAIVE['onnxruntime'])}; dynamic = ONNX Runtime on the "
+        f"naive = {facts(backend).naive or facts(DEFAULT_BACKEND).naive}; dynamic = ONNX "
+        "Runtime on the "
         f"original dynamic model ({reference or 'not known: pass --reference'}); "
         "x = their p50 / execute p50",
     ]
 
 
-#: What the naive column runs on each backend (BackendModel.naive_run).
-NAIVE = {"onnxruntime": "session.run(None, feeds) on the model's session",
-         "openvino": "OpenVINO's own dynamic-shape model of the source graph (x naive: what "
-                     "the static gears gain)"}
-
-
-__all__ = ["column_notes", "format_table"]
+__all__ = ["ais_bench_lines", "ais_bench_note", "column_notes", "format_ais_bench",
+           "format_table"]
