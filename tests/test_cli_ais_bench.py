@@ -346,3 +346,31 @@ def test_json_md_names_every_field_of_the_new_documents(capsys, models, tmp_path
             (bench_section, run_doc["timing"]["ais_bench"])]:
         missing = [k for k in keys if not re.search(rf"[`{{, ]{re.escape(k)}[`}}:,]", section)]
         assert missing == [], missing
+
+
+@pytest.mark.parametrize("flags, gear", [
+    (["--dymBatch", "4"], [4]),
+    (["--dynamic-batch-size", "1"], [1]),
+    (["--dymDims", "a:4,4;b:4,4"], [4]),  # ais_bench's named form
+    (["--dymDims", "4,4,4,4"], [4]),  # the full dims of every input
+])
+def test_bench_times_the_gear_an_ais_bench_gear_flag_names(capsys, models, tmp_path, flags,
+                                                           gear) -> None:
+    """ais_bench's benchmark line ``--dymBatch 4 --loop N``: bench times that gear alone."""
+    code, _, err = run_cli(capsys, "bench", models.add, *flags, "--loop", "3", "--warmup", "0",
+                           "--no-progress", "--json", tmp_path / "b.json")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [g["dims"] for g in doc["gears"]] == [gear]
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--dymBatch", "3"], ["[145013]", "(3,)", "legal gears"]),
+    (["--dymBatch", "4", "--gears", "0"], ["name the one gear to time", "drop --gears"]),
+    (["--dymBatch", "4", "--dymShape", "a:4,4;b:4,4"], ["drop --gears and --shapes"]),
+    (["--dymDims", "a:4,4;c:4,4"], ["'c', which is not an input"]),
+])
+def test_bench_gear_flags_refuse_in_one_line(capsys, models, flags, fragments) -> None:
+    code, _, err = run_cli(capsys, "bench", models.add, *flags, "--loop", "1", "--no-progress")
+    assert code == 2
+    assert_one_line_error(err, *fragments)

@@ -273,7 +273,7 @@ AIS_BENCH_FLAGS = {
             "--warmup_count", "--warmup-count", "--dymBatch", "--dymHW", "--dymDims",
             "--dymShape", "--dym-shape", "--device"],
     "bench": ["--model", "--loop", "--batchsize", "--warmup_count", "--warmup-count",
-              "--dymShape", "--dym-shape", "--device"],
+              "--dymBatch", "--dymHW", "--dymDims", "--dymShape", "--dym-shape", "--device"],
 }
 
 

@@ -23,6 +23,7 @@ from gear_runtime.cli.common import (
     opens_own_files,
     request_shapes,
 )
+from gear_runtime.cli.run import add_gear_flags, gear_flag
 from gear_runtime.tools import jsonout
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
 from gear_runtime.tools.inputs import FILLS
@@ -62,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dymShape", "--dym-shape", dest="dym_shape", metavar="NAME:D,D;...",
                    help="ais_bench's --dymShape: the request's shapes, e.g. "
                    '"input_ids:1,100;attention_mask:1,100" (as --shapes)')
+    add_gear_flags(p)
     p.add_argument("--pad", action="store_true",
                    help="time execute(pad=True) (with --shapes: a request between gears)")
     p.add_argument("--fill", choices=FILLS, default="random",
@@ -110,13 +112,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     request = request_shapes(args)
     if request is not None and args.gears.strip().lower() != "all":
         raise UsageError("--shapes selects its own gear; drop --gears")
+    picked = any(getattr(args, f) is not None for f in
+                 ("dynamic_dims", "dynamic_batch_size", "dynamic_image_size"))
+    if picked and (request is not None or args.gears.strip().lower() != "all"):
+        raise UsageError("--dymBatch / --dymHW / --dymDims name the one gear to time; drop "
+                         "--gears and --shapes / --dymShape")
+    select = gear_flag(args) if picked else None
     backend, options = backend_options(args)
     report = bench_model(args.file, gears=args.gears, iterations=args.iterations,
                          warmup=args.warmup, threads=args.threads, reference=args.reference,
                          backend=backend, progress=not args.no_progress,
                          copy=not args.no_copy, providers=options.get("providers"),
                          request=request, pad=args.pad, fill=args.fill,
-                         load_options=device_options(backend, args), batchsize=args.batchsize)
+                         load_options=device_options(backend, args), batchsize=args.batchsize,
+                         select=select)
     quiet = args.json == jsonout.STDOUT  # stdout is the JSON alone
     if not quiet:
         print(report.table())

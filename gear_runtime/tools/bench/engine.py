@@ -199,7 +199,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 request: Mapping[str, Sequence[int]] | None = None, pad: bool = False,
                 fill: str = "random",
                 load_options: Mapping[str, Any] | None = None,
-                batchsize: int | None = None) -> BenchReport:
+                batchsize: int | None = None,
+                select: Callable[[Executor], None] | None = None) -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path; with
     ``backend`` acl / mindspore_lite, the backend's own .om / MindIR, ``load_options``
     carrying what it needs: ``device_id``, ``config``, ``input_shape``).
@@ -213,6 +214,9 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     gear, or with ``pad=True`` the covering one it is padded to. ``copy``: what ``execute``
     is timed with (True: outputs the caller keeps, as services get by default; False: views
     of the executor's buffers, no output copy); ``pad``: ``execute(pad=True)``.
+    ``select``: the one gear to time, as a call that sets it on an executor
+    (``set_dynamic_batch_size(8)``: ais_bench's --dymBatch / --dymHW / --dymDims); not
+    with ``gears`` or ``request``.
     ``batchsize``: ais_bench's --batchsize, the items per run its throughput counts
     (:class:`~gear_runtime.tools.bench.report.AisBenchSummary`; default: per gear, the first
     dim of the first input); nothing that runs changes with it.
@@ -250,7 +254,10 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         rss = rss_bytes()
         executor = owned.enter_context(model.create_executor())
         make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed, fill))
-        if request is None:
+        if select is not None:
+            selected = [_selected_gear(model, executor, gears, request, select)]
+            checked = [model.spec.shapes(g) for g in selected]
+        elif request is None:
             selected = parse_gears(gears, model.gear_count)
             checked = [model.spec.shapes(g) for g in selected]
         else:
@@ -284,6 +291,23 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                                                 dict(make_inputs(model, g)), iterations, warmup,
                                                 bar, copy, pad, batchsize))
         return report
+
+
+def _selected_gear(model: GearModel, executor: Executor, gears: str | Sequence[int] | None,
+                   request: Mapping[str, Sequence[int]] | None,
+                   select: Callable[[Executor], None]) -> int:
+    """The gear ``select`` sets on ``executor`` (its errors: 145013 for dims of no gear),
+    cleared again; InputError when gears or request shapes are chosen too."""
+    if request is not None or (gears is not None and not (
+            isinstance(gears, str) and gears.strip().lower() == "all")):
+        raise InputError("a gear set with --dymBatch / --dymHW / --dymDims is the one gear "
+                         "timed: drop --gears and --shapes / --dymShape")
+    select(executor)
+    dims = executor.dynamic_dims
+    executor.clear_dynamic_dims()
+    if dims is None:
+        raise InputError("the gear flag set no dims")
+    return model.gear_of(dims)
 
 
 def _request_gear(model: GearModel, executor: Executor, gears: str | Sequence[int] | None,
