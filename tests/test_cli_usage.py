@@ -69,8 +69,68 @@ def test_an_atc_line_with_the_common_flags_compiles_and_says_what_is_not_applied
     assert [x.split()[2].split("=")[0] for x in lines] == [
         "--output_type", "--insert_op_conf", "--input_fp16_nodes"]
     assert gr.load(str(tmp_path / "m.gear.onnx")).spec.precision_mode == "force_fp32"
-    code, _, err = run_cli(capsys, "compile", *argv, "--out_nodes=conv:0")
-    assert code != 0 and "--out_nodes" in err and "extract_model" in err
+    code, _, err = run_cli(capsys, "compile", *argv, "--out_nodes=no_such_node:0")
+    assert code == 2 and "--out_nodes" in err and "'no_such_node:0' is neither" in err
+
+
+def _two_step_model():
+    """x [B, 4] -> Relu (node 'r') -> a -> Neg (node 'n') -> y; outputs y and s = sum(x)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="r"),
+         helper.make_node("Neg", ["a"], ["y"], name="n"),
+         helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0)], "two_step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 4]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("out_nodes, names", [
+    ("r:0;n:0", ["a", "y"]),  # atc's node form: an intermediate output too
+    ("s;y", ["s", "y"]),  # ONNX output names: another order
+    ("y", ["y"]),  # a subset
+])
+def test_compile_out_nodes_selects_the_outputs(capsys, tmp_path, out_nodes, names) -> None:
+    import onnx
+
+    src = tmp_path / "two.onnx"
+    onnx.save(_two_step_model(), str(src))
+    out = tmp_path / "two.gear.onnx"
+    code, _, err = run_cli(capsys, "compile", f"--model={src}", "--framework=5",
+                           f"--output={out}", "--input_shape=x:-1,4", "--dynamic_batch_size=1,3",
+                           f"--out_nodes={out_nodes}")
+    assert code == 0, err
+    model = gr.load(str(out))
+    assert list(model.output_names) == names
+    x = np.array([[-1, 2, -3, 4]] * 3, np.float32)
+    want = {"a": np.maximum(x, 0), "y": -np.maximum(x, 0), "s": x.sum()}
+    got = model.create_executor().execute({"x": x})
+    for name, value in zip(names, got, strict=True):
+        np.testing.assert_allclose(value, want[name])
+
+
+@pytest.mark.parametrize("out_nodes, fragment", [
+    ("r:1", "node 'r' (Relu) has 1 output(s), 0..0"),
+    ("r:0;y", "'y' is not NODE:INDEX while others are"),
+    ("y;y", "names the tensor 'y' twice"),
+    ("a", "'a' is neither a graph output (y, s) nor NODE:INDEX of a node"),
+    (";", "names no output"),
+])
+def test_compile_out_nodes_refuses_in_one_line(capsys, tmp_path, out_nodes, fragment) -> None:
+    import onnx
+
+    src = tmp_path / "two.onnx"
+    onnx.save(_two_step_model(), str(src))
+    code, _, err = run_cli(capsys, "compile", str(src), "--input_shape=x:-1,4",
+                           "--dynamic_batch_size=1,3", "-o", tmp_path / "t.gear.onnx",
+                           f"--out_nodes={out_nodes}")
+    assert code == 2
+    assert_one_line_error(err, fragment)
+    assert not (tmp_path / "t.gear.onnx").exists()
 
 
 @pytest.mark.parametrize("flag", ["--dynamic_dims", "--dymDims"])

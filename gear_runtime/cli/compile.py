@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "--output, --framework=5; --soc_version and --log are accepted and "
                        "do not change the gear file; --output_type, --insert_op_conf and "
                        "--input_fp16_nodes are accepted with a line saying what is done "
-                       "instead; --out_nodes is refused), so a pasted atc line compiles.")
+                       "instead; --out_nodes selects the outputs), so a pasted atc line "
+                       "compiles.")
     p.add_argument("model", metavar="MODEL.onnx", nargs="?",
                    help="the model with dynamic input dims (or --model)")
     p.add_argument("--model", dest="model_flag", metavar="MODEL.onnx",
@@ -85,8 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="atc's float16 inputs: accepted; the inputs keep the model's dtypes "
                    "(a line says so)")
     p.add_argument("--out_nodes", "--out-nodes", metavar="NODES",
-                   help="atc's output selection: refused (the gear file's outputs are the "
-                   "model's graph outputs; cut the graph first, e.g. onnx.utils.extract_model)")
+                   help="atc's output selection: the gear file's outputs, in this order: node "
+                   'outputs "node_name:0;node_name:1" (intermediate ones too) or graph output '
+                   'names "out1;out2"')
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none when stderr is not a terminal)")
     p.set_defaults(handler=cmd_compile)
@@ -118,11 +120,7 @@ def _output_path(output: str) -> str:
 
 def _atc_only_flags(args: argparse.Namespace) -> None:
     """atc flags that change nothing in a gear file: one line each on stderr saying what is
-    done instead; --out_nodes, which would change the outputs, is refused."""
-    if args.out_nodes is not None:
-        raise UsageError(f"--out_nodes {args.out_nodes!r}: the gear file's outputs are the "
-                         "model's graph outputs; cut the graph to the outputs you want first "
-                         "(onnx.utils.extract_model) and compile that")
+    done instead (--out_nodes changes the outputs: the compiler applies it)."""
     notes = {
         "output_type": "the gear file's outputs keep the model's dtypes (the acl backend runs "
                        "the .om atc built with it)",
@@ -180,7 +178,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", UserWarning)
         report = compile_gears(model, spec, _output_path(args.output), hybrid=hybrid,
                                sink=args.sink, external_data=external,
-                               progress=not args.no_progress, verify=verify)
+                               progress=not args.no_progress, verify=verify,
+                               out_nodes=args.out_nodes)
     kind = "sink" if args.sink else "case"
     print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
           f"{kind}{', hybrid' if hybrid else ''}): "

@@ -37,7 +37,12 @@ from gear_runtime.compiler.check import (
     inspect_model,
     load_model,
 )
-from gear_runtime.compiler.outputs import ShapeRunner, gear_output_shapes, set_output_shapes
+from gear_runtime.compiler.outputs import (
+    ShapeRunner,
+    gear_output_shapes,
+    select_outputs,
+    set_output_shapes,
+)
 from gear_runtime.compiler.route import build_case_model, build_sink_model, check_sink_opset
 from gear_runtime.errors import CompileError
 from gear_runtime.gearfile.digest import DataDigest, digest_placeholder, graph_digest, seal_digest
@@ -112,7 +117,7 @@ VERIFY_MAX_WEIGHT_BYTES = 2 * 2**30
 def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
                   progress: bool = True, external_data: bool | None = None,
-                  verify: bool | None = None) -> str:
+                  verify: bool | None = None, out_nodes: str | None = None) -> str:
     """Compile ``model`` (a path or ModelProto with dynamic dims) for the gears of ``spec``
     into the gear file ``output``; return ``output`` as a string.
 
@@ -128,7 +133,10 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     external data. A source with external data is streamed: its weights are copied file to
     file, never parsed. The gear file and its data file are written atomically (temporary
     files renamed in place), with the mode the umask gives new files. ``verify``: run each
-    gear once on ONNX Runtime before writing (see :func:`compile_gears`).
+    gear once on ONNX Runtime before writing (see :func:`compile_gears`). ``out_nodes``: atc's
+    ``--out_nodes``, the outputs the gear file has instead of the source's
+    (``"node_name:0;node_name:1"``, or graph output names ``"out1;out2"``; see
+    :func:`gear_runtime.compiler.outputs.select_outputs`).
 
     Raises CompileError when the spec does not fit the model (naming the input, the axis, the
     spec's value and the model's), when the output directory does not exist, when ``sink``
@@ -138,13 +146,13 @@ def compile_model(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
     (with any weights kept inside it) would exceed 2 GiB, or when a file cannot be written.
     """
     return compile_gears(model, spec, output, hybrid=hybrid, sink=sink, progress=progress,
-                         external_data=external_data, verify=verify).path
+                         external_data=external_data, verify=verify, out_nodes=out_nodes).path
 
 
 def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpec,
                   output: str | os.PathLike[str], hybrid: bool = False, sink: bool = False,
                   progress: bool = True, external_data: bool | None = None,
-                  verify: bool | None = None) -> CompileReport:
+                  verify: bool | None = None, out_nodes: str | None = None) -> CompileReport:
     """:func:`compile_model`, returning a :class:`CompileReport`.
 
     ``verify``: run every gear once on ONNX Runtime (zero inputs, the source graph at the
@@ -167,6 +175,9 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         external_data = arguments.flag("external_data", external_data, CompileError)
     if verify is not None:
         verify = arguments.flag("verify", verify, CompileError)
+    if out_nodes is not None and not isinstance(out_nodes, str):
+        raise CompileError(f"out_nodes must be a string like 'node:0;node:1', got "
+                           f"{type(out_nodes).__name__}")
     if (hybrid or spec.hybrid) and spec.mode != "dims":
         # GE builds the hybrid (gear + dynamic-shape) graph only from ge.dynamicDims
         raise CompileError(f"hybrid mode needs a dims spec (GE has it only with ge.inputShape "
@@ -184,6 +195,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         bar.set_postfix_str("reading the source", refresh=True)
         loaded = load_model(model)
         source = loaded.model
+        if out_nodes is not None:
+            select_outputs(source, out_nodes)
         info = inspect_model(source)
         check_reserved(source)
         check_spec(info, spec)

@@ -183,3 +183,77 @@ def set_output_shapes(branch: onnx.GraphProto, info: GraphInfo,
              for o, t, s in zip(branch.output, info.outputs, shapes, strict=True)]
     del branch.output[:]
     branch.output.extend(decls)
+
+
+def select_outputs(model: onnx.ModelProto, out_nodes: str) -> None:
+    """atc's ``--out_nodes`` on the source graph, in place: its outputs become the named
+    tensors, in the given order. Two forms, not mixed (atc's rule): ``"node:0;node:1"`` (a
+    node's k-th output, intermediate ones included) or, for ONNX, ``"out1;out2"`` (names of
+    graph outputs: a subset, or another order). Nodes no output needs any more are left to
+    ONNX Runtime, which drops them. CompileError naming the entry that is no node output or
+    graph output, an index out of range, a name given twice, or a tensor whose type shape
+    inference cannot tell (a graph output needs one)."""
+    entries = [e.strip() for e in out_nodes.split(";") if e.strip()]
+    if not entries:
+        raise CompileError(f"--out_nodes {out_nodes!r} names no output")
+    graph = model.graph
+    nodes = {n.name: n for n in graph.node if n.name}
+    outputs = {o.name: o for o in graph.output}
+    as_node = [_node_output(e, nodes) for e in entries]
+    if any(t is not None for t in as_node) and not all(t is not None for t in as_node):
+        bad = entries[as_node.index(None)]
+        raise CompileError(f"--out_nodes {out_nodes!r}: {bad!r} is not NODE:INDEX while others "
+                           "are; give node outputs (node_name:0) or graph output names, not "
+                           "both (atc's rule)")
+    names = [t for t in as_node if t is not None] if as_node[0] is not None else entries
+    if as_node[0] is None:
+        unknown = [n for n in names if n not in outputs]
+        if unknown:
+            raise CompileError(f"--out_nodes {out_nodes!r}: {unknown[0]!r} is neither a graph "
+                               f"output ({', '.join(outputs)}) nor NODE:INDEX of a node")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise CompileError(f"--out_nodes {out_nodes!r} names the tensor {twice[0]!r} twice")
+    typed = _typed_values(model, [n for n in names if n not in outputs])
+    chosen = [outputs[n] if n in outputs else typed[n] for n in names]
+    del graph.output[:]
+    graph.output.extend(chosen)
+
+
+def _node_output(entry: str, nodes: Mapping[str, onnx.NodeProto]) -> str | None:
+    """The tensor ``node:k`` names (None when ``entry`` is not that form); CompileError for
+    an index past the node's outputs."""
+    name, sep, index = entry.rpartition(":")
+    if not sep or not index.isdigit() or name not in nodes:
+        return None
+    node, k = nodes[name], int(index)
+    if k >= len(node.output) or not node.output[k]:
+        raise CompileError(f"--out_nodes {entry!r}: node {name!r} ({node.op_type}) has "
+                           f"{len(node.output)} output(s), 0..{len(node.output) - 1}")
+    return node.output[k]
+
+
+def _typed_values(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, onnx.ValueInfoProto]:
+    """ValueInfos (with their element types) of intermediate tensors, by shape inference of
+    a weightless copy; CompileError for one whose type it cannot tell."""
+    if not names:
+        return {}
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    for t in skeleton.graph.initializer:  # types and shapes are in the header: no bytes needed
+        t.ClearField("raw_data")
+        t.ClearField("external_data")
+        t.data_location = onnx.TensorProto.DEFAULT
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False)
+    except Exception:  # noqa: BLE001 -- no types: refused below, naming the tensor
+        inferred = skeleton
+    known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    out = {}
+    for name in names:
+        value = known.get(name)
+        if value is None or not value.type.tensor_type.elem_type:
+            raise CompileError(f"--out_nodes: the type of tensor {name!r} is unknown to ONNX "
+                               "shape inference; a graph output needs one")
+        out[name] = helper.make_tensor_value_info(name, value.type.tensor_type.elem_type, None)
+    return out
