@@ -1,5 +1,6 @@
 """The gear file's integrity record (:data:`gear_runtime.gearfile.format.META_DIGEST`): sealed by
-the writer, checked by the reader, and the data files' digests.
+the writer, checked by the reader, and the data files' digests -- with the one orchestration
+that checks the data files while a runtime loads them (:func:`checked_load`).
 
 xxh3_128: a fast NON-cryptographic hash (tens of GB/s in memory, so checking a 400 MB data
 file costs a small fraction of a load). It detects corruption and accidental edits (a flipped
@@ -13,9 +14,11 @@ import json
 import os
 import stat
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import onnx
 import xxhash
@@ -29,6 +32,8 @@ _ZERO_DIGEST = "0" * 32
 #: file-backed pages would count in the process's RSS during the load). xxhash releases the
 #: GIL on buffers above 64 KiB, so a hash thread runs beside ONNX Runtime's session build.
 _HASH_CHUNK = 4 * 2**20
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -303,3 +308,71 @@ def check_file(path: str, blob: bytes, model: onnx.ModelProto,
                             f"({DIGEST_ALGORITHM} digest mismatch); recompile the model or "
                             "restore the file")
     return data
+
+
+# ---- checking the data files while a runtime loads them --------------------------------------
+def checked_load(data_digests: Mapping[str, DataDigest], build: Callable[[], T]) -> T:
+    """Run ``build`` -- a runtime reading data files BY PATH (``data_digests``: resolved path
+    -> what compile recorded), as ONNX Runtime does when it creates a session -- and return
+    what it returned only when what it could have read is what compile recorded.
+
+    Every data file is opened once before ``build`` starts and hashed through that
+    descriptor in a thread while ``build`` runs (the hash releases the GIL); afterwards each
+    must be unchanged and still be the file its path names (:class:`HeldDataFile`). So a data
+    file replaced, moved, linked, truncated or written during the load ends in a
+    GearFileError, never in other weights. When ``build`` fails, a corrupt or changed data
+    file is the error raised (the cause, not the runtime's symptom); else ``build``'s own
+    error."""
+    held: list[HeldDataFile] = []
+    try:
+        for path, want in sorted(data_digests.items()):
+            held.append(HeldDataFile(path, want))
+        wait = _in_thread([h.verify for h in held])
+        try:
+            result = build()
+        except BaseException:
+            _verdict(held, wait)
+            raise
+        _verdict(held, wait)
+        return result
+    finally:
+        for h in held:
+            h.close()
+
+
+def _verdict(held: Sequence[HeldDataFile], wait: Callable[[], None]) -> None:
+    """The held data files' verdict once a runtime has read them: a file that changed while
+    loading says so (a hash that failed because the file changed under it would only say
+    "corrupt"); else the hash's mismatch, if any; else each file's end check."""
+    try:
+        wait()
+    except GearFileError:
+        for h in held:
+            h.check_unchanged(rehash=False)
+        raise
+    for h in held:
+        h.check_unchanged()
+
+
+def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """Start ``calls`` one after the other in a thread; the returned callable waits for them
+    and raises the first error one raised (nothing to do: no thread)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for call in calls:
+                call()
+        except BaseException as exc:  # handed to the waiting thread
+            errors.append(exc)
+
+    if not calls:
+        return lambda: None
+    thread = threading.Thread(target=run, name="gear-data-digest", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+    return wait

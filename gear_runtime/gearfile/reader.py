@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,7 +29,7 @@ from gear_runtime.errors import GearFileError, GearSpecError
 from gear_runtime.files import FileTooLargeError, read_regular_file, reason
 from gear_runtime.gearfile import format as fmt
 from gear_runtime.gearfile import passthrough
-from gear_runtime.gearfile.digest import DataDigest, HeldDataFile, check_file
+from gear_runtime.gearfile.digest import DataDigest, check_file, checked_load
 from gear_runtime.gearfile.external_data import (
     ExternalDataError,
     ExternalSpan,
@@ -129,28 +128,9 @@ class GearFile:
         does when it creates a session -- and return what it returned only when what it could
         have read is what compile recorded.
 
-        Every data file is opened once before ``build`` starts and hashed through that
-        descriptor in a thread while ``build`` runs (the hash releases the GIL); afterwards
-        each must be unchanged and still be the file its path names
-        (:class:`~gear_runtime.gearfile.digest.HeldDataFile`). So a data file replaced,
-        moved, linked, truncated or written during the load ends in a GearFileError, never
-        in other weights. When ``build`` fails, a corrupt or changed data file is the error
-        raised (the cause, not the runtime's symptom); else ``build``'s own error."""
-        held: list[HeldDataFile] = []
-        try:
-            for path, want in sorted(self.data_digests.items()):
-                held.append(HeldDataFile(path, want))
-            wait = _in_thread([h.verify for h in held])
-            try:
-                result = build()
-            except BaseException:
-                _verdict(held, wait)
-                raise
-            _verdict(held, wait)
-            return result
-        finally:
-            for h in held:
-                h.close()
+        The orchestration (every data file held open and hashed in a thread while ``build``
+        runs, then the verdict) is :func:`gear_runtime.gearfile.digest.checked_load`'s."""
+        return checked_load(self.data_digests, build)
 
     def weight_array(self, name: str) -> np.ndarray:
         """Weight ``name``'s values (read from the data file for an external one)."""
@@ -203,44 +183,6 @@ class GearFile:
         """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
         return tuple(sorted(referenced_names(model.graph) & self.weights.keys()))
 
-
-
-def _verdict(held: Sequence[HeldDataFile], wait: Callable[[], None]) -> None:
-    """The held data files' verdict once a runtime has read them: a file that changed while
-    loading says so (a hash that failed because the file changed under it would only say
-    "corrupt"); else the hash's mismatch, if any; else each file's end check."""
-    try:
-        wait()
-    except GearFileError:
-        for h in held:
-            h.check_unchanged(rehash=False)
-        raise
-    for h in held:
-        h.check_unchanged()
-
-
-def _in_thread(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
-    """Start ``calls`` one after the other in a thread; the returned callable waits for them
-    and raises the first error one raised (nothing to do: no thread)."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            for call in calls:
-                call()
-        except BaseException as exc:  # handed to the waiting thread
-            errors.append(exc)
-
-    if not calls:
-        return lambda: None
-    thread = threading.Thread(target=run, name="gear-data-digest", daemon=True)
-    thread.start()
-
-    def wait() -> None:
-        thread.join()
-        if errors:
-            raise errors[0]
-    return wait
 
 
 def _backend_hint(path: str) -> str:
