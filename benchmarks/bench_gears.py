@@ -89,7 +89,7 @@ def run(iterations: int = 200, warmup: int = 20, threads: int = 1, verbose: bool
 def _range_table(reports: dict[bool, list[Any]]) -> str:
     """Per gear, the min-max over the repeats of the overhead and of the speed-up vs ORT on
     the dynamic model, with outputs copied and without."""
-    from gear_runtime.tools.textfmt import format_table
+    from gear_runtime.tools.common.textfmt import format_table
 
     def span(copy: bool, g: int, field: str, fmt: str) -> str:
         values = [getattr(rep.gears[g], field) for rep in reports[copy]]

@@ -237,7 +237,7 @@ def profile(source: Path, seq: int, runs: int) -> dict[str, tuple[dict[str, floa
 def report_profile(source: Path, seqs: Sequence[int], runs: int) -> None:
     """Where a run's time goes, dynamic vs static: the weight products (FullyConnected,
     MatMul) against everything else, i.e. all that a static shape could save at best."""
-    from gear_runtime.tools.textfmt import format_table
+    from gear_runtime.tools.common.textfmt import format_table
 
     heavy = ("FullyConnected", "MatMul")
     rows = [["seq", "model", "nodes run", "total ms", "FC+MatMul ms", "rest ms", "rest share",
@@ -309,7 +309,7 @@ def report(m: dict[str, Any], lat: list[dict[str, Any]], ld: dict[str, dict[str,
     import onnxruntime as ort
     import openvino as ov
 
-    from gear_runtime.tools.textfmt import format_table
+    from gear_runtime.tools.common.textfmt import format_table
 
     print(f"\nmodel: {m['what']}, {m['weights'] / 2**20:.0f} MB of weights, "
           f"seq gears {', '.join(map(str, SEQS))} (batch 1); OpenVINO {ov.__version__}, "

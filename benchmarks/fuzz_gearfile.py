@@ -116,7 +116,7 @@ def run_one(folder: Path, files: tuple[bytes, bytes], want: list[np.ndarray], se
             index: int, job: tuple[str, str, str]) -> dict:
     """Apply mutation ``index`` in ``folder`` and classify what the runtime does with it."""
     import gear_runtime as gr
-    from gear_runtime.tools.inspect import describe
+    from gear_runtime.tools.check.inspect import describe
 
     mode, target, kind = job
     rng = random.Random(seed * 1_000_003 + index)

@@ -83,7 +83,7 @@ def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime`
 
         return Executor
     if name == "check_padding":
-        from gear_runtime.tools.padding import check_padding
+        from gear_runtime.tools.check.padding import check_padding
 
         return check_padding
     if name == "plan_gears":

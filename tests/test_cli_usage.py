@@ -19,7 +19,7 @@ from models import conv_model
 import gear_runtime as gr
 from gear_runtime.cli import app as cli
 from gear_runtime.examples import prefill
-from gear_runtime.tools import jsonout
+from gear_runtime.tools.common import jsonout
 
 SHAPES_100 = "input_ids:1x100,attention_mask:1x100,position_ids:4x1x100,image_embeds:16x64"
 
@@ -171,7 +171,7 @@ def test_run_on_the_inputs_of_a_gear_named_by_its_flag(capsys, example, tmp_path
     assert inputs["image_embeds"]["dtype"] == "float32"
     import onnxruntime as ort
 
-    from gear_runtime.tools.inputs import synthetic_inputs
+    from gear_runtime.tools.common.inputs import synthetic_inputs
 
     dtypes = dict(zip(prefill.INPUT_NAMES, [np.int64] * 3 + [np.float32], strict=True))
     feeds = synthetic_inputs(dtypes, example.spec.shapes(2))

@@ -23,7 +23,7 @@ from gear_runtime.compiler import compile_gears
 from gear_runtime.gearfile.digest import reseal
 from gear_runtime.gearfile.external_data import AUTO_EXTERNAL_BYTES, DATA_ALIGNMENT
 from gear_runtime.gearfile.reader import read_gear_file
-from gear_runtime.tools.inspect import describe
+from gear_runtime.tools.check.inspect import describe
 
 PREFILL = dict(input_shape="input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;"
                            "image_embeds:-1,64",

@@ -28,7 +28,7 @@ from gear_runtime.gearfile.format import (
     spec_to_json,
 )
 from gear_runtime.gearfile.reader import read_gear_file
-from gear_runtime.tools.inspect import describe
+from gear_runtime.tools.check.inspect import describe
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from gear_runtime.gearfile.format import (
     parse_output_dims,
 )
 from gear_runtime.gearfile.reader import read_gear_file
-from gear_runtime.tools.inspect import describe
+from gear_runtime.tools.check.inspect import describe
 
 _SPEC = importlib.util.spec_from_file_location(
     "fuzz_gearfile", Path(__file__).parents[1] / "benchmarks" / "fuzz_gearfile.py")

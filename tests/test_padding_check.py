@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import gear_runtime as gr
 from gear_runtime.cli import main
-from gear_runtime.tools.padding import default_samples
+from gear_runtime.tools.check.padding import default_samples
 
 
 def seq_model(mean: bool) -> onnx.ModelProto:
@@ -121,7 +121,7 @@ def test_cli_json(tmp_path, capsys) -> None:
 
 
 def test_integer_outputs_must_be_equal_and_chunks_change_nothing(monkeypatch) -> None:
-    from gear_runtime.tools import padding
+    from gear_runtime.tools.check import padding
 
     check = padding.OutputCheck("ids")
     got = np.full(10, 1_000_000, np.int64)
@@ -150,7 +150,7 @@ def test_a_difference_in_an_early_chunk_is_not_forgotten_by_the_last(monkeypatch
                                                                       dtype) -> None:
     """The verdict folds EVERY chunk: outputs that differ only in their first chunk and agree
     in the last one are UNSAFE (chunks of 4 elements: 5 chunks of 20)."""
-    from gear_runtime.tools import padding
+    from gear_runtime.tools.check import padding
 
     monkeypatch.setattr(padding, "CHUNK_ELEMENTS", 4)
     want = np.arange(1, 21, dtype=dtype).reshape(4, 5)
@@ -185,7 +185,7 @@ def test_check_padding_flags_a_model_that_differs_in_its_first_chunk_only(tmp_pa
                                                                           monkeypatch) -> None:
     """check_padding end to end, the outputs compared in chunks of 2 elements: only the first
     element (so the first chunk) of a padded run differs, and the model is UNSAFE."""
-    from gear_runtime.tools import padding
+    from gear_runtime.tools.check import padding
 
     source = str(tmp_path / "first_is_mean.onnx")
     onnx.save(first_is_mean_model(), source)
@@ -203,7 +203,7 @@ _PEAK = r"""
 import json, sys
 import numpy as np, onnxruntime as ort
 import gear_runtime as gr
-from gear_runtime.tools import padding  # noqa: F401  (modules imported before the baseline)
+from gear_runtime.tools.check import padding  # noqa: F401  (modules imported before the baseline)
 from gear_runtime.tools.bench import engine  # noqa: F401
 what, gear, source = sys.argv[1:4]
 def hwm():
@@ -271,7 +271,7 @@ def test_a_difference_from_an_exact_zero_warns_nothing() -> None:
     such, without numpy's overflow warning on the user's terminal."""
     import warnings
 
-    from gear_runtime.tools.padding import _differences
+    from gear_runtime.tools.check.padding import _differences
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -24,9 +24,9 @@ from gear_runtime.cli.common import (
     request_shapes,
 )
 from gear_runtime.cli.run import add_gear_flags, gear_flag
-from gear_runtime.tools import jsonout
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
-from gear_runtime.tools.inputs import FILLS
+from gear_runtime.tools.common import jsonout
+from gear_runtime.tools.common.inputs import FILLS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -198,7 +198,7 @@ def model_file(positional: str | None, flag: str | None, missing: str) -> str:
 def request_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     """The request's shapes from trtexec's ``--shapes`` or ais_bench's ``--dymShape`` (one
     of them); None when neither is given."""
-    from gear_runtime.tools.inputs import parse_dym_shape, parse_shapes
+    from gear_runtime.tools.common.inputs import parse_dym_shape, parse_shapes
 
     if args.shapes is not None and args.dym_shape is not None:
         raise UsageError("--shapes and --dymShape both give the shapes: give one")
@@ -209,7 +209,7 @@ def request_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | Non
 
 def add_json_flag(p: argparse.ArgumentParser, kind: str, what: str) -> None:
     """``--json PATH|-``: ``what`` as a document of schema ``gear-runtime-<kind>/N`` (see
-    :mod:`gear_runtime.tools.jsonout` and docs/json.md); ``-``: stdout, and no text."""
+    :mod:`gear_runtime.tools.common.jsonout` and docs/json.md); ``-``: stdout, and no text."""
     p.add_argument("--json", metavar="PATH|-",
                    help=f"write {what} as JSON (schema gear-runtime-{kind}/N, docs/json.md); "
                    "-: to stdout, instead of the text")

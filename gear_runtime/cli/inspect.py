@@ -12,7 +12,7 @@ from gear_runtime.cli.common import (
     device_options,
     existing_file,
 )
-from gear_runtime.tools import jsonout
+from gear_runtime.tools.common import jsonout
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from gear_runtime.tools.inspect import inspect_document, text
+    from gear_runtime.tools.check.inspect import inspect_document, text
 
     if args.json is not None:
         jsonout.check_target(args.json)
@@ -54,7 +54,7 @@ def _backend_document(args: argparse.Namespace) -> dict:
     """The document of the model ``--backend`` opens from FILE (an .om, a MindIR, or a gear
     file on another backend)."""
     import gear_runtime as gr
-    from gear_runtime.tools.inspect import model_document
+    from gear_runtime.tools.check.inspect import model_document
 
     existing_file(args.file, "model file")
     with gr.load(args.file, backend=args.backend, **device_options(args.backend, args)) as m:

@@ -12,7 +12,7 @@ from gear_runtime.cli.common import (
     parse_pad_values,
 )
 from gear_runtime.errors import InputError
-from gear_runtime.tools import jsonout
+from gear_runtime.tools.common import jsonout
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check_padding(args: argparse.Namespace) -> int:
-    from gear_runtime.tools.padding import MAX_SAMPLES, check_padding
+    from gear_runtime.tools.check.padding import MAX_SAMPLES, check_padding
 
     existing_file(args.file, "gear file")
     existing_file(args.source, "source model")

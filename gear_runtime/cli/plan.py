@@ -12,7 +12,7 @@ from gear_runtime.cli.common import (
     int_at_least,
 )
 from gear_runtime.errors import GearRuntimeError, InputError
-from gear_runtime.tools import jsonout
+from gear_runtime.tools.common import jsonout
 
 TRACE_HELP = (
     "the requests, one per line: one value per distinct dynamic length, comma-separated (the "

@@ -31,8 +31,8 @@ from gear_runtime.cli.common import (
     request_shapes,
 )
 from gear_runtime.errors import DynamicInputLengthError, InputError
-from gear_runtime.tools import jsonout
-from gear_runtime.tools.inputs import (
+from gear_runtime.tools.common import jsonout
+from gear_runtime.tools.common.inputs import (
     FILLS,
     check_request_shapes,
     synthetic_inputs,

@@ -6,7 +6,7 @@
 Modules by concern: ``check`` (spec vs model), ``branch`` (static clone per gear), ``outputs``
 (per-gear output shapes), ``route`` (GE Case structure / sink routing), ``build`` (the flow
 and the file). The format itself: :mod:`gear_runtime.gearfile`; describing a gear file:
-:func:`gear_runtime.tools.inspect.describe` (a tool, above the compiler).
+:func:`gear_runtime.tools.check.inspect.describe` (a tool, above the compiler).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
     from gear_runtime.runtime.model import load
     from gear_runtime.spec import GearSpec
     from gear_runtime.tools.bench.engine import bench_model
-    from gear_runtime.tools.padding import check_padding
+    from gear_runtime.tools.check.padding import check_padding
 
     with _section(out, "1. Build the example model"):
         model_path, config_path = prefill.write_example(workdir)
@@ -166,7 +166,7 @@ def _steps(workdir: Path, iterations: int, warmup: int, out: TextIO, progress: b
         compile_model(str(model_path), spec, str(hybrid_path), hybrid=True, progress=progress)
         for p in (gear_path, hybrid_path):
             out.write(f"  wrote {p} ({p.stat().st_size / 1024:.0f} KiB)\n")
-        from gear_runtime.tools.inspect import describe
+        from gear_runtime.tools.check.inspect import describe
 
         for line in describe(str(gear_path)).splitlines():
             out.write(f"    | {line}\n")

@@ -38,7 +38,7 @@ from gear_runtime.tools.bench.plot import (
     save_figure,
 )
 from gear_runtime.tools.bench.result import check_result
-from gear_runtime.tools.textfmt import format_table
+from gear_runtime.tools.common.textfmt import format_table
 
 #: Default half-width of the band a ratio must leave to count as a change (5%).
 DEFAULT_NOISE = 0.05

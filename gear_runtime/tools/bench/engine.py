@@ -58,8 +58,8 @@ from gear_runtime.tools.bench.report import (
     Stats,
     first_dim,
 )
-from gear_runtime.tools.inputs import check_request_shapes, synthetic_inputs
-from gear_runtime.tools.source import check_source_inputs
+from gear_runtime.tools.common.inputs import check_request_shapes, synthetic_inputs
+from gear_runtime.tools.common.source import check_source_inputs
 
 if TYPE_CHECKING:
     import onnx
@@ -115,7 +115,7 @@ def _backend_handles(model: GearModel, executor: Executor) -> _Handles:
 def default_inputs(model: GearModel, gear: int, seed: int = 0,
                    fill: str = "random") -> dict[str, np.ndarray]:
     """Generic valid-looking inputs of gear ``gear`` for any gear model (seed ``seed + gear``):
-    :func:`gear_runtime.tools.inputs.synthetic_inputs` (``random``: floats standard normal,
+    :func:`gear_runtime.tools.common.inputs.synthetic_inputs` (``random``: floats standard normal,
     integers 1, bools True). Pass ``inputs=`` to :func:`bench_model` for models that need
     real data."""
     dtypes = model.info.input_dtype_map

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gear_runtime.backends import DEFAULT_BACKEND, facts
-from gear_runtime.tools.textfmt import format_bytes
-from gear_runtime.tools.textfmt import format_table as text_table
+from gear_runtime.tools.common.textfmt import format_bytes
+from gear_runtime.tools.common.textfmt import format_table as text_table
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 
 from gear_runtime.errors import InputError
 from gear_runtime.spec import GearSpec
-from gear_runtime.tools import jsonout
+from gear_runtime.tools.common import jsonout
 from gear_runtime.tools.plan.costs import LatencyCurve, cost_fn, elements_cost
 from gear_runtime.tools.plan.evaluate import GearPlan, evaluate
 from gear_runtime.tools.plan.measure import ladder_sizes, measure_latency

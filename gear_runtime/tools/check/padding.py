@@ -39,8 +39,8 @@ import numpy as np
 from gear_runtime.errors import GearMismatchError, InputError
 from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
-from gear_runtime.tools import jsonout
-from gear_runtime.tools.source import ort_type
+from gear_runtime.tools.common import jsonout
+from gear_runtime.tools.common.source import ort_type
 
 InputsFn = Callable[[Mapping[str, tuple[int, ...]]], Mapping[str, np.ndarray]]
 

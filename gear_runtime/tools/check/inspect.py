@@ -11,8 +11,8 @@ from typing import Any
 from gear_runtime.gearfile.digest import DIGEST_ALGORITHM
 from gear_runtime.gearfile.format import DYNAMIC_TYPES, FORMAT_VERSION, KIND_SINK
 from gear_runtime.gearfile.reader import read_gear_file
-from gear_runtime.tools import jsonout
-from gear_runtime.tools.textfmt import format_bytes, format_table
+from gear_runtime.tools.common import jsonout
+from gear_runtime.tools.common.textfmt import format_bytes, format_table
 
 #: The version of the ``--json`` document.
 JSON_VERSION = 1
