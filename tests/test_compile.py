@@ -565,3 +565,41 @@ def test_100_gears_compile_in_reasonable_time(tmp_path: Path, sink: bool) -> Non
         *outs, got_dims = run_model(gf.model_bytes or b"", feeds)
         assert_same(outs, run_model(model, feeds))
         assert got_dims.tolist() == [58, 58, 58, 4]
+
+
+def test_the_root_takes_the_branches_over_instead_of_copying_them(monkeypatch) -> None:
+    """Compile's memory peak: the Case node gets each branch moved in (the list handed over
+    is emptied as it goes, so a branch is never held twice for long) and the root model is
+    built in place (no copy of the finished graph). A 200k-node source peaked at 1.6 GB
+    before (docs/benchmarks.md)."""
+    from gear_runtime.compiler import route
+
+    seen = {}
+    real = route.build_case_model
+
+    def spy(source, info, spec, branches, shapes, dynamic):
+        seen["count"] = len(branches)
+        root = real(source, info, spec, branches, shapes, dynamic)
+        seen["left"] = len(branches)
+        return root
+
+    monkeypatch.setattr("gear_runtime.compiler.build.build_case_model", spy)
+    import tempfile
+    from pathlib import Path
+
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "r",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "r.gear.onnx")
+        gr.compile(model, gr.GearSpec.from_atc("x:-1,2", dynamic_batch_size="1,2,4"), out,
+                   progress=False)
+        assert seen == {"count": 3, "left": 0}
+        loaded = gr.load(out)
+        x = np.array([[-1.0, 2.0]] * 4, np.float32)
+        np.testing.assert_array_equal(loaded.create_executor().execute({"x": x})[0],
+                                      np.maximum(x, 0))

@@ -220,6 +220,7 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                 inputs = static_inputs(info, spec.input_names, gear_shapes)
                 branch = build_branch(inferred, i, inputs, list(inferred.output), info.weights)
                 out_shapes, ran = gear_output_shapes(inferred, runner, info, gear_shapes, i)
+                del inferred  # the branch has what it needs; a graph's inference is big
                 if ran:
                     report.ran_on_ort.append(i)
                 if ran or budget.run(lambda i=i, gear_shapes=gear_shapes, out=out_shapes:
@@ -240,14 +241,15 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
         # session of it (one copy of the weights, prepacked once); a hybrid miss runs it too.
         # A sink file keeps it only for hybrid misses: ORT runs the sink file itself.
         bar.set_postfix_str("building the gear file", refresh=True)
+        axes, ties = output_dynamic_axes(skeleton, spec, shapes, probe, probed)
+        del skeleton  # before the root is built: graphs held at once are the peak of a compile
         dynamic = None
         if spec.hybrid or not sink:
             dynamic = build_dynamic(source, dynamic_inputs(info, spec.input_names,
                                                            spec.input_shapes), info.weights)
         build = build_sink_model if sink else build_case_model
-        root = build(source, info, spec, branches, shapes, dynamic)
+        root = build(source, info, spec, branches, shapes, dynamic)  # empties branches (case)
         del source, branches, dynamic  # the root holds what is left; free the rest early
-        axes, ties = output_dynamic_axes(skeleton, spec, shapes, probe, probed)
         report.unchecked_ties = [
             f"{info.outputs[k].name} axis {axis} follows value {' or '.join(map(str, fits))}"
             f" (equal in every gear; no run at compile time told which): padded requests "

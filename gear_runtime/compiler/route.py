@@ -93,23 +93,31 @@ def root_output_dims(info: GraphInfo, shapes: Shapes, hybrid: bool,
     return out
 
 
-def _make_model(source: onnx.ModelProto, graph: onnx.GraphProto, extra_domain: bool
-                ) -> onnx.ModelProto:
+def _new_model(source: onnx.ModelProto, extra_domain: bool) -> onnx.ModelProto:
+    """The root model's header (opsets, IR version, docs, metadata) and its graph's name and
+    weights; the graph is filled IN PLACE by the caller (``helper.make_model(graph)`` would
+    copy a finished graph, branches and all: hundreds of MB on a graph of 200k nodes)."""
     opsets = [o for o in source.opset_import if o.domain != DOMAIN]
     if extra_domain:
         opsets.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="gear_runtime")
+    model = helper.make_model(onnx.GraphProto(name=source.graph.name or "gear_model"),
+                              opset_imports=opsets, producer_name="gear_runtime")
     # the weights are no longer listed as inputs (IR < 4 style): IR 4 allows that
     model.ir_version = max(int(source.ir_version), 4)
     model.doc_string = source.doc_string
     model.metadata_props.extend(source.metadata_props)
+    model.graph.initializer.extend(source.graph.initializer)
     return model
 
 
-def _root_graph(source: onnx.ModelProto) -> onnx.GraphProto:
-    g = onnx.GraphProto(name=source.graph.name or "gear_model")
-    g.initializer.extend(source.graph.initializer)
-    return g
+def _moved_graphs(node: onnx.NodeProto, name: str, graphs: list[onnx.GraphProto]) -> None:
+    """Attribute ``name`` of ``node``: ``graphs``, each copied in and dropped from the list at
+    once, so that no graph is held twice for longer than its own copy (the caller keeps no
+    other reference)."""
+    attr = node.attribute.add()
+    attr.name, attr.type = name, onnx.AttributeProto.GRAPHS
+    while graphs:
+        attr.graphs.add().CopyFrom(graphs.pop(0))
 
 
 def routing_outputs(info: GraphInfo, spec: GearSpec) -> list[str]:
@@ -130,10 +138,12 @@ def _declare_outputs(info: GraphInfo, dims: Sequence[list[int | str]]
 
 # ---- kind "case" ------------------------------------------------------------------------------
 def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
-                     branches: Sequence[onnx.GraphProto], shapes: Shapes,
+                     branches: list[onnx.GraphProto], shapes: Shapes,
                      dynamic: onnx.GraphProto | None) -> onnx.ModelProto:
-    """The GE-structured root model (see the module docstring)."""
-    g = _root_graph(source)
+    """The GE-structured root model (see the module docstring). ``branches`` is emptied:
+    each branch moves into the Case node (:func:`_moved_graphs`)."""
+    model = _new_model(source, extra_domain=True)
+    g = model.graph
     g.input.extend(static_inputs(info, spec.input_names, spec.largest_shapes()))
     g.input.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
                                                  [spec.values_per_gear]))
@@ -146,20 +156,30 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
         ATTR_SHAPE_ORDER: list(spec.input_names),
         ATTR_DYNAMIC_TYPE: DYNAMIC_TYPES[spec.mode],
         ATTR_INSERT_BY_MBATCH: 1,
-        ATTR_BRANCHES: list(branches),
+        ATTR_BRANCHES: branches,
         ATTR_DYNAMIC_OUTPUT_DIMS: format_output_dims(shapes),
     }
     for i, gear in enumerate(spec.gears):
         attrs[f"{ATTR_PRED_VALUE}{i}"] = list(gear)
     if dynamic is not None:
         attrs[ATTR_DYNAMIC_GRAPH] = dynamic
-    g.node.append(helper.make_node(
-        OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names], routing_outputs(info, spec),
-        name=f"{RESERVED_PREFIX}Case", domain=DOMAIN, **attrs))
+    case = g.node.add()
+    case.CopyFrom(helper.make_node(OP_CASE, [BRANCH_INDEX_NAME, *spec.input_names],
+                                   routing_outputs(info, spec), name=f"{RESERVED_PREFIX}Case",
+                                   domain=DOMAIN))
+    for key in sorted(attrs):  # make_node's order: by name
+        if key == ATTR_BRANCHES:
+            _moved_graphs(case, key, branches)
+        elif key == ATTR_DYNAMIC_GRAPH:
+            attr = case.attribute.add()
+            attr.name, attr.type = key, onnx.AttributeProto.GRAPH
+            attr.g.CopyFrom(attrs[key])
+        else:
+            case.attribute.append(helper.make_attribute(key, attrs[key]))
     # The source graph is always kept (the ORT backend runs it); only a hybrid file runs it
     # on a miss, which is what makes a root output dim dynamic.
     g.output.extend(_declare_outputs(info, root_output_dims(info, shapes, spec.hybrid)))
-    return _make_model(source, g, extra_domain=True)
+    return model
 
 
 # ---- kind "sink" ------------------------------------------------------------------------------
@@ -334,7 +354,8 @@ def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
     """The stock-ORT-runnable root model (see the module docstring); the model passed
     :func:`check_sink_opset`."""
     names = _Names()
-    g = _root_graph(source)
+    model = _new_model(source, extra_domain=False)
+    g = model.graph
     g.input.extend(dynamic_inputs(info, spec.input_names, spec.input_shapes))
     dim_nodes, dims = _dims_nodes(spec, names)
     g.node.extend(dim_nodes)
@@ -351,4 +372,4 @@ def build_sink_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
         info, root_output_dims(info, shapes, hybrid, miss=None if hybrid else empty)))
     g.output.append(helper.make_tensor_value_info(ACL_DYNAMIC_TENSOR_NAME, TensorProto.INT32,
                                                   [spec.values_per_gear]))
-    return _make_model(source, g, extra_domain=False)
+    return model
