@@ -126,6 +126,67 @@ def test_workers_share_the_port_label_their_metrics_and_are_restarted(files) -> 
         server.kill()
 
 
+def test_one_scrape_reports_every_worker_and_the_counts_add_up(files) -> None:
+    """N requests spread over 2 workers: ONE scrape, whichever worker answers it, has both
+    workers' series, and gear_requests_total summed over them is N."""
+    import re
+    import time
+
+    import numpy as np
+    import tritonclient.http as thttp
+    from serving_support import ServeProcess, request
+
+    from gear_runtime.serving.metrics import SNAPSHOT_S
+
+    server = ServeProcess([str(files["conv"]), "--workers", "2", "--executors", "1"])
+    try:
+        assert _ready_workers(server.port, {"0", "1"}) >= {"0", "1"}
+        x = thttp.InferInput("data", [1, 3, 8, 8], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
+        n = 24
+        for _ in range(n):  # a fresh connection each: both workers answer some
+            client = thttp.InferenceServerClient(f"{HOST}:{server.port}")
+            client.infer("conv", [x])
+            client.close()
+        time.sleep(2.5 * SNAPSHOT_S)  # every worker's snapshot has caught up
+        for _ in range(4):  # whichever worker answers: the whole server
+            status, _, body = request(server.port, "GET", "/metrics")
+            assert status == 200
+            counts = {w.decode(): float(v) for w, v in re.findall(
+                rb'^gear_requests_total\{[^}]*worker="(\d+)"[^}]*\} (\S+)$', body, re.M)}
+            assert set(counts) == {"0", "1"}, body[:2000]
+            assert sum(counts.values()) == n, counts
+            assert body.count(b"# TYPE gear_requests_total counter") == 1
+        code, _, err = server.stop()
+        assert code == 0, err
+    finally:
+        server.kill()
+
+
+def test_merged_expositions_keep_one_family_each() -> None:
+    """Two workers' expositions merged: each family once (HELP / TYPE), every sample kept,
+    and the result parses as Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gear_runtime.serving.metrics import Metrics, merge_expositions
+
+    bodies = []
+    for w, count in (("0", 3), ("1", 5)):
+        m = Metrics(w)
+        for _ in range(count):
+            m.request("conv", "1", 0.001)
+        bodies.append(m.exposition()[0])
+    merged = merge_expositions(bodies)
+    families = {f.name: f for f in text_string_to_metric_families(merged.decode())}
+    totals = {s.labels["worker"]: s.value for s in families["gear_requests"].samples
+              if s.name == "gear_requests_total"}
+    assert totals == {"0": 3.0, "1": 5.0}
+    assert merged.count(b"# HELP gear_request_latency_seconds ") == 1
+    buckets = [s for s in families["gear_request_latency_seconds"].samples
+               if s.name.endswith("_count")]
+    assert sorted(s.value for s in buckets) == [3.0, 5.0]
+
+
 def test_workers_refuse_state_and_ray(files, capsys) -> None:
     code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--state",
                            "a=b")

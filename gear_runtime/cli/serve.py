@@ -145,6 +145,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "OpenVINO device names), each opening its models there (--device D)")
     p.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-metrics-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--replicas", type=int_at_least(1), default=1, metavar="N",
                    help="with --ray: replicas, each with the models and their executors")
     p.add_argument("--log-level", default="warning",
@@ -245,7 +246,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         state=_state_pairs(args.state, args.sequence_start),
                         max_sequences=args.max_sequences,
                         sequence_start=args.sequence_start,
-                        sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index)
+                        sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index,
+                        metrics_dir=args.worker_metrics_dir)
 
 
 def _state_pairs(items: Sequence[str], start: str | None = None

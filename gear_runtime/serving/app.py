@@ -511,7 +511,8 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
     and, with ``model_repository``, every gear file of that folder; return the server.
     Raises GearRuntimeError for a file that cannot be served."""
     options = options or ServeOptions()
-    metrics = Metrics(None if options.worker is None else str(options.worker))
+    metrics = Metrics(None if options.worker is None else str(options.worker),
+                      options.metrics_dir)
     repository = ModelRepository(model_repository) if model_repository else None
     files = list(files)
     names = list(names) if names else [model_name(f) for f in files]

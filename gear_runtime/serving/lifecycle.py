@@ -86,6 +86,8 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
         signals[:] = [s for s in (signal.SIGTERM, signal.SIGINT)
                       if _add_signal_handler(loop, s, on_signal)]
         # the handlers stay until the server is closed (see the finally)
+        # serve --workers: from now on the other workers' scrapes report this one too
+        server.metrics.start_snapshots()
         on_started(Running(http, sock.getsockname()[:2], grpc_address))
         await stop.wait()
         logger.warning("shutting down: draining (at most %g s)", drain_s)

@@ -4,12 +4,24 @@ A registry per server, not prometheus-client's global one: two servers in one pr
 a Ray replica beside a local server) never mix or collide. Labels: ``model`` (the served
 name, ``""`` for a request naming no served model) and ``gear`` (the gear's dims joined by
 ``,``, ``"dynamic"`` for a hybrid miss run on the dynamic-shape graph).
+
+Under ``serve --workers N`` every series also carries ``worker="i"``, and a scrape reports the
+WHOLE server whichever worker answers it: each worker keeps a snapshot of its own exposition
+in the folder the parent made for them (written every :data:`SNAPSHOT_S` seconds and on each
+of its own scrapes, atomically), and the answering worker merges every worker's latest
+snapshot with its own fresh one, family by family (so ``sum without(worker)`` of a counter is
+the server's count, at most :data:`SNAPSHOT_S` behind for the other workers). A worker that
+died keeps its last snapshot until its restart overwrites it, starting its counts from zero as
+any restarted process does (Prometheus' ``rate()`` reads that as a counter reset).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,14 +37,19 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
                    10.0)
 #: Fill ratio buckets: real rows / gear rows of a batch.
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+#: How often a worker refreshes its snapshot for the other workers' scrapes (seconds).
+SNAPSHOT_S = 1.0
 
 
 class Metrics:
     """The server's metrics; every method is thread-safe (prometheus-client's are)."""
 
-    def __init__(self, worker: str | None = None) -> None:
+    def __init__(self, worker: str | None = None, shared_dir: str | None = None) -> None:
         #: this process's index under ``serve --workers``: every series gets ``worker="i"``
         self.worker = worker
+        #: the workers' snapshot folder (``serve --workers``): scrapes merge every worker's
+        self.shared_dir = shared_dir
+        self._snapshots: threading.Thread | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("gear_requests", "Inference requests answered, per gear run",
@@ -119,11 +136,72 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) of the Prometheus text format (every sample labelled
-        ``worker`` under ``serve --workers``)."""
+        ``worker`` under ``serve --workers``, and every worker's series in it)."""
+        body = self._own()
+        if self.shared_dir is None or self.worker is None:
+            return body, CONTENT_TYPE_LATEST
+        self._write_snapshot(body)
+        return merge_expositions(_snapshots(self.shared_dir)), CONTENT_TYPE_LATEST
+
+    def _own(self) -> bytes:
         body = generate_latest(self.registry)
         if self.worker is not None:
             body = _with_label(body, "worker", self.worker)
-        return body, CONTENT_TYPE_LATEST
+        return body
+
+    def start_snapshots(self) -> None:
+        """Refresh this worker's snapshot every :data:`SNAPSHOT_S` seconds (a daemon
+        thread: it ends with the process); nothing without a shared folder."""
+        if self.shared_dir is None or self.worker is None or self._snapshots is not None:
+            return
+
+        def loop() -> None:
+            stop = threading.Event()
+            while not stop.wait(SNAPSHOT_S):
+                with contextlib.suppress(OSError):  # the folder went with the parent
+                    self._write_snapshot(self._own())
+
+        self._write_snapshot(self._own())
+        self._snapshots = threading.Thread(target=loop, name="gear-metrics-snapshot",
+                                           daemon=True)
+        self._snapshots.start()
+
+    def _write_snapshot(self, body: bytes) -> None:
+        """This worker's exposition as ``worker-<i>.prom`` in the shared folder, replaced
+        atomically (a scrape of another worker never reads half a file)."""
+        assert self.shared_dir is not None
+        final = Path(self.shared_dir) / f"worker-{self.worker}.prom"
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_bytes(body)
+        os.replace(tmp, final)
+
+
+def _snapshots(folder: str) -> Iterator[bytes]:
+    """Every worker's latest snapshot in ``folder`` (by worker file name)."""
+    for path in sorted(Path(folder).glob("worker-*.prom")):
+        with contextlib.suppress(OSError):  # a worker's file replaced under us: next time
+            yield path.read_bytes()
+
+
+def merge_expositions(bodies: Iterator[bytes] | list[bytes]) -> bytes:
+    """One exposition of several (each worker's, labelled apart by ``worker``): the samples
+    of each metric family together under one HELP / TYPE, as the text format requires."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, object] = {}
+    for body in bodies:
+        for family in text_string_to_metric_families(body.decode()):
+            known = families.setdefault(family.name, family)
+            if known is not family:
+                known.samples.extend(family.samples)  # type: ignore[attr-defined]
+
+    class _Merged:
+        def collect(self) -> list[object]:
+            return list(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())  # type: ignore[arg-type]
+    return generate_latest(registry)
 
 
 def _with_label(body: bytes, name: str, value: str) -> bytes:

@@ -95,6 +95,8 @@ class ServeOptions:
     sequence_idle_s: float = DEFAULT_IDLE_S
     #: this process's index under ``serve --workers`` (its metrics are labelled with it)
     worker: int | None = None
+    #: the folder the workers share their metrics snapshots in (serving/metrics.py)
+    metrics_dir: str | None = None
     #: the model a sequence_start request runs (a prefill gear file, padded to its covering
     #: gear), its outputs named like the state outputs written into the new sequence's state
     sequence_start: str | None = None

@@ -15,8 +15,9 @@ process never overlap on Ascend; an 8-NPU box needs one process per device, as T
   most :data:`MAX_RESTARTS` times a minute, then the server stops: a worker that cannot
   start would loop for ever). SIGTERM / SIGINT go to every worker, which drain as a single
   server does; a second one ends their drains. The parent exits when all have.
-* Metrics: each worker labels its series ``worker="i"`` (a scrape is answered by whichever
-  worker the connection lands on; sum over ``worker`` in the query).
+* Metrics: each worker labels its series ``worker="i"``, and whichever worker answers a
+  scrape reports every worker's series: they share snapshots in a folder the parent makes
+  (``--worker-metrics-dir``; serving/metrics.py), so ``sum without(worker)`` is the server's.
 * Sequences (``--state``) stay with the worker that holds their state only as long as the
   client keeps its connection (tritonclient does, one connection per client): a connection
   that lands on another worker gets 400 "not live". Serve a stateful model with one worker
@@ -25,12 +26,15 @@ process never overlap on Ascend; an 8-NPU box needs one process per device, as T
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -48,7 +52,7 @@ def free_port(host: str) -> int:
 
 
 def worker_command(argv: Sequence[str], index: int, fd: int, device: str | None,
-                   grpc_port: int | None) -> list[str]:
+                   grpc_port: int | None, metrics_dir: str | None = None) -> list[str]:
     """The command line of worker ``index``: the parent's ``serve`` flags without the
     worker flags, plus the inherited socket, its index, its device and the gRPC port."""
     out, skip = [], False
@@ -57,7 +61,7 @@ def worker_command(argv: Sequence[str], index: int, fd: int, device: str | None,
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--workers", "--devices", "--grpc-port", "--port"):
+        if name in ("--workers", "--devices", "--grpc-port", "--port", "--worker-metrics-dir"):
             skip = "=" not in arg and i + 1 < len(argv)
             continue
         out.append(arg)
@@ -67,14 +71,17 @@ def worker_command(argv: Sequence[str], index: int, fd: int, device: str | None,
         cmd += ["--device", device]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
+    if metrics_dir is not None:
+        cmd += ["--worker-metrics-dir", metrics_dir]
     return cmd
 
 
 class Supervisor:
     """The parent: starts the workers, restarts one that dies, forwards the stop signals."""
 
-    def __init__(self, commands: list[list[str]], fd: int) -> None:
-        self.commands, self.fd = commands, fd
+    def __init__(self, commands: list[list[str]], fd: int,
+                 metrics_dir: str | None = None) -> None:
+        self.commands, self.fd, self.metrics_dir = commands, fd, metrics_dir
         self.procs: list[subprocess.Popen] = []
         self.stopping = 0  # stop signals received
         self.restarts: list[float] = []
@@ -109,6 +116,7 @@ class Supervisor:
                         break
                     print(f"gear-runtime: worker {i} exited (code {proc.returncode}): "
                           "starting it again", file=sys.stderr, flush=True)
+                    self._forget_metrics(i)
                     self.procs[i] = self._start(i)
                 time.sleep(0.1)
         finally:
@@ -118,6 +126,14 @@ class Supervisor:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+
+    def _forget_metrics(self, index: int) -> None:
+        """A dead worker's metrics snapshot goes: its restart counts from zero (a counter
+        reset to Prometheus), and until it serves, scrapes show no series of a worker that
+        is not there."""
+        if self.metrics_dir is not None:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.metrics_dir, f"worker-{index}.prom"))
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
@@ -131,16 +147,20 @@ def serve_workers(argv: Sequence[str], count: int, devices: Sequence[str] | None
     fd = sock.fileno()
     os.set_inheritable(fd, True)
     grpc_port = free_port(host) if grpc else None
-    commands = [worker_command(argv, i, fd, devices[i] if devices else None, grpc_port)
-                for i in range(count)]
+    metrics_dir = tempfile.mkdtemp(prefix="gear-runtime-metrics-")
+    commands = [worker_command(argv, i, fd, devices[i] if devices else None, grpc_port,
+                               metrics_dir) for i in range(count)]
     http_host, http_port = sock.getsockname()[:2]
     where = f"http://{http_host}:{http_port}"
     if grpc_port is not None:
         where += f" and grpc {host}:{grpc_port}"
     print(f"gear-runtime: serving with {count} workers"
           + (f" (devices {', '.join(devices)})" if devices else "")
-          + f" at {where} (KServe v2; metrics at /metrics, per worker)", flush=True)
-    code = Supervisor(commands, fd).run()
+          + f" at {where} (KServe v2; metrics at /metrics, every worker's)", flush=True)
+    try:
+        code = Supervisor(commands, fd, metrics_dir).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     print("gear-runtime: server stopped (all workers)", flush=True)
     return code
 
