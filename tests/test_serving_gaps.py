@@ -128,7 +128,9 @@ def test_workers_share_the_port_label_their_metrics_and_are_restarted(files) -> 
 
 def test_one_scrape_reports_every_worker_and_the_counts_add_up(files) -> None:
     """N requests spread over 2 workers: ONE scrape, whichever worker answers it, has both
-    workers' series, and gear_requests_total summed over them is N."""
+    workers' series, and gear_requests_total summed over them is N; the statistics
+    endpoint (HTTP and gRPC) counts N too."""
+    import json
     import re
     import time
 
@@ -157,6 +159,10 @@ def test_one_scrape_reports_every_worker_and_the_counts_add_up(files) -> None:
             assert set(counts) == {"0", "1"}, body[:2000]
             assert sum(counts.values()) == n, counts
             assert body.count(b"# TYPE gear_requests_total counter") == 1
+            status, _, body = request(server.port, "GET", "/v2/models/conv/stats")
+            (stats,) = json.loads(body)["model_stats"]
+            assert (stats["inference_count"], stats["inference_stats"]["success"]["count"]) \
+                == (n, n)
         code, _, err = server.stop()
         assert code == 0, err
     finally:
@@ -185,6 +191,25 @@ def test_merged_expositions_keep_one_family_each() -> None:
     buckets = [s for s in families["gear_request_latency_seconds"].samples
                if s.name.endswith("_count")]
     assert sorted(s.value for s in buckets) == [3.0, 5.0]
+
+
+def test_worker_statistics_merge_by_model_and_batch_size() -> None:
+    from gear_runtime.serving.stats import ModelStats, RunTiming, merge_statistics
+
+    docs = []
+    for rows in ((1, 4), (4,)):
+        stats = ModelStats("conv", "1")
+        for r in rows:
+            timing = RunTiming(0, r, 0.0, 0.001, 0.002, 0.001)
+            stats.executed(timing)
+            stats.succeeded(r, 0.0, 0.01, 0.0, timing)
+        docs.append({"model_stats": [stats.snapshot()]})
+    (m,) = merge_statistics(docs)["model_stats"]
+    assert (m["inference_count"], m["execution_count"]) == (9, 3)
+    assert m["inference_stats"]["success"]["count"] == 3
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in m["batch_stats"]] == [
+        (1, 1), (4, 2)]
+    assert docs[0]["model_stats"][0]["inference_count"] == 5  # the inputs are not changed
 
 
 def test_workers_refuse_state_and_ray(files, capsys) -> None:

@@ -60,7 +60,7 @@ from gear_runtime.serving.runner import (
     load_one,
     model_name,
 )
-from gear_runtime.serving.stats import RunTiming
+from gear_runtime.serving.stats import RunTiming, merge_statistics
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -228,10 +228,19 @@ class GearServer:
         return _json(self.model_statistics(name, version))
 
     def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
-        """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``)."""
+        """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``);
+        under ``serve --workers`` every worker's, summed (serving/metrics.py's snapshots)."""
         models = [self.model(name, version)] if name else \
             [self.models[n] for n in sorted(self.models)]
-        return {"model_stats": [m.stats.snapshot() for m in models]}
+        if not self.metrics.shared:
+            return {"model_stats": [m.stats.snapshot() for m in models]}
+        wanted = {(m.name, m.stats.version) for m in models}
+        merged = merge_statistics(self.metrics.shared_stats())["model_stats"]
+        return {"model_stats": [m for m in merged if (m["name"], m["version"]) in wanted]}
+
+    def own_statistics(self) -> dict[str, Any]:
+        """This process's statistics of every model (what a worker shares)."""
+        return {"model_stats": [self.models[n].stats.snapshot() for n in sorted(self.models)]}
 
     def model(self, name: str, version: str = "") -> ServedModel:
         """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the

@@ -87,7 +87,7 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
                       if _add_signal_handler(loop, s, on_signal)]
         # the handlers stay until the server is closed (see the finally)
         # serve --workers: from now on the other workers' scrapes report this one too
-        server.metrics.start_snapshots()
+        server.metrics.start_snapshots(server.own_statistics)
         on_started(Running(http, sock.getsockname()[:2], grpc_address))
         await stop.wait()
         logger.warning("shutting down: draining (at most %g s)", drain_s)

@@ -18,6 +18,7 @@ any restarted process does (Prometheus' ``rate()`` reads that as a counter reset
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ class Metrics:
         #: the workers' snapshot folder (``serve --workers``): scrapes merge every worker's
         self.shared_dir = shared_dir
         self._snapshots: threading.Thread | None = None
+        #: what else a snapshot writes (the statistics document, ``worker-<i>.stats.json``)
+        self._stats: Callable[[], dict] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("gear_requests", "Inference requests answered, per gear run",
@@ -149,28 +152,56 @@ class Metrics:
             body = _with_label(body, "worker", self.worker)
         return body
 
-    def start_snapshots(self) -> None:
-        """Refresh this worker's snapshot every :data:`SNAPSHOT_S` seconds (a daemon
-        thread: it ends with the process); nothing without a shared folder."""
-        if self.shared_dir is None or self.worker is None or self._snapshots is not None:
+    @property
+    def shared(self) -> bool:
+        """Whether scrapes and statistics merge the workers' snapshots (serve --workers)."""
+        return self.shared_dir is not None and self.worker is not None
+
+    def start_snapshots(self, stats: Callable[[], dict] | None = None) -> None:
+        """Refresh this worker's snapshots every :data:`SNAPSHOT_S` seconds (a daemon
+        thread: it ends with the process): its exposition and, with ``stats``, the
+        statistics document ``stats()`` gives; nothing without a shared folder."""
+        if not self.shared or self._snapshots is not None:
             return
+        self._stats = stats
 
         def loop() -> None:
             stop = threading.Event()
             while not stop.wait(SNAPSHOT_S):
                 with contextlib.suppress(OSError):  # the folder went with the parent
                     self._write_snapshot(self._own())
+                    self.write_stats()
 
         self._write_snapshot(self._own())
+        self.write_stats()
         self._snapshots = threading.Thread(target=loop, name="gear-metrics-snapshot",
                                            daemon=True)
         self._snapshots.start()
 
     def _write_snapshot(self, body: bytes) -> None:
-        """This worker's exposition as ``worker-<i>.prom`` in the shared folder, replaced
-        atomically (a scrape of another worker never reads half a file)."""
+        """This worker's exposition as ``worker-<i>.prom`` in the shared folder."""
+        self._write(f"worker-{self.worker}.prom", body)
+
+    def write_stats(self) -> None:
+        """This worker's statistics document as ``worker-<i>.stats.json`` (when it has one)."""
+        if self._stats is not None:
+            self._write(f"worker-{self.worker}.stats.json", json.dumps(self._stats()).encode())
+
+    def shared_stats(self) -> list[dict]:
+        """Every worker's latest statistics document (this one's written fresh first)."""
+        self.write_stats()
         assert self.shared_dir is not None
-        final = Path(self.shared_dir) / f"worker-{self.worker}.prom"
+        out = []
+        for path in sorted(Path(self.shared_dir).glob("worker-*.stats.json")):
+            with contextlib.suppress(OSError, ValueError):  # replaced under us: next time
+                out.append(json.loads(path.read_bytes()))
+        return out
+
+    def _write(self, name: str, body: bytes) -> None:
+        """``name`` in the shared folder, replaced atomically (another worker never reads
+        half a file)."""
+        assert self.shared_dir is not None
+        final = Path(self.shared_dir) / name
         tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_bytes(body)
         os.replace(tmp, final)

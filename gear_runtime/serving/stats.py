@@ -105,3 +105,42 @@ class ModelStats:
 def _add(duration: dict[str, int], seconds: float) -> None:
     duration["count"] += 1
     duration["ns"] += max(0, int(seconds * 1e9))
+
+
+def merge_statistics(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several workers' ``{"model_stats": [...]}`` as one (``serve --workers``): per model
+    (name, version) the counts and durations summed, batch_stats summed per batch size,
+    ``last_inference`` the latest; models in the order first seen."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in documents:
+        for m in doc.get("model_stats", []):
+            key = (m["name"], m["version"])
+            into = merged.get(key)
+            if into is None:
+                merged[key] = _copy(m)
+                continue
+            into["last_inference"] = max(into["last_inference"], m["last_inference"])
+            into["inference_count"] += m["inference_count"]
+            into["execution_count"] += m["execution_count"]
+            for kind, d in m["inference_stats"].items():
+                _sum(into["inference_stats"].setdefault(kind, _duration()), d)
+            sizes = {b["batch_size"]: b for b in into["batch_stats"]}
+            for b in m["batch_stats"]:
+                if b["batch_size"] not in sizes:
+                    sizes[b["batch_size"]] = _copy(b)
+                    continue
+                for kind, d in b.items():
+                    if kind != "batch_size":
+                        _sum(sizes[b["batch_size"]][kind], d)
+            into["batch_stats"] = [sizes[k] for k in sorted(sizes)]
+    return {"model_stats": list(merged.values())}
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else \
+        [_copy(v) for v in value] if isinstance(value, list) else value
+
+
+def _sum(into: dict[str, int], add: dict[str, int]) -> None:
+    into["count"] += add["count"]
+    into["ns"] += add["ns"]

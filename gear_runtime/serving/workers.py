@@ -132,8 +132,9 @@ class Supervisor:
         reset to Prometheus), and until it serves, scrapes show no series of a worker that
         is not there."""
         if self.metrics_dir is not None:
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(self.metrics_dir, f"worker-{index}.prom"))
+            for name in (f"worker-{index}.prom", f"worker-{index}.stats.json"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.metrics_dir, name))
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
