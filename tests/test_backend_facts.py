@@ -111,3 +111,14 @@ def test_the_model_config_names_the_backends_instance_kind(monkeypatch) -> None:
         finally:
             served.pool.close()
     assert kinds == ["KIND_MODEL", "KIND_CPU"]
+
+
+def test_the_bench_table_says_what_the_naive_column_runs_on_each_backend() -> None:
+    from gear_runtime.tools.bench.table import column_notes
+
+    def naive(backend: str) -> str:
+        return next(n for n in column_notes(True, None, backend) if n.startswith("naive = "))
+
+    assert "session.run(None, feeds) on the model's session" in naive("onnxruntime")
+    assert "OpenVINO's own dynamic-shape model" in naive("openvino")
+    assert "session.run(None, feeds)" in naive("null")  # no naive run of its own: ORT's text
