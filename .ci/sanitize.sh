@@ -7,9 +7,10 @@
 #                            then tests/test_core*.py run against it (libasan preloaded)
 #
 # The first two build only the pure C++ classes (GEAR_RUNTIME_BUILD_PYTHON=OFF): no Python, no
-# pybind11. Exits non-zero on a build error, a failed test or any sanitizer report
+# numpy, no pybind11. Exits non-zero on a build error, a failed test or any sanitizer report
 # (halt_on_error). Environment: BUILD_ROOT (default <repo>/build), JOBS (default 2), PYTHON
-# (python mode; default python3, which needs numpy, pytest, hypothesis and pybind11).
+# (python mode; default python3, which needs numpy, pytest, hypothesis and pybind11: CMake
+# takes numpy's C headers from that interpreter, FindPython's NumPy component).
 set -euo pipefail
 
 mode="${1:-sanitize}"

@@ -1,8 +1,8 @@
 // Errors of the C++ core: one exception type carrying the Python-side *kind*.
 //
 // The core never talks to Python here: it throws gear_runtime::Error{kind, code, message} and
-// the single translator in bindings.cc turns it into gear_runtime.errors.make_error(kind,
-// message, code). `kind` is a key of gear_runtime.errors.KINDS, so the mapping from kind to
+// the single translator (py_convert.cc, registered in bindings.cc) turns it into
+// gear_runtime.errors.make_error(kind, message, code). `kind` is a key of gear_runtime.errors.KINDS, so the mapping from kind to
 // exception class lives in one place (errors.py) for both layers.
 #pragma once
 

@@ -16,9 +16,11 @@
   numpy arrays; anything else: None, nothing staged), stages it and makes the gear's direct
   run set with ``set_runs`` (``BackendSession.direct_runs``), all in one call.
 
-The headers state each call's contract once; csrc/bindings.cc only converts arguments, and
-makes that direct run (a Python call the backend handed over; ``execute``'s contract is in
-its comments there).
+The headers state each call's contract once. csrc/bindings.cc holds the declarative pybind11
+bindings, csrc/py_convert.* the conversions they share with the fast path, and
+csrc/fast_path.* the one hand-written CPython call (``execute``, numpy's public C API) that
+also makes the direct run (a Python call the backend handed over; its contract is in its
+comments there).
 Errors are the package's classes (gear_runtime.errors) with GE's codes; a call whose
 arguments have the wrong types is a TypeError. tests/oracle.py models the pair in plain
 Python for the parity tests (tests/native_pair.py puts the C++ pair in the oracle's shape).
