@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import native_pair as native
 import numpy as np
 import oracle
 import pytest
 from test_core import DIMS, build
 
 import gear_runtime as gr
-from gear_runtime import _core as native
 from gear_runtime.errors import BackendError, DirectRunFailed, GearMismatchError, InputError
 from gear_runtime.spec import GearSpec
 
