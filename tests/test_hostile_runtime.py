@@ -120,7 +120,32 @@ if sys.argv[3] != "native":  # the executor on the oracle: other timing, other i
     sys.path.insert(0, sys.argv[3])
     import oracle
     import gear_runtime.runtime.core
-    gear_runtime.runtime.core.ExecutorCore = oracle.ExecutorCore
+    import gear_runtime.runtime.dispatch as dispatch_mod
+
+    native_table = dispatch_mod._table
+
+    class Table:  # the model's C++ table, with what the oracle builds its own core from
+        def __init__(self, spec, inputs, costs):
+            self.native = native_table(spec, inputs, costs)
+            index = {i: j for j, i in enumerate(inputs)}
+            self.args = ([spec.input_names[i] for i in inputs],
+                         [list(spec.input_shapes[i]) for i in inputs],
+                         [[index[i], a, k] for i, a, k in spec.dynamic_positions if i in index],
+                         [list(g) for g in spec.gears])
+
+        def __getattr__(self, name):
+            return getattr(self.native, name)
+
+    class OracleCore(oracle.ExecutorCore):  # ExecutorCore(dispatch, dtypes, layout, staging)
+        def __init__(self, dispatch, dtypes, layout, staging):
+            self._table_costs = list(dispatch.costs)  # set_padding runs inside __init__
+            super().__init__(*dispatch.args, dtypes, layout, staging)
+
+        def set_padding(self, pad_values=None, costs=None):
+            super().set_padding(pad_values, self._table_costs if costs is None else costs)
+
+    dispatch_mod._table = Table
+    gear_runtime.runtime.core.ExecutorCore = OracleCore
 model = load(sys.argv[1])
 for n in sys.argv[4:]:
     print(json.dumps(hammer(model, int(n), float(sys.argv[2]))), flush=True)
