@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from gear_runtime.compiler.branch import make_skeleton
 from gear_runtime.compiler.check import GraphInfo, Source
 from gear_runtime.errors import CompileError
 
@@ -235,19 +236,14 @@ def _node_output(entry: str, nodes: Mapping[str, onnx.NodeProto]) -> str | None:
 
 def _typed_values(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, onnx.ValueInfoProto]:
     """ValueInfos (with their element types) of intermediate tensors, by shape inference of
-    a weightless copy; CompileError for one whose type it cannot tell."""
+    the source's skeleton (compiler/branch.make_skeleton); CompileError for one whose type it
+    cannot tell."""
     if not names:
         return {}
-    skeleton = onnx.ModelProto()
-    skeleton.CopyFrom(model)
-    for t in skeleton.graph.initializer:  # types and shapes are in the header: no bytes needed
-        t.ClearField("raw_data")
-        t.ClearField("external_data")
-        t.data_location = onnx.TensorProto.DEFAULT
-    try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False)
+    try:  # the compiler's weightless model for inference (big weights as typed inputs)
+        inferred = onnx.shape_inference.infer_shapes(make_skeleton(model), strict_mode=False)
     except Exception:  # noqa: BLE001 -- no types: refused below, naming the tensor
-        inferred = skeleton
+        inferred = onnx.ModelProto()  # knows no type: every name is refused below
     known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
     out = {}
     for name in names:
