@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -166,8 +167,8 @@ class Metrics:
         self._stats = stats
 
         def loop() -> None:
-            stop = threading.Event()
-            while not stop.wait(SNAPSHOT_S):
+            while True:
+                time.sleep(SNAPSHOT_S)
                 with contextlib.suppress(OSError):  # the folder went with the parent
                     self._write_snapshot(self._own())
                     self.write_stats()

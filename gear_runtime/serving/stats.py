@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ def merge_statistics(documents: list[dict[str, Any]]) -> dict[str, Any]:
             key = (m["name"], m["version"])
             into = merged.get(key)
             if into is None:
-                merged[key] = _copy(m)
+                merged[key] = copy.deepcopy(m)
                 continue
             into["last_inference"] = max(into["last_inference"], m["last_inference"])
             into["inference_count"] += m["inference_count"]
@@ -127,18 +128,13 @@ def merge_statistics(documents: list[dict[str, Any]]) -> dict[str, Any]:
             sizes = {b["batch_size"]: b for b in into["batch_stats"]}
             for b in m["batch_stats"]:
                 if b["batch_size"] not in sizes:
-                    sizes[b["batch_size"]] = _copy(b)
+                    sizes[b["batch_size"]] = copy.deepcopy(b)
                     continue
                 for kind, d in b.items():
                     if kind != "batch_size":
                         _sum(sizes[b["batch_size"]][kind], d)
             into["batch_stats"] = [sizes[k] for k in sorted(sizes)]
     return {"model_stats": list(merged.values())}
-
-
-def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else \
-        [_copy(v) for v in value] if isinstance(value, list) else value
 
 
 def _sum(into: dict[str, int], add: dict[str, int]) -> None:
