@@ -212,9 +212,84 @@ def test_worker_statistics_merge_by_model_and_batch_size() -> None:
     assert docs[0]["model_stats"][0]["inference_count"] == 5  # the inputs are not changed
 
 
-def test_workers_refuse_state_and_ray(files, capsys) -> None:
-    code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--state",
-                           "a=b")
-    assert code == 2 and "--state with several workers" in err
+def test_workers_refuse_ray(files, capsys) -> None:
     code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--ray")
     assert code == 2 and "--ray has its replicas" in err
+
+
+def _fresh_step(port: int, grpc_port: int, seq: int, token: int, pos: int, start: bool,
+                end: bool, use_grpc: bool) -> int:
+    """One decode step on a NEW connection (the kernel gives it to any worker); the greedy
+    token."""
+    import numpy as np
+    import tritonclient.http as thttp
+
+    module = tgrpc if use_grpc else thttp
+    client = (tgrpc.InferenceServerClient(f"{HOST}:{grpc_port}") if use_grpc
+              else thttp.InferenceServerClient(f"{HOST}:{port}"))
+    inputs = [module.InferInput("input_ids", [1, 1], "INT64"),
+              module.InferInput("position", [1], "INT64")]
+    inputs[0].set_data_from_numpy(np.array([[token]], np.int64))
+    inputs[1].set_data_from_numpy(np.array([pos], np.int64))
+    try:
+        result = client.infer("decode", inputs, sequence_id=seq, sequence_start=start,
+                              sequence_end=end)
+    finally:
+        client.close()
+    return int(result.as_numpy("logits")[0, -1].argmax())
+
+
+def test_sequences_over_two_workers_run_on_the_worker_that_holds_their_state(tmp_path) -> None:
+    """serve --workers 2 --state: six sequences stepped turn about, every request on a new
+    connection (so both workers receive requests of every sequence), over HTTP and gRPC:
+    each gets the tokens of a local executor (its cache stays on its owner, which runs
+    every step), and the owner counts each request once: per worker, the requests of the
+    sequences it owns."""
+    import re
+    import time
+
+    from serving_support import ServeProcess, request
+    from test_serving_sequences import local_tokens
+
+    from gear_runtime.examples import causal_lm
+    from gear_runtime.serving.metrics import SNAPSHOT_S
+    from gear_runtime.serving.peers import owner_of
+
+    _, decode = causal_lm.write_pair(tmp_path, causal_lm.SMALL)
+    prompts = {seq: causal_lm.prompt(3 + seq % 4, causal_lm.SMALL, seed=seq)
+               for seq in range(101, 107)}
+    new = 3
+    want = {seq: local_tokens(decode, p, new) for seq, p in prompts.items()}
+    server = ServeProcess([str(decode), "--state", "past_kv=present_kv", "--workers", "2",
+                           "--executors", "1", "--grpc-port", "0", "--max-sequences", "6"])
+    try:
+        assert _ready_workers(server.port, {"0", "1"}) >= {"0", "1"}
+        got: dict[int, list[int]] = {seq: [] for seq in prompts}
+        last = {seq: p.shape[1] + new - 2 for seq, p in prompts.items()}
+        for pos in range(max(last.values()) + 1):
+            for seq, p in prompts.items():
+                if pos > last[seq]:
+                    continue
+                token = int(p[0, pos]) if pos < p.shape[1] else got[seq][-1]
+                pick = _fresh_step(server.port, server.grpc_port, seq, token, pos,
+                                   pos == 0, pos == last[seq], use_grpc=(seq + pos) % 2 == 1)
+                if pos >= p.shape[1] - 1:
+                    got[seq].append(pick)
+        assert got == want
+        from tritonclient.utils import InferenceServerException
+        for use_grpc in (False, True, False, True):  # the owner's error, passed on as it is
+            with pytest.raises(InferenceServerException, match="is not live"):
+                _fresh_step(server.port, server.grpc_port, 999, 1, 0, False, False, use_grpc)
+        owned = {"0": 0, "1": 0}
+        for seq in prompts:
+            owned[str(owner_of(seq, 2))] += last[seq] + 1
+        assert all(owned.values()), owned  # both workers own some: forwarding was needed
+        time.sleep(2.5 * SNAPSHOT_S)
+        status, _, body = request(server.port, "GET", "/metrics")
+        counts = {w.decode(): float(v) for w, v in re.findall(
+            rb'^gear_requests_total\{[^}]*worker="(\d+)"[^}]*\} (\S+)$', body, re.M)}
+        assert counts == {w: float(n) for w, n in owned.items()}, (counts, owned)
+        code, _, err = server.stop()
+        assert code == 0, err
+    finally:
+        server.kill()

@@ -145,7 +145,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "OpenVINO device names), each opening its models there (--device D)")
     p.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--worker-metrics-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--replicas", type=int_at_least(1), default=1, metavar="N",
                    help="with --ray: replicas, each with the models and their executors")
     p.add_argument("--log-level", default="warning",
@@ -169,11 +170,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (args.workers > 1 or args.devices) and args.ray:
         raise UsageError("--workers / --devices are the single-host server's processes; "
                          "--ray has its replicas (--replicas)")
-    if (args.workers > 1 or args.devices) and args.state:
-        raise UsageError("--state with several workers: a sequence's requests must reach the "
-                         "worker that holds its state, and connections land on any worker; "
-                         "serve a stateful model with --workers 1 (one process per device "
-                         "behind a router that pins sequence ids is not built)")
     if args.devices and args.device is not None:
         raise UsageError("--devices gives each worker its --device: give one of them")
     if args.replicas > 1 and not args.ray:
@@ -247,7 +243,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_sequences=args.max_sequences,
                         sequence_start=args.sequence_start,
                         sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index,
-                        metrics_dir=args.worker_metrics_dir)
+                        workers=args.worker_count, worker_dir=args.worker_dir)
 
 
 def _state_pairs(items: Sequence[str], start: str | None = None

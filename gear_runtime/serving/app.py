@@ -10,11 +10,12 @@
     POST /v2/repository/models/{name}/load, .../unload          (with --model-repository)
     GET  /metrics                                               Prometheus text format
 
-Every failure is answered, never raised into the server: ``{"error": "[code] message",
-"code": code}`` with the status of :func:`~gear_runtime.serving.errors.http_status`.
-:class:`GearServer` is served by :mod:`gear_runtime.serving.http` (``gear-runtime serve``),
-by any ASGI server through ``GearServer.app`` (Ray Serve), and over gRPC by
-:mod:`gear_runtime.serving.grpc_app`; the three share its methods.
+The routes are declared once (:data:`ROUTES`); each is a thin REST front of the data plane
+(serving/dataplane.py), which gRPC (serving/grpc_app.py) fronts as well. Every failure is
+answered, never raised into the server: ``{"error": "[code] message", "code": code}`` with
+the status of :func:`~gear_runtime.serving.errors.http_status`. :class:`GearServer` is
+served by :mod:`gear_runtime.serving.http` (``gear-runtime serve``) and by any ASGI server
+through ``GearServer.app`` (Ray Serve).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -31,36 +31,26 @@ from urllib.parse import unquote
 import numpy as np
 
 from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
+from gear_runtime.serving.dataplane import DataPlane
 from gear_runtime.serving.errors import (
     RETRY_AFTER_S,
     HeadersTooLargeError,
-    ModelNotFoundError,
-    ModelNotLoadedError,
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
-    error_code,
-    http_status,
+    StatusError,
 )
 from gear_runtime.serving.http import HttpReply, HttpRequest
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
     HEADER_LENGTH,
-    MODEL_VERSION,
     InferRequest,
     decode_request,
     encode_response,
     error_body,
 )
 from gear_runtime.serving.repository import ModelRepository
-from gear_runtime.serving.runner import (
-    ServedModel,
-    ServeOptions,
-    load_models,
-    load_one,
-    model_name,
-)
-from gear_runtime.serving.stats import RunTiming, merge_statistics
+from gear_runtime.serving.runner import ServedModel, ServeOptions, load_models, model_name
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -76,25 +66,17 @@ OFFLOAD_JSON_VALUES = 64 * 2**10
 Handler = Callable[..., Awaitable[HttpReply]]
 
 
-class GearServer:
-    """The served models, the routes in front of them, and the shutdown state."""
+class GearServer(DataPlane):
+    """The data plane (serving/dataplane.py) with its REST routes in front of it."""
 
     def __init__(self, models: dict[str, ServedModel], options: ServeOptions,
                  metrics: Metrics, repository: ModelRepository | None = None) -> None:
-        self.models, self.options, self.metrics = models, options, metrics
-        self.repository = repository
-        #: not ready: set at the first SIGTERM (the drain) and at close
-        self.closing = False
-        #: past the drain deadline: inference is answered 503 (until then, answered)
-        self.refusing = False
-        #: name -> why a repository model is not loaded ("unloaded", a load's error)
-        self.unavailable: dict[str, str] = {}
-        self._repository_lock: asyncio.Lock | None = None
-        self._retiring: set[asyncio.Task] = set()
+        super().__init__(models, options, metrics, repository)
         from gear_runtime.serving.asgi import AsgiApp
 
         #: the same routes as an ASGI application (Ray Serve, any ASGI server)
         self.app = AsgiApp(self)
+        self._routes = _RouteTable(self)
 
     # ---- what the HTTP server asks (serving.http.HttpApp) --------------------------------
     def body_limit(self, request: HttpRequest) -> int:
@@ -126,7 +108,7 @@ class GearServer:
     async def handle(self, request: HttpRequest) -> HttpReply:
         """Route ``request`` and answer it; never raises."""
         try:
-            handler, params = self._route(request.method, request.path)
+            handler, params = self._routes.find(request.method, request.path)
             return await handler(request, **params)
         except Exception as exc:
             return self._error(exc, "")
@@ -139,156 +121,60 @@ class GearServer:
         logger.info("client hung up before its answer: %s %s",
                     request.method if request else "", path)
 
-    # ---- routing -------------------------------------------------------------------------
-    def _route(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
-        parts = _segments(path)
-        routes: list[tuple[str, Handler, dict[str, str]]] = []
-        if parts == ["v2"]:
-            routes = [("GET", self.server_metadata, {})]
-        elif parts == ["v2", "health", "live"]:
-            routes = [("GET", self.live, {})]
-        elif parts == ["v2", "health", "ready"]:
-            routes = [("GET", self.ready, {})]
-        elif parts == ["metrics"]:
-            routes = [("GET", self.scrape, {})]
-        elif parts == ["v2", "models", "stats"]:
-            routes = [("GET", self.statistics, {"name": ""})]
-        elif parts == ["v2", "repository", "index"]:
-            routes = [("POST", self.repository_index, {})]
-        elif len(parts) == 5 and parts[:3] == ["v2", "repository", "models"] and \
-                parts[4] in ("load", "unload"):
-            action = self.load if parts[4] == "load" else self.unload
-            routes = [("POST", action, {"name": parts[3]})]
-        elif len(parts) >= 3 and parts[:2] == ["v2", "models"]:
-            routes = self._model_routes(parts[2], parts[3:])
-        if not routes:
-            raise _NotFound(f"no such path: {path[:200]}")
-        for want, handler, params in routes:
-            if method == want or (method == "HEAD" and want == "GET"):
-                return handler, params
-        raise _MethodNotAllowed(f"{method} is not allowed on {path[:200]} "
-                                f"(use {routes[0][0]})")
-
-    def _model_routes(self, name: str, rest: list[str]
-                      ) -> list[tuple[str, Handler, dict[str, str]]]:
-        params = {"name": name, "version": ""}
-        if len(rest) >= 2 and rest[0] == "versions":
-            params["version"], rest = rest[1], rest[2:]
-        table: dict[tuple[str, ...], tuple[str, Handler]] = {
-            (): ("GET", self.model_metadata), ("ready",): ("GET", self.model_ready),
-            ("config",): ("GET", self.model_config), ("stats",): ("GET", self.statistics),
-            ("infer",): ("POST", self.infer)}
-        found = table.get(tuple(rest))
-        return [(found[0], found[1], params)] if found else []
-
-    # ---- health and metadata -------------------------------------------------------------
+    # ---- the routes (ROUTES below names them) --------------------------------------------
     async def live(self, request: HttpRequest) -> HttpReply:
         return _json({"live": True})
-
-    def is_ready(self) -> bool:
-        """Server readiness, one rule for HTTP, gRPC and the ASGI app: not draining or
-        closing, and not every model's queue full (then no request could be taken)."""
-        models = list(self.models.values())
-        return not self.closing and not (models and all(m.saturated for m in models))
-
-    def model_is_ready(self, model: ServedModel) -> bool:
-        """A model's readiness: the server's drain, and its own queue not full."""
-        return not self.closing and not model.saturated
 
     async def ready(self, request: HttpRequest) -> HttpReply:
         ready = self.is_ready()
         return _json({"ready": ready}, 200 if ready else 503)
 
-    def extensions(self) -> list[str]:
-        """The protocol extensions this server implements (server metadata)."""
-        found = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
-        return found + (["model_repository"] if self.repository is not None else [])
-
-    async def server_metadata(self, request: HttpRequest) -> HttpReply:
-        from gear_runtime.version import __version__
-
-        return _json({"name": "gear_runtime", "version": __version__,
-                      "extensions": self.extensions()})
+    async def get_server_metadata(self, request: HttpRequest) -> HttpReply:
+        return _json(self.server_metadata())
 
     async def scrape(self, request: HttpRequest) -> HttpReply:
         body, content_type = self.metrics.exposition()
         return HttpReply(200, body, content_type)
 
-    async def model_metadata(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+    async def model_metadata(self, request: HttpRequest, name: str,
+                             version: str = "") -> HttpReply:
         return _json(self.model(name, version).metadata())
 
-    async def model_ready(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+    async def model_ready(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
         ready = self.model_is_ready(self.model(name, version))
         return _json({"name": name, "ready": ready}, 200 if ready else 503)
 
-    async def model_config(self, request: HttpRequest, name: str, version: str) -> HttpReply:
+    async def model_config(self, request: HttpRequest, name: str,
+                           version: str = "") -> HttpReply:
         return _json(self.model(name, version).config())
 
-    async def statistics(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
+    async def statistics(self, request: HttpRequest, name: str = "",
+                         version: str = "") -> HttpReply:
         return _json(self.model_statistics(name, version))
 
-    def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
-        """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``);
-        under ``serve --workers`` every worker's, summed (serving/metrics.py's snapshots)."""
-        models = [self.model(name, version)] if name else \
-            [self.models[n] for n in sorted(self.models)]
-        if not self.metrics.shared:
-            return {"model_stats": [m.stats.snapshot() for m in models]}
-        wanted = {(m.name, m.stats.version) for m in models}
-        merged = merge_statistics(self.metrics.shared_stats())["model_stats"]
-        return {"model_stats": [m for m in merged if (m["name"], m["version"]) in wanted]}
-
-    def own_statistics(self) -> dict[str, Any]:
-        """This process's statistics of every model (what a worker shares)."""
-        return {"model_stats": [self.models[n].stats.snapshot() for n in sorted(self.models)]}
-
-    def model(self, name: str, version: str = "") -> ServedModel:
-        """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the
-        server does not know, ModelNotLoadedError for a repository model not loaded."""
-        model = self.models.get(name)
-        if model is not None and version in ("", MODEL_VERSION):
-            return model
-        if model is not None:
-            raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r} "
-                                     f"(version {MODEL_VERSION} is served)")
-        if self.repository is not None and name in self.repository:
-            why = self.unavailable.get(name, "not loaded")
-            raise ModelNotLoadedError(f"model {name!r} is not loaded ({why}); load it: POST "
-                                      f"/v2/repository/models/{name}/load")
-        raise ModelNotFoundError(f"unknown model {name[:200]!r}; models: "
-                                 f"{', '.join(sorted(self.models)) or '(none)'}")
-
-    # ---- inference -----------------------------------------------------------------------
-    async def infer(self, request: HttpRequest, name: str, version: str) -> HttpReply:
-        """Decode, run (batched or not), encode; every failure becomes an error reply."""
+    async def infer_route(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
+        """The data plane's inference over HTTP: JSON or binary tensors in and out; every
+        failure becomes an error reply."""
         try:
             model = self.model(name, version)
         except GearRuntimeError as exc:
             return self._error(exc, "")
-        with model.use():
-            try:
-                if self.refusing:  # draining answers what it receives until the deadline
-                    raise ClosedError("the server is shutting down (past its drain deadline)")
-                infer_request = await self._decode(request, model.max_request_bytes)
-                admitted = time.perf_counter()
-                timing, outputs = await model.infer(infer_request)
-                payload, header_length = await self.encode(model, infer_request, outputs)
-            except Exception as exc:
-                model.stats.failed(time.perf_counter() - request.started)
-                return self._error(exc, model.name)
-        self.count_success(model, infer_request, request.started, admitted, timing)
-        if header_length is None:
-            return HttpReply(200, payload, JSON)
-        return HttpReply(200, payload, "application/octet-stream",
-                         {HEADER_LENGTH.lower(): str(header_length)})
 
-    def count_success(self, model: ServedModel, request: InferRequest, arrived: float,
-                      admitted: float, timing: RunTiming) -> None:
-        """Statistics and metrics of one answered inference."""
-        answered = time.perf_counter()
-        model.stats.succeeded(model.rows(request), admitted, answered, arrived, timing)
-        label = timing.label or model.gear_label(timing.gear)
-        self.metrics.request(model.name, label, answered - arrived)
+        async def decode() -> InferRequest:
+            return await self._decode(request, model.max_request_bytes)
+
+        async def answer(infer_request: InferRequest,
+                         outputs: list[np.ndarray]) -> HttpReply:
+            payload, header_length = await self.encode(model, infer_request, outputs)
+            if header_length is None:
+                return HttpReply(200, payload, JSON)
+            return HttpReply(200, payload, "application/octet-stream",
+                             {HEADER_LENGTH.lower(): str(header_length)})
+
+        try:
+            return await self.infer(model, request.started, decode, answer)
+        except Exception as exc:
+            return self._error(exc, model.name)
 
     async def _decode(self, request: HttpRequest, limit: int) -> InferRequest:
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
@@ -308,32 +194,12 @@ class GearServer:
             return encode_response(model.name, request, names, arrays)
         return await asyncio.to_thread(encode_response, model.name, request, names, arrays)
 
-    # ---- the model repository ------------------------------------------------------------
-    def _repo(self) -> ModelRepository:
-        if self.repository is None:
-            raise InputError("this server has no model repository: start it with "
-                             "--model-repository DIR to load and unload models")
-        return self.repository
-
     async def repository_index(self, request: HttpRequest) -> HttpReply:
         doc = _json_body(request.body) if request.body.strip() else {}
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise InputError('"ready" must be true or false')
         return _json(self.index(ready))
-
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model served or in the repository: name, version, state, reason."""
-        names = set(self.models) | set(self.repository.names() if self.repository else [])
-        out = []
-        for name in sorted(names):
-            state = "READY" if name in self.models else "UNAVAILABLE"
-            if ready_only and state != "READY":
-                continue
-            out.append({"name": name, "version": MODEL_VERSION, "state": state,
-                        "reason": "" if state == "READY"
-                        else self.unavailable.get(name, "not loaded")})
-        return out
 
     async def load(self, request: HttpRequest, name: str) -> HttpReply:
         doc = _json_body(request.body) if request.body.strip() else {}
@@ -347,87 +213,75 @@ class GearServer:
         await self.unload_model(name)
         return _json({})
 
-    def _lock(self) -> asyncio.Lock:
-        if self._repository_lock is None:
-            self._repository_lock = asyncio.Lock()
-        return self._repository_lock
-
-    async def load_model(self, name: str) -> None:
-        """(Re)load ``name`` from the repository. The new model serves every request from
-        the moment it is ready; the one it replaces finishes the requests it has, then
-        closes. A load that fails leaves the model served before (if any) as it was."""
-        path = self._repo().path_of(name)
-        if self.closing:
-            raise ClosedError("the server is shutting down")
-        async with self._lock():
-            try:
-                new = await asyncio.to_thread(load_one, name, str(path), self.options,
-                                              self.metrics)
-            except GearRuntimeError as exc:
-                if name not in self.models:
-                    self.unavailable[name] = f"load failed: {exc}"
-                raise
-            old, self.models[name] = self.models.get(name), new
-            self.unavailable.pop(name, None)
-        if old is not None:
-            self._retire(old)
-        logger.info("model %r loaded from %s", name, path)
-
-    async def unload_model(self, name: str) -> None:
-        """Stop serving ``name``: new requests get 404 (145003); the requests it has are
-        answered, then it closes (this call returns after that)."""
-        repo = self._repo()
-        async with self._lock():
-            model = self.models.pop(name, None)
-            if model is None:
-                if name not in repo:
-                    raise ModelNotFoundError(f"unknown model {name[:200]!r}")
-                return  # not loaded: nothing to do
-            self.unavailable[name] = "unloaded"
-            self.metrics.untrack_queue(name)
-        await model.retire()
-        logger.info("model %r unloaded", name)
-
-    def _retire(self, model: ServedModel) -> None:
-        task = asyncio.get_running_loop().create_task(model.retire())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    # ---- errors, shutdown ----------------------------------------------------------------
-    def count_error(self, exc: BaseException, model: str) -> int:
-        """Count (and, for a fault of ours, log with its traceback) a request answered with
-        ``exc``; its HTTP status."""
-        status = exc.status if isinstance(exc, _RouteError) else http_status(exc)
-        if status >= 500 and status != 503 and not isinstance(exc, _RouteError):
-            logger.error("request failed", exc_info=exc)
-        self.metrics.error(model, error_code(exc), status)
-        return status
-
+    # ---- errors --------------------------------------------------------------------------
     def _error(self, exc: BaseException, model: str) -> HttpReply:
         status = self.count_error(exc, model)
         headers = {"retry-after": str(RETRY_AFTER_S)} if status == 503 else {}
         return HttpReply(status, error_body(exc), JSON, headers)
 
-    def begin_drain(self) -> None:
-        """The first SIGTERM: not ready from now on (a load balancer stops sending)."""
-        self.closing = True
 
-    def refuse_waiting(self) -> None:
-        """Past the drain deadline: what waits for an executor, and every inference request
-        from now on, is answered 503."""
-        self.refusing = True
-        for model in self.models.values():
-            model.refuse_waiting()
+#: Every REST route, once: (method, path pattern, GearServer method). ``{name}`` /
+#: ``{version}`` segments are the handler's arguments; the first pattern that fits a path
+#: wins (``/v2/models/stats`` before ``/v2/models/{name}``), and a path that fits only
+#: under another method is 405 naming it. HEAD is answered as GET, without a body.
+ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/v2", "get_server_metadata"),
+    ("GET", "/v2/health/live", "live"),
+    ("GET", "/v2/health/ready", "ready"),
+    ("GET", "/metrics", "scrape"),
+    ("GET", "/v2/models/stats", "statistics"),
+    ("POST", "/v2/repository/index", "repository_index"),
+    ("POST", "/v2/repository/models/{name}/load", "load"),
+    ("POST", "/v2/repository/models/{name}/unload", "unload"),
+    *((method, f"/v2/models/{{name}}{version}{tail}", handler)
+      for version in ("", "/versions/{version}")
+      for method, tail, handler in (
+          ("GET", "", "model_metadata"), ("GET", "/ready", "model_ready"),
+          ("GET", "/config", "model_config"), ("GET", "/stats", "statistics"),
+          ("POST", "/infer", "infer_route"))),
+)
 
-    async def close(self) -> None:
-        """Stop every model (batchers, executors, the models); idempotent."""
-        self.closing = self.refusing = True
-        models, self.models = self.models, {}
-        await asyncio.gather(*(m.close() for m in models.values()), *self._retiring,
-                             return_exceptions=True)
+
+class _RouteTable:
+    """ROUTES bound to one server, grouped by segment count (a lookup checks the few
+    patterns of the path's length)."""
+
+    def __init__(self, server: GearServer) -> None:
+        self._by_length: dict[int, list[tuple[str, list[str], Handler]]] = {}
+        for method, pattern, handler in ROUTES:
+            segments = _segments(pattern)
+            self._by_length.setdefault(len(segments), []).append(
+                (method, segments, getattr(server, handler)))
+
+    def find(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        """(handler, its path arguments); _NotFound (404) or _MethodNotAllowed (405)."""
+        parts = _segments(path)
+        allowed: list[str] = []
+        for want, segments, handler in self._by_length.get(len(parts), ()):
+            params = _bind(segments, parts)
+            if params is None:
+                continue
+            if method == want or (method == "HEAD" and want == "GET"):
+                return handler, params
+            allowed.append(want)
+        if allowed:
+            raise _MethodNotAllowed(f"{method} is not allowed on {path[:200]} "
+                                    f"(use {allowed[0]})")
+        raise _NotFound(f"no such path: {path[:200]}")
 
 
-class _RouteError(GearRuntimeError):
+def _bind(pattern: list[str], parts: list[str]) -> dict[str, str] | None:
+    """The ``{name}`` segments of ``pattern`` bound to ``parts``; None if they do not fit."""
+    params: dict[str, str] = {}
+    for want, got in zip(pattern, parts, strict=True):
+        if want.startswith("{"):
+            params[want[1:-1]] = got
+        elif want != got:
+            return None
+    return params
+
+
+class _RouteError(StatusError):
     status = 404
 
 
@@ -521,7 +375,7 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
     Raises GearRuntimeError for a file that cannot be served."""
     options = options or ServeOptions()
     metrics = Metrics(None if options.worker is None else str(options.worker),
-                      options.metrics_dir)
+                      options.worker_dir)
     repository = ModelRepository(model_repository) if model_repository else None
     files = list(files)
     names = list(names) if names else [model_name(f) for f in files]

@@ -27,6 +27,25 @@ from gear_runtime.errors import (
 )
 
 
+class StatusError(GearRuntimeError):
+    """An error that carries its HTTP status itself (a route's 404 / 405; an answer another
+    worker gave, kept as it was)."""
+
+    status = 500
+
+
+class PeerAnswerError(StatusError):
+    """The error another worker answered a forwarded request with (serving/peers.py): its
+    status, code and message are passed on unchanged; that worker counted and logged it."""
+
+    def __init__(self, message: str, code: str | None = None, status: int = 500) -> None:
+        super().__init__(message, code)
+        self.status = status
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.code, self.status))
+
+
 class ModelNotFoundError(GearRuntimeError, LookupError):
     """No model of that name (or version) is served, nor in the model repository. Code
     145002: the name leads to no model file."""
@@ -89,6 +108,8 @@ def http_status(exc: BaseException) -> int:
     too large, 400 bad input (every InputError: datatype, shape, 145012, out-of-gear 145013;
     a bad model file to load), 503 queue full, too many connections or shutting down, 500
     anything else (a failure of the server, not of the request)."""
+    if isinstance(exc, StatusError):
+        return exc.status
     for kinds, status in _STATUS:
         if isinstance(exc, kinds):
             return status

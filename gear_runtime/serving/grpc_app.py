@@ -23,12 +23,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from gear_runtime.errors import (
-    BackendUnavailableError,
-    ClosedError,
-    GearRuntimeError,
-    InputError,
-)
+from gear_runtime.errors import BackendUnavailableError, GearRuntimeError, InputError
 
 try:
     import grpc
@@ -55,7 +50,7 @@ from gear_runtime.serving.protocol import (
 from gear_runtime.serving.runner import UNBOUNDED_MODEL_BODY_BYTES
 
 if TYPE_CHECKING:
-    from gear_runtime.serving.app import GearServer
+    from gear_runtime.serving.dataplane import DataPlane
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -73,9 +68,9 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """GRPCInferenceService over a GearServer."""
+    """GRPCInferenceService over the data plane (serving/dataplane.py)."""
 
-    def __init__(self, server: GearServer) -> None:
+    def __init__(self, server: DataPlane) -> None:
         self.server = server
 
     async def _answer(self, context: Any, call: Any, model: str = "") -> Any:
@@ -103,10 +98,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=self.server.model_is_ready(model))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        from gear_runtime.version import __version__
-
-        return service_pb2.ServerMetadataResponse(name="gear_runtime", version=__version__,
-                                                  extensions=self.server.extensions())
+        return service_pb2.ServerMetadataResponse(**self.server.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
@@ -162,35 +154,26 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # ---- inference -----------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        """The data plane's inference over gRPC: raw or typed contents in, raw out."""
         arrived = time.perf_counter()
         try:
             model = self.server.model(request.model_name, request.model_version)
         except GearRuntimeError as exc:
             return await self._answer(context, _raiser(exc))
 
-        async def call() -> Any:
-            with model.use():
-                try:
-                    if self.server.refusing:  # until the drain deadline: answered
-                        raise ClosedError("the server is shutting down (past its drain "
-                                          "deadline)")
-                    size = request.ByteSize()
-                    if size > model.max_request_bytes:
-                        raise PayloadTooLargeError(
-                            f"the request has {size} bytes; model {model.name!r} accepts at "
-                            f"most {model.max_request_bytes}")
-                    infer_request = decode_infer(request)
-                    admitted = time.perf_counter()
-                    timing, outputs = await model.infer(infer_request)
-                    response = _response(model, request, infer_request, outputs)
-                except Exception:
-                    model.stats.failed(time.perf_counter() - arrived)
-                    raise
-            self.server.count_success(model, infer_request, arrived, admitted, timing)
-            return response
+        async def decode() -> InferRequest:
+            size = request.ByteSize()
+            if size > model.max_request_bytes:
+                raise PayloadTooLargeError(
+                    f"the request has {size} bytes; model {model.name!r} accepts at most "
+                    f"{model.max_request_bytes}")
+            return decode_infer(request)
 
-        return await self._answer(context, call, model.name)
+        async def answer(infer_request: InferRequest, outputs: list[np.ndarray]) -> Any:
+            return _response(model, request, infer_request, outputs)
 
+        return await self._answer(
+            context, lambda: self.server.infer(model, arrived, decode, answer), model.name)
 
     # ---- what is not implemented: UNIMPLEMENTED, one log line, never a traceback --------
     async def _unimplemented(self, context: Any, method: str, why: str) -> Any:
@@ -312,7 +295,7 @@ def _response(model: Any, request: Any, infer_request: InferRequest,
     return response
 
 
-async def start_grpc(server: GearServer, host: str, port: int) -> tuple[Any, tuple[str, int]]:
+async def start_grpc(server: DataPlane, host: str, port: int) -> tuple[Any, tuple[str, int]]:
     """Start the gRPC service on ``host``:``port`` (0: a free port) on the running loop;
     returns (the grpc.aio server, (host, bound port)). OSError when it cannot bind."""
     limit = max([m.max_request_bytes for m in server.models.values()]

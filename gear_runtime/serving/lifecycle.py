@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -70,6 +71,8 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
     http = HttpServer(server, limits)
     server.metrics.track_connections(lambda: len(http.connections))
     await http.start(sock)
+    if server.peers is not None:  # serve --workers: the sequences this worker owns
+        await http.start(listen_unix(server.peers.path))
     grpc_server = grpc_address = None
     signals: list[int] = []
     try:
@@ -112,6 +115,22 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
         # than killing the process with the default action before its exit code 0
         for s in signals:
             loop.remove_signal_handler(s)
+
+
+def listen_unix(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` (a file left there by a worker that died is
+    replaced: the folder is the server's own)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(512)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _add_signal_handler(loop: asyncio.AbstractEventLoop, sig: int,

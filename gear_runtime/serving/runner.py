@@ -95,8 +95,11 @@ class ServeOptions:
     sequence_idle_s: float = DEFAULT_IDLE_S
     #: this process's index under ``serve --workers`` (its metrics are labelled with it)
     worker: int | None = None
-    #: the folder the workers share their metrics snapshots in (serving/metrics.py)
-    metrics_dir: str | None = None
+    #: the workers of this server (``serve --workers``; sequences are routed among them)
+    workers: int = 1
+    #: the folder the workers share: metrics snapshots (serving/metrics.py) and each
+    #: worker's socket for the requests of sequences it holds (serving/peers.py)
+    worker_dir: str | None = None
     #: the model a sequence_start request runs (a prefill gear file, padded to its covering
     #: gear), its outputs named like the state outputs written into the new sequence's state
     sequence_start: str | None = None
@@ -432,12 +435,12 @@ class ServedModel:
         if self.sequences is not None:
             control = sequence_control(request.parameters)
             if control.start and self.start is not None:  # the prompt, on the start model
-                self._check_outputs(request)
+                self.check_outputs(request)
                 arrays = self.start.inputs(request)
                 return await self.sequences.call(control, partial(self.start.run, arrays,
                                                                   self.stats))
         arrays = self._inputs(request)
-        self._check_outputs(request)
+        self.check_outputs(request)
         dims = self._dims(request)
         if self.sequences is not None:
             if dims is not None:
@@ -456,7 +459,8 @@ class ServedModel:
         """The request's arrays in model input order, names and datatypes checked."""
         return request_arrays(request, self._names, self._datatypes, f"model {self.name!r}")
 
-    def _check_outputs(self, request: InferRequest) -> None:
+    def check_outputs(self, request: InferRequest) -> None:
+        """InputError for a requested output the model does not answer."""
         if request.outputs is None:
             return
         unknown = [n for n in request.outputs if n not in self.output_names]

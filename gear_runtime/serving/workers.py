@@ -17,11 +17,11 @@ process never overlap on Ascend; an 8-NPU box needs one process per device, as T
   server does; a second one ends their drains. The parent exits when all have.
 * Metrics: each worker labels its series ``worker="i"``, and whichever worker answers a
   scrape reports every worker's series: they share snapshots in a folder the parent makes
-  (``--worker-metrics-dir``; serving/metrics.py), so ``sum without(worker)`` is the server's.
-* Sequences (``--state``) stay with the worker that holds their state only as long as the
-  client keeps its connection (tritonclient does, one connection per client): a connection
-  that lands on another worker gets 400 "not live". Serve a stateful model with one worker
-  per device behind a router that pins sequence ids, or with ``--workers 1``.
+  (``--worker-dir``; serving/metrics.py), so ``sum without(worker)`` is the server's.
+* Sequences (``--state``): each sequence id has one owner, ``crc32(id) % N``, the worker
+  that holds its state; a request of that sequence reaching another worker is forwarded to
+  the owner over the owner's Unix socket in the same folder and answered with the owner's
+  answer (serving/peers.py). ``--max-sequences`` is per worker.
 """
 
 from __future__ import annotations
@@ -52,27 +52,30 @@ def free_port(host: str) -> int:
 
 
 def worker_command(argv: Sequence[str], index: int, fd: int, device: str | None,
-                   grpc_port: int | None, metrics_dir: str | None = None) -> list[str]:
-    """The command line of worker ``index``: the parent's ``serve`` flags without the
-    worker flags, plus the inherited socket, its index, its device and the gRPC port."""
+                   grpc_port: int | None, worker_dir: str | None = None,
+                   count: int = 1) -> list[str]:
+    """The command line of worker ``index`` of ``count``: the parent's ``serve`` flags
+    without the worker flags, plus the inherited socket, its index and the count, its
+    device, the gRPC port and the folder the workers share."""
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--workers", "--devices", "--grpc-port", "--port", "--worker-metrics-dir"):
+        if name in ("--workers", "--devices", "--grpc-port", "--port", "--worker-dir",
+                    "--worker-count"):
             skip = "=" not in arg and i + 1 < len(argv)
             continue
         out.append(arg)
     cmd = [sys.executable, "-m", "gear_runtime.cli", *out, "--worker-fd", str(fd),
-           "--worker-index", str(index)]
+           "--worker-index", str(index), "--worker-count", str(count)]
     if device is not None:
         cmd += ["--device", device]
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
-    if metrics_dir is not None:
-        cmd += ["--worker-metrics-dir", metrics_dir]
+    if worker_dir is not None:
+        cmd += ["--worker-dir", worker_dir]
     return cmd
 
 
@@ -80,8 +83,8 @@ class Supervisor:
     """The parent: starts the workers, restarts one that dies, forwards the stop signals."""
 
     def __init__(self, commands: list[list[str]], fd: int,
-                 metrics_dir: str | None = None) -> None:
-        self.commands, self.fd, self.metrics_dir = commands, fd, metrics_dir
+                 worker_dir: str | None = None) -> None:
+        self.commands, self.fd, self.worker_dir = commands, fd, worker_dir
         self.procs: list[subprocess.Popen] = []
         self.stopping = 0  # stop signals received
         self.restarts: list[float] = []
@@ -131,10 +134,10 @@ class Supervisor:
         """A dead worker's metrics snapshot goes: its restart counts from zero (a counter
         reset to Prometheus), and until it serves, scrapes show no series of a worker that
         is not there."""
-        if self.metrics_dir is not None:
+        if self.worker_dir is not None:
             for name in (f"worker-{index}.prom", f"worker-{index}.stats.json"):
                 with contextlib.suppress(OSError):
-                    os.remove(os.path.join(self.metrics_dir, name))
+                    os.remove(os.path.join(self.worker_dir, name))
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
@@ -148,9 +151,10 @@ def serve_workers(argv: Sequence[str], count: int, devices: Sequence[str] | None
     fd = sock.fileno()
     os.set_inheritable(fd, True)
     grpc_port = free_port(host) if grpc else None
-    metrics_dir = tempfile.mkdtemp(prefix="gear-runtime-metrics-")
+    # short: it holds the workers' socket paths (108 bytes at most on Linux)
+    worker_dir = tempfile.mkdtemp(prefix="gear-w-")
     commands = [worker_command(argv, i, fd, devices[i] if devices else None, grpc_port,
-                               metrics_dir) for i in range(count)]
+                               worker_dir, count) for i in range(count)]
     http_host, http_port = sock.getsockname()[:2]
     where = f"http://{http_host}:{http_port}"
     if grpc_port is not None:
@@ -159,9 +163,9 @@ def serve_workers(argv: Sequence[str], count: int, devices: Sequence[str] | None
           + (f" (devices {', '.join(devices)})" if devices else "")
           + f" at {where} (KServe v2; metrics at /metrics, every worker's)", flush=True)
     try:
-        code = Supervisor(commands, fd, metrics_dir).run()
+        code = Supervisor(commands, fd, worker_dir).run()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(worker_dir, ignore_errors=True)
     print("gear-runtime: server stopped (all workers)", flush=True)
     return code
 

@@ -1,0 +1,275 @@
+"""The data plane: what every front end of the server does, whatever its transport (KServe's
+``DataPlane``). The REST routes (serving/app.py, and its ASGI form) and the gRPC service
+(serving/grpc_app.py) are thin over it: they decode their protocol's request, call the same
+method here, and encode its answer or its error in their protocol.
+
+    health        is_ready, model_is_ready
+    metadata      server_metadata, model(name).metadata() / .config()
+    statistics    model_statistics (every worker's under serve --workers)
+    inference     infer: admit, decode, run (or forward to the worker that owns the
+                  request's sequence), answer, count
+    repository    index, load_model, unload_model
+    shutdown      begin_drain, refuse_waiting, close
+
+Errors are raised, never answered here: the front end answers them, and ``count_error``
+counts each one once, on the worker that met it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
+from gear_runtime.serving.errors import (
+    ModelNotFoundError,
+    ModelNotLoadedError,
+    PeerAnswerError,
+    error_code,
+    http_status,
+)
+from gear_runtime.serving.metrics import Metrics
+from gear_runtime.serving.peers import Peers
+from gear_runtime.serving.protocol import MODEL_VERSION, InferRequest
+from gear_runtime.serving.repository import ModelRepository
+from gear_runtime.serving.runner import ServedModel, ServeOptions, load_one
+from gear_runtime.serving.sequences import sequence_control
+from gear_runtime.serving.stats import RunTiming, merge_statistics
+
+logger = logging.getLogger("gear_runtime.serving")
+
+T = TypeVar("T")
+
+
+class DataPlane:
+    """The served models, the flow every request takes, and the shutdown state."""
+
+    def __init__(self, models: dict[str, ServedModel], options: ServeOptions,
+                 metrics: Metrics, repository: ModelRepository | None = None) -> None:
+        self.models, self.options, self.metrics = models, options, metrics
+        self.repository = repository
+        #: not ready: set at the first SIGTERM (the drain) and at close
+        self.closing = False
+        #: past the drain deadline: inference is answered 503 (until then, answered)
+        self.refusing = False
+        #: name -> why a repository model is not loaded ("unloaded", a load's error)
+        self.unavailable: dict[str, str] = {}
+        #: the other workers, which own some sequences (None: one process serves them all)
+        self.peers: Peers | None = None
+        if options.workers > 1 and options.worker_dir is not None and \
+                options.worker is not None:
+            self.peers = Peers(options.worker_dir, options.worker, options.workers)
+        self._repository_lock: asyncio.Lock | None = None
+        self._retiring: set[asyncio.Task] = set()
+
+    # ---- health and metadata -------------------------------------------------------------
+    def is_ready(self) -> bool:
+        """Server readiness, one rule for every front end: not draining or closing, and
+        not every model's queue full (then no request could be taken)."""
+        models = list(self.models.values())
+        return not self.closing and not (models and all(m.saturated for m in models))
+
+    def model_is_ready(self, model: ServedModel) -> bool:
+        """A model's readiness: the server's drain, and its own queue not full."""
+        return not self.closing and not model.saturated
+
+    def extensions(self) -> list[str]:
+        """The protocol extensions this server implements (server metadata)."""
+        found = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+        return found + (["model_repository"] if self.repository is not None else [])
+
+    def server_metadata(self) -> dict[str, Any]:
+        from gear_runtime.version import __version__
+
+        return {"name": "gear_runtime", "version": __version__,
+                "extensions": self.extensions()}
+
+    def model(self, name: str, version: str = "") -> ServedModel:
+        """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the
+        server does not know, ModelNotLoadedError for a repository model not loaded."""
+        model = self.models.get(name)
+        if model is not None and version in ("", MODEL_VERSION):
+            return model
+        if model is not None:
+            raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r} "
+                                     f"(version {MODEL_VERSION} is served)")
+        if self.repository is not None and name in self.repository:
+            why = self.unavailable.get(name, "not loaded")
+            raise ModelNotLoadedError(f"model {name!r} is not loaded ({why}); load it: POST "
+                                      f"/v2/repository/models/{name}/load")
+        raise ModelNotFoundError(f"unknown model {name[:200]!r}; models: "
+                                 f"{', '.join(sorted(self.models)) or '(none)'}")
+
+    # ---- statistics ----------------------------------------------------------------------
+    def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
+        """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``);
+        under ``serve --workers`` every worker's, summed (serving/metrics.py's snapshots)."""
+        models = [self.model(name, version)] if name else \
+            [self.models[n] for n in sorted(self.models)]
+        if not self.metrics.shared:
+            return {"model_stats": [m.stats.snapshot() for m in models]}
+        wanted = {(m.name, m.stats.version) for m in models}
+        merged = merge_statistics(self.metrics.shared_stats())["model_stats"]
+        return {"model_stats": [m for m in merged if (m["name"], m["version"]) in wanted]}
+
+    def own_statistics(self) -> dict[str, Any]:
+        """This process's statistics of every model (what a worker shares)."""
+        return {"model_stats": [self.models[n].stats.snapshot() for n in sorted(self.models)]}
+
+    # ---- inference -----------------------------------------------------------------------
+    async def infer(self, model: ServedModel, arrived: float,
+                    decode: Callable[[], Awaitable[InferRequest]],
+                    answer: Callable[[InferRequest, list[np.ndarray]], Awaitable[T]]) -> T:
+        """The one inference flow: admit (503 past the drain deadline), ``decode()`` the
+        request, run it (batched, pooled or on its sequence; a sequence another worker owns
+        runs there), ``answer(request, outputs)`` (outputs in model order), count it.
+        Raises what failed, counted in the model's statistics; the front end answers it."""
+        forwarded = False
+        with model.use():
+            try:
+                if self.refusing:  # draining answers what it receives until the deadline
+                    raise ClosedError("the server is shutting down (past its drain deadline)")
+                request = await decode()
+                admitted = time.perf_counter()
+                owner = self._owner(model, request)
+                if owner is not None:
+                    forwarded = True  # counted by the owner, which runs it
+                    outputs = await self.peers.forward(owner, model.name, request)
+                    return await answer(request, outputs)
+                timing, outputs = await model.infer(request)
+                result = await answer(request, outputs)
+            except Exception:
+                if not forwarded:
+                    model.stats.failed(time.perf_counter() - arrived)
+                raise
+        self.count_success(model, request, arrived, admitted, timing)
+        return result
+
+    def _owner(self, model: ServedModel, request: InferRequest) -> int | None:
+        """The worker to forward ``request`` to: the owner of its sequence when that is
+        another worker; None to run it here."""
+        if self.peers is None or model.sequences is None:
+            return None
+        control = sequence_control(request.parameters)  # a bad id is refused here
+        owner = self.peers.owner(control.id)
+        if owner == self.peers.index:
+            return None
+        model.check_outputs(request)  # the owner answers every output; chosen here
+        return owner
+
+    def count_success(self, model: ServedModel, request: InferRequest, arrived: float,
+                      admitted: float, timing: RunTiming) -> None:
+        """Statistics and metrics of one answered inference."""
+        answered = time.perf_counter()
+        model.stats.succeeded(model.rows(request), admitted, answered, arrived, timing)
+        label = timing.label or model.gear_label(timing.gear)
+        self.metrics.request(model.name, label, answered - arrived)
+
+    def count_error(self, exc: BaseException, model: str) -> int:
+        """Count (and, for a fault of ours, log with its traceback) a request answered with
+        ``exc``; its HTTP status. The answer of another worker is its own: counted and
+        logged there."""
+        status = http_status(exc)
+        if isinstance(exc, PeerAnswerError):
+            return status
+        if status >= 500 and status != 503:
+            logger.error("request failed", exc_info=exc)
+        self.metrics.error(model, error_code(exc), status)
+        return status
+
+    # ---- the model repository ------------------------------------------------------------
+    def repo(self) -> ModelRepository:
+        """The model repository; InputError when the server has none."""
+        if self.repository is None:
+            raise InputError("this server has no model repository: start it with "
+                             "--model-repository DIR to load and unload models")
+        return self.repository
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model served or in the repository: name, version, state, reason."""
+        names = set(self.models) | set(self.repository.names() if self.repository else [])
+        out = []
+        for name in sorted(names):
+            state = "READY" if name in self.models else "UNAVAILABLE"
+            if ready_only and state != "READY":
+                continue
+            out.append({"name": name, "version": MODEL_VERSION, "state": state,
+                        "reason": "" if state == "READY"
+                        else self.unavailable.get(name, "not loaded")})
+        return out
+
+    def _lock(self) -> asyncio.Lock:
+        if self._repository_lock is None:
+            self._repository_lock = asyncio.Lock()
+        return self._repository_lock
+
+    async def load_model(self, name: str) -> None:
+        """(Re)load ``name`` from the repository. The new model serves every request from
+        the moment it is ready; the one it replaces finishes the requests it has, then
+        closes. A load that fails leaves the model served before (if any) as it was."""
+        path = self.repo().path_of(name)
+        if self.closing:
+            raise ClosedError("the server is shutting down")
+        async with self._lock():
+            try:
+                new = await asyncio.to_thread(load_one, name, str(path), self.options,
+                                              self.metrics)
+            except GearRuntimeError as exc:
+                if name not in self.models:
+                    self.unavailable[name] = f"load failed: {exc}"
+                raise
+            old, self.models[name] = self.models.get(name), new
+            self.unavailable.pop(name, None)
+        if old is not None:
+            self._retire(old)
+        logger.info("model %r loaded from %s", name, path)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving ``name``: new requests get 404 (145003); the requests it has are
+        answered, then it closes (this call returns after that)."""
+        repo = self.repo()
+        async with self._lock():
+            model = self.models.pop(name, None)
+            if model is None:
+                if name not in repo:
+                    raise ModelNotFoundError(f"unknown model {name[:200]!r}")
+                return  # not loaded: nothing to do
+            self.unavailable[name] = "unloaded"
+            self.metrics.untrack_queue(name)
+        await model.retire()
+        logger.info("model %r unloaded", name)
+
+    def _retire(self, model: ServedModel) -> None:
+        task = asyncio.get_running_loop().create_task(model.retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    # ---- shutdown ------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        """The first SIGTERM: not ready from now on (a load balancer stops sending)."""
+        self.closing = True
+
+    def refuse_waiting(self) -> None:
+        """Past the drain deadline: what waits for an executor, and every inference request
+        from now on, is answered 503."""
+        self.refusing = True
+        for model in self.models.values():
+            model.refuse_waiting()
+
+    async def close(self) -> None:
+        """Stop every model (batchers, executors, the models) and the connections to the
+        other workers; idempotent."""
+        self.closing = self.refusing = True
+        models, self.models = self.models, {}
+        await asyncio.gather(*(m.close() for m in models.values()), *self._retiring,
+                             return_exceptions=True)
+        if self.peers is not None:
+            self.peers.close()
+
+
+__all__ = ["DataPlane"]
