@@ -3,26 +3,35 @@ binary tensors, HTTP with JSON, gRPC; with and without dynamic batching) against
 Python ModelServer running the same ONNX model through ONNX Runtime, at concurrency 1, 8 and
 32 (closed loop: each client thread sends its next request when the last is answered).
 
-Every server runs in a process of its own on 127.0.0.1; the clients are the real
-``tritonclient.http`` / ``tritonclient.grpc`` (one client per thread, batch-1 requests). The
-windows are interleaved (every variant once per round, ``--rounds`` rounds) and each cell
-reports the range over the rounds: the machine may be shared. Server CPU per request is the
-server process tree's user + system time over the window, divided by the requests answered.
+Fair by construction:
 
-Models, built here with onnx.helper (random weights):
+- **Compute threads matched and stated.** KServe's ModelServer runs a synchronous
+  ``predict`` on its event loop, one at a time per process; gear runs ``--executors 1`` (one
+  run at a time) by default, and both ONNX Runtime sessions get ``--threads`` intra-op
+  threads (default 1) and one inter-op thread. ``--workers N`` adds the same with N
+  processes on each side (``serve --workers N``; KServe's ``workers=N``, its REST
+  multi-process server).
+- **One server loaded at a time**: each round starts a server, runs its variants at every
+  concurrency, stops it, then the next; the order of the servers is reversed every other
+  round, and each cell reports the range over the rounds (the machine may be shared).
+- **Models of realistic size by default** (built here with onnx.helper, random weights,
+  batch gears 1, 2, 4, 8):
+  ``bert``: a BERT-shaped encoder (benchmarks/bert_model.py), seq 128, ``--bert`` "4x768"
+  (4 layers, hidden 768: 208 MB of weights, the default), "base" (12 layers, 436 MB) or
+  "tiny" (2 layers, hidden 128); inputs input_ids + attention_mask, output
+  last_hidden_state [seq, hidden] per row.
+  ``conv``: tests/models.py's convnet on 3x64x64 images, 64 channels.
 
-- ``conv``: tests/models.py's convnet on 3x8x8 images (~0.06 ms per run in process);
-- ``bert``: a BERT-shaped encoder (benchmarks/bert_model.py), seq 128, ``--bert`` "tiny"
-  (BERT-tiny's shape: 2 layers, hidden 128; the default) or "base" (12 layers, hidden 768);
-  inputs input_ids + attention_mask, output last_hidden_state [seq, hidden] per row.
-
-Both are compiled with batch gears 1, 2, 4, 8. KServe runs in its own virtual environment
-(``--kserve-python``, default /tmp/serve-kserve-venv/bin/python: ``python -m venv
-/tmp/serve-kserve-venv && /tmp/serve-kserve-venv/bin/pip install kserve onnxruntime``); the
-table says so when it is not there. Needs the serve and grpc extras.
+The clients are the real ``tritonclient.http`` / ``tritonclient.grpc`` (one client per
+thread, batch-1 requests, closed loops). Server CPU per request is the server process tree's
+user + system time over the window, divided by the requests answered. KServe runs in its own
+virtual environment (``--kserve-python``, default /tmp/serve-kserve-venv/bin/python:
+``python -m venv /tmp/serve-kserve-venv && /tmp/serve-kserve-venv/bin/pip install kserve
+onnxruntime``); the table says so when it is not there. Needs the serve and grpc extras.
 
     python benchmarks/bench_serve.py [--models conv,bert] [--concurrency 1,8,32]
-        [--seconds 4] [--rounds 2] [--bert tiny|base] [--executors 2]
+        [--seconds 4] [--rounds 2] [--bert 4x768|base|tiny] [--threads 1] [--executors 1]
+        [--workers 2]
 """
 
 from __future__ import annotations
@@ -71,11 +80,12 @@ def build(directory: Path, kind: str, bert: str) -> Bench:
     """Write ``kind``'s ONNX model and its gear file (batch gears 1, 2, 4, 8)."""
     rng = np.random.default_rng(0)
     if kind == "conv":
-        model = conv_model()
-        inputs = {"data": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
-        shape, output = "data:-1,3,8,8", "logits"
+        model = conv_model(hidden=64)
+        inputs = {"data": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+        shape, output = "data:-1,3,64,64", "logits"
     else:
-        model = bert_tiny(SEQ) if bert == "tiny" else bert_model(seq=SEQ)
+        model = {"tiny": lambda: bert_tiny(SEQ), "4x768": lambda: bert_model(layers=4, seq=SEQ),
+                 "base": lambda: bert_model(seq=SEQ)}[bert]()
         vocab = model.graph.initializer[0].dims[0]
         inputs = {"input_ids": rng.integers(0, vocab, (1, SEQ), dtype=np.int64),
                   "attention_mask": np.ones((1, SEQ), dtype=np.int64)}
@@ -97,11 +107,28 @@ KSERVE_SCRIPT = textwrap.dedent('''
     from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 
     class OrtModel(Model):
-        def __init__(self, name, path):
+        def __init__(self, name, path, threads):
             super().__init__(name)
-            self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            self.path, self.threads = path, threads
+            self.load()
+
+        def load(self):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
+            self.session = ort.InferenceSession(self.path, options,
+                                                providers=["CPUExecutionProvider"])
             self.names = [o.name for o in self.session.get_outputs()]
             self.ready = True
+            return True
+
+        # workers > 1: KServe pickles the model into each REST worker process; the
+        # session is made again there
+        def __getstate__(self):
+            return {k: v for k, v in self.__dict__.items() if k != "session"}
+
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            self.load()
 
         def predict(self, payload: InferRequest, headers=None, response_headers=None):
             feeds = {i.name: i.as_numpy() for i in payload.inputs}
@@ -116,10 +143,12 @@ KSERVE_SCRIPT = textwrap.dedent('''
                                  response_id=payload.id or "", use_binary_outputs=binary)
 
     if __name__ == "__main__":
-        name, path, port, grpc_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        name, path = sys.argv[1], sys.argv[2]
+        port, grpc_port, threads, workers = map(int, sys.argv[3:7])
         logging.disable(logging.INFO)  # no per-request log lines (ours writes none either)
-        ModelServer(http_port=port, grpc_port=grpc_port, workers=1, enable_docs_url=False,
-                    enable_latency_logging=False).start([OrtModel(name, path)])
+        ModelServer(http_port=port, grpc_port=grpc_port, workers=workers,
+                    enable_docs_url=False, enable_latency_logging=False
+                    ).start([OrtModel(name, path, threads)])
 ''')
 
 
@@ -203,18 +232,21 @@ class Server:
                 self.proc.wait()
 
 
-def gear_server(bench: Bench, executors: int, *flags: str) -> Server:
+def gear_server(bench: Bench, args: argparse.Namespace, *flags: str) -> Server:
     return Server(f"gear {' '.join(flags)}".strip(), [
         sys.executable, "-m", "gear_runtime.cli", "serve", str(bench.gear_path), "--name",
-        bench.name, "--port", "0", "--grpc-port", "0", "--executors", str(executors), *flags])
+        bench.name, "--port", "0", "--grpc-port", "0", "--executors", str(args.executors),
+        "--intra-op-threads", str(args.threads), *flags])
 
 
-def kserve_server(bench: Bench, python: str, directory: Path) -> Server:
+def kserve_server(bench: Bench, args: argparse.Namespace, directory: Path,
+                  workers: int = 1) -> Server:
     script = directory / "kserve_ort.py"
     script.write_text(KSERVE_SCRIPT)
     port, grpc_port = free_port(), free_port()
-    return Server("kserve", [python, str(script), bench.name, str(bench.onnx_path), str(port),
-                             str(grpc_port)], http_port=port, grpc_port=grpc_port)
+    return Server("kserve", [args.kserve_python, str(script), bench.name, str(bench.onnx_path),
+                             str(port), str(grpc_port), str(args.threads), str(workers)],
+                  http_port=port, grpc_port=grpc_port)
 
 
 # ---- clients --------------------------------------------------------------------------------
@@ -308,21 +340,46 @@ def drive(make: Callable[[], Callable[[], object]], threads: int, seconds: float
 
 
 # ---- the run --------------------------------------------------------------------------------
-def variants(bench: Bench, servers: dict[str, Server]) -> dict[str, Callable]:
-    """label -> (server, client factory) of every variant that is running."""
-    out: dict[str, tuple[Server, Callable]] = {}
-    g, nb, k = servers.get("gear"), servers.get("gear-nobatch"), servers.get("kserve")
-    if g is not None:
-        out["gear HTTP binary"] = (g, http_caller(bench, g.http_port, True))
-        out["gear HTTP JSON"] = (g, http_caller(bench, g.http_port, False))
-        out["gear gRPC"] = (g, grpc_caller(bench, g.grpc_port))
-    if nb is not None:
-        out["gear HTTP binary, no batching"] = (nb, http_caller(bench, nb.http_port, True))
-    if k is not None:
-        out["KServe HTTP binary"] = (k, http_caller(bench, k.http_port, True))
-        out["KServe HTTP JSON"] = (k, http_caller(bench, k.http_port, False))
-        out["KServe gRPC"] = (k, grpc_caller(bench, k.grpc_port))
+@dataclass(frozen=True)
+class Config:
+    """A server to start and the variants (label, transport) measured on it."""
+
+    name: str
+    start: Callable[[], Server]
+    variants: tuple[tuple[str, str], ...]
+
+
+def configs(bench: Bench, args: argparse.Namespace, directory: Path) -> list[Config]:
+    """Every server of the run: gear (batching, and not), KServe, and with ``--workers`` both
+    again with that many processes."""
+    delay = ("--max-batch-delay-ms", str(args.max_batch_delay_ms))
+    three = (("HTTP binary", "binary"), ("HTTP JSON", "json"), ("gRPC", "grpc"))
+    out = [Config("gear", lambda: gear_server(bench, args, *delay),
+                  tuple((f"gear {t}", k) for t, k in three)),
+           Config("gear-nobatch", lambda: gear_server(bench, args, "--no-batching"),
+                  (("gear HTTP binary, no batching", "binary"),))]
+    kserve = Path(args.kserve_python).exists()
+    if kserve:
+        out.append(Config("kserve", lambda: kserve_server(bench, args, directory),
+                          tuple((f"KServe {t}", k) for t, k in three)))
+    if args.workers > 1:
+        w = args.workers
+        out.append(Config("gear-workers", lambda: gear_server(bench, args, *delay, "--workers",
+                                                              str(w)),
+                          ((f"gear --workers {w} HTTP binary", "binary"),
+                           (f"gear --workers {w} gRPC", "grpc"))))
+        if kserve:
+            out.append(Config("kserve-workers",
+                              lambda: kserve_server(bench, args, directory, w),
+                              ((f"KServe workers={w} HTTP binary", "binary"),
+                               (f"KServe workers={w} gRPC", "grpc"))))
     return out
+
+
+def caller(bench: Bench, server: Server, transport: str) -> Callable:
+    if transport == "grpc":
+        return grpc_caller(bench, server.grpc_port)
+    return http_caller(bench, server.http_port, transport == "binary")
 
 
 def rng_text(values: list[float], fmt: str) -> str:
@@ -334,49 +391,54 @@ def rng_text(values: list[float], fmt: str) -> str:
 
 def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
     bench = build(directory, kind, args.bert)
-    servers: dict[str, Server] = {}
-    try:
-        servers["gear"] = gear_server(bench, args.executors, "--max-batch-delay-ms",
-                                      str(args.max_batch_delay_ms))
-        servers["gear-nobatch"] = gear_server(bench, args.executors, "--no-batching")
-        kserve_note = ""
-        if Path(args.kserve_python).exists():
-            servers["kserve"] = kserve_server(bench, args.kserve_python, directory)
-        else:
-            kserve_note = f" (KServe not run: {args.kserve_python} is not there)"
-        for s in servers.values():
-            s.wait_ready(bench.name)
-        table = variants(bench, servers)
-        cells = {(label, c): Cell() for label in table for c in args.concurrency}
-        for round_ in range(args.rounds):
-            for c in args.concurrency:
-                for label, (server, make) in table.items():
-                    rate, lat, cpu, errors = drive(make, c, args.seconds, server)
-                    cell = cells[(label, c)]
-                    cell.rate.append(rate)
-                    if len(lat):
-                        cell.p50.append(np.percentile(lat, 50) * 1e3)
-                        cell.p99.append(np.percentile(lat, 99) * 1e3)
-                    cell.cpu.append(cpu * 1e3)
-                    cell.errors += errors
-                    print(f"  [{kind} round {round_ + 1} c={c}] {label}: {rate:.0f} rows/s",
-                          file=sys.stderr, flush=True)
-    finally:
-        for s in servers.values():
-            s.close()
+    size_mb = sum(t.nbytes for t in bench_weights(bench)) / 1e6
+    plan = configs(bench, args, directory)
+    labels = [label for config in plan for label, _ in config.variants]
+    cells = {(label, c): Cell() for label in labels for c in args.concurrency}
+    for round_ in range(args.rounds):
+        for config in (plan if round_ % 2 == 0 else plan[::-1]):
+            server = config.start()  # one server loaded at a time
+            try:
+                server.wait_ready(bench.name)
+                for c in args.concurrency:
+                    for label, transport in config.variants:
+                        rate, lat, cpu, errors = drive(caller(bench, server, transport), c,
+                                                       args.seconds, server)
+                        cell = cells[(label, c)]
+                        cell.rate.append(rate)
+                        if len(lat):
+                            cell.p50.append(np.percentile(lat, 50) * 1e3)
+                            cell.p99.append(np.percentile(lat, 99) * 1e3)
+                        cell.cpu.append(cpu * 1e3)
+                        cell.errors += errors
+                        print(f"  [{kind} round {round_ + 1} c={c}] {label}: {rate:.0f} rows/s",
+                              file=sys.stderr, flush=True)
+            finally:
+                server.close()
     load = os.getloadavg()
-    print(f"\n{kind}{' (' + args.bert + ')' if kind == 'bert' else ''}: batch-1 requests, "
-          f"gears {GEARS}, {args.executors} executors, {args.seconds:g} s windows x "
-          f"{args.rounds} rounds interleaved (ranges over rounds), load average "
-          f"{load[0]:.1f}{kserve_note}")
+    kserve_note = "" if Path(args.kserve_python).exists() else \
+        f" (KServe not run: {args.kserve_python} is not there)"
+    what = f"bert {args.bert}" if kind == "bert" else "convnet 3x64x64"
+    print(f"\n{what}, {size_mb:.0f} MB of weights: batch-1 requests, gears {GEARS}; compute "
+          f"threads matched: gear {args.executors} executor(s), KServe one predict at a time, "
+          f"per process, each session {args.threads} intra-op thread(s); {args.seconds:g} s "
+          f"windows x {args.rounds} rounds, one server at a time (ranges over rounds), load "
+          f"average {load[0]:.1f}{kserve_note}")
     print("| concurrency | server | rows/s | p50 ms | p99 ms | server CPU ms/request | errors |")
     print("|---|---|---|---|---|---|---|")
     for c in args.concurrency:
-        for label in table:
+        for label in labels:
             cell = cells[(label, c)]
             print(f"| {c} | {label} | {rng_text(cell.rate, '%.0f')} | "
                   f"{rng_text(cell.p50, '%.2f')} | {rng_text(cell.p99, '%.2f')} | "
                   f"{rng_text(cell.cpu, '%.2f')} | {cell.errors} |", flush=True)
+
+
+def bench_weights(bench: Bench) -> list[np.ndarray]:
+    from onnx import numpy_helper
+
+    model = onnx.load(str(bench.onnx_path))
+    return [numpy_helper.to_array(t) for t in model.graph.initializer]
 
 
 def main() -> int:
@@ -386,9 +448,15 @@ def main() -> int:
                         type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--seconds", type=float, default=4.0, help="per window")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--executors", type=int, default=1,
+                        help="gear's executors per model (1 matches KServe's one predict "
+                        "at a time)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads of each ONNX Runtime session, both servers")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="also run both servers with this many processes (1: not)")
     parser.add_argument("--max-batch-delay-ms", default="2")
-    parser.add_argument("--bert", choices=("tiny", "base"), default="tiny")
+    parser.add_argument("--bert", choices=("4x768", "base", "tiny"), default="4x768")
     parser.add_argument("--kserve-python", default=KSERVE_PYTHON)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

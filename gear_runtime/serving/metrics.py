@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -49,6 +50,8 @@ class Metrics:
     def __init__(self, worker: str | None = None, shared_dir: str | None = None) -> None:
         #: this process's index under ``serve --workers``: every series gets ``worker="i"``
         self.worker = worker
+        #: (kind, model, gear) -> the labelled series it updates (see _children)
+        self._series: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         #: the workers' snapshot folder (``serve --workers``): scrapes merge every worker's
         self.shared_dir = shared_dir
         self._snapshots: threading.Thread | None = None
@@ -118,15 +121,30 @@ class Metrics:
         self.connections.set_function(count)
 
     def request(self, model: str, gear: str, seconds: float) -> None:
-        self.requests.labels(model, gear).inc()
-        self.latency.labels(model, gear).observe(seconds)
+        requests, latency = self._children("request", model, gear)
+        requests.inc()
+        latency.observe(seconds)
 
     def batch(self, model: str, gear: str, rows: int, gear_rows: int) -> None:
         """One batch of ``rows`` real rows run on a gear of ``gear_rows`` rows."""
-        self.batches.labels(model, gear).inc()
-        self.fill.labels(model, gear).observe(rows / gear_rows)
-        self.rows.labels(model, gear).inc(rows)
-        self.padding.labels(model, gear).inc(gear_rows - rows)
+        batches, fill, rows_total, padding = self._children("batch", model, gear)
+        batches.inc()
+        fill.observe(rows / gear_rows)
+        rows_total.inc(rows)
+        padding.inc(gear_rows - rows)
+
+    def _children(self, kind: str, model: str, gear: str) -> tuple[Any, ...]:
+        """The labelled series one request (or batch) updates, looked up once per
+        (model, gear): prometheus_client's ``labels()`` takes a lock and builds a key at
+        every call (six calls per batched request). The series are never removed, so a
+        cached child stays the exported one."""
+        key = (kind, model, gear)
+        found = self._series.get(key)
+        if found is None:
+            families = ((self.requests, self.latency) if kind == "request" else
+                        (self.batches, self.fill, self.rows, self.padding))
+            found = self._series[key] = tuple(f.labels(model, gear) for f in families)
+        return found
 
     def padded(self, model: str, gear: str, fill: float) -> None:
         """One request padded (``--pad``) to a gear it fills to ``fill`` (1.0: exact)."""
