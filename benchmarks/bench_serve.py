@@ -419,7 +419,8 @@ def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
     kserve_note = "" if Path(args.kserve_python).exists() else \
         f" (KServe not run: {args.kserve_python} is not there)"
     what = f"bert {args.bert}" if kind == "bert" else "convnet 3x64x64"
-    print(f"\n{what}, {size_mb:.0f} MB of weights: batch-1 requests, gears {GEARS}; compute "
+    size = f"{size_mb:.0f} MB" if size_mb >= 10 else f"{size_mb * 1e3:.0f} kB"
+    print(f"\n{what}, {size} of weights: batch-1 requests, gears {GEARS}; compute "
           f"threads matched: gear {args.executors} executor(s), KServe one predict at a time, "
           f"per process, each session {args.threads} intra-op thread(s); {args.seconds:g} s "
           f"windows x {args.rounds} rounds, one server at a time (ranges over rounds), load "

@@ -56,6 +56,10 @@ class GearDispatcher:
         self.cost_source = "elements" if costs is None else "profile"
         self._over: dict[tuple[int, ...], Any] = {}
         self._over_lock = threading.Lock()
+        # asked per batched request (the server's batcher): computed once, the spec is fixed
+        self._batch_sizes = (tuple(g[0] for g in spec.gears) if spec.mode == "batch"
+                             else None)
+        self._max_batch_rows = max(self._batch_sizes or (0,))
 
     def over(self, inputs: Sequence[int]) -> Any:
         """The C++ table over the model's inputs ``inputs`` alone (indices, in model order;
@@ -114,22 +118,22 @@ class GearDispatcher:
     @property
     def batch_sizes(self) -> tuple[int, ...] | None:
         """The batch gears' sizes, in gear order; None unless the model is in batch mode."""
-        return tuple(g[0] for g in self.spec.gears) if self.spec.mode == "batch" else None
+        return self._batch_sizes
 
     @property
     def max_batch_rows(self) -> int:
         """The most rows one batch can have: the largest batch gear (0 outside batch mode)."""
-        return max(self.batch_sizes or (0,))
+        return self._max_batch_rows
 
     def batch_gear(self, rows: int) -> int:
         """The cheapest batch gear holding ``rows`` rows (the smallest one by input elements;
         by a profile, possibly a larger one measured faster). GearMismatchError (145013)
         outside 1..max_batch_rows; InputError when the model is not in batch mode."""
-        sizes = self.batch_sizes
+        sizes = self._batch_sizes
         if sizes is None:
             raise InputError(f"a batch table needs a batch-mode model; this one's mode is "
                              f"{self.spec.mode!r}")
-        if not 1 <= rows <= self.max_batch_rows:
+        if not 1 <= rows <= self._max_batch_rows:
             raise GearMismatchError(f"{rows} rows fit no batch gear: the gears are "
                                     f"{', '.join(map(str, sizes))}")
         return self.table.cover([rows])
