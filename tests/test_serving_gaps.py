@@ -293,3 +293,19 @@ def test_sequences_over_two_workers_run_on_the_worker_that_holds_their_state(tmp
         assert code == 0, err
     finally:
         server.kill()
+
+
+def test_workers_that_cannot_start_stop_the_server_at_once(files) -> None:
+    """A bad ``--state`` is found by each worker as it loads: the server stops with the
+    worker's exit code and its error, once, instead of restarting workers that fail the
+    same way."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gear_runtime.cli", "serve", str(files["conv"]), "--port", "0",
+         "--workers", "2", "--state", "no_such_input=logits"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no_such_input" in proc.stderr
+    assert "could not start (code 2): stopping the server" in proc.stderr
+    assert "starting it again" not in proc.stderr and "keeps exiting" not in proc.stderr

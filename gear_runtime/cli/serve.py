@@ -345,6 +345,10 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
             where += f" and grpc {running.grpc_address[0]}:{running.grpc_address[1]}"
         print(f"gear-runtime: serving {', '.join(server.models) or '(no model)'} at {where} "
               "(KServe v2; metrics at /metrics)", flush=True)
+        if options.worker_dir is not None and options.worker is not None:
+            from gear_runtime.serving.workers import mark_started
+
+            mark_started(options.worker_dir, options.worker)
 
     loop = new_loop()
     try:

@@ -12,9 +12,13 @@ process never overlap on Ascend; an 8-NPU box needs one process per device, as T
 * Worker ``i`` runs ``gear-runtime serve`` with the same flags, ``--worker-fd`` /
   ``--worker-index i`` and, with ``--devices``, ``--device <its device>``.
 * Supervision: a worker that exits while the server is up is logged and started again (at
-  most :data:`MAX_RESTARTS` times a minute, then the server stops: a worker that cannot
-  start would loop for ever). SIGTERM / SIGINT go to every worker, which drain as a single
-  server does; a second one ends their drains. The parent exits when all have.
+  most :data:`MAX_RESTARTS` times a minute, then the server stops). A worker that exits
+  on its own before it ever served (a bad file, a bad ``--state``: it marks itself started
+  only once its models are loaded and its sockets listen, :func:`mark_started`) stops the
+  server at once with that worker's exit code: restarting it would fail the same way. One
+  killed by a signal while loading is restarted. SIGTERM / SIGINT go to every worker,
+  which drain as a single server does; a second one ends their drains. The parent exits
+  when all have.
 * Metrics: each worker labels its series ``worker="i"``, and whichever worker answers a
   scrape reports every worker's series: they share snapshots in a folder the parent makes
   (``--worker-dir``; serving/metrics.py), so ``sum without(worker)`` is the server's.
@@ -42,6 +46,18 @@ logger = logging.getLogger("gear_runtime.serving")
 
 #: restarts allowed within a minute before the supervisor gives up
 MAX_RESTARTS = 5
+
+
+def started_path(worker_dir: str, index: int) -> str:
+    """The file worker ``index`` writes once it serves (see :func:`mark_started`)."""
+    return os.path.join(worker_dir, f"worker-{index}.started")
+
+
+def mark_started(worker_dir: str, index: int) -> None:
+    """Worker ``index`` serves: its models are loaded and its sockets listen. From now on an
+    exit of it is a crash to restart, not a start that failed."""
+    with open(started_path(worker_dir, index), "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
 
 
 def free_port(host: str) -> int:
@@ -103,12 +119,24 @@ class Supervisor:
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.procs = [self._start(i) for i in range(len(self.commands))]
+            failed = 0  # the exit code of a worker that could not start
             while True:
                 if self.stopping and all(p.poll() is not None for p in self.procs):
+                    if failed:
+                        return failed
                     return 0 if all(p.returncode == 0 for p in self.procs) else 1
                 for i, proc in enumerate(self.procs):
                     if proc.poll() is None or self.stopping:
                         continue
+                    # exited on its own before serving: it would fail the same way again
+                    # (killed by a signal while loading, e.g. the OOM killer: restarted)
+                    if proc.returncode >= 0 and not self._has_started(i):
+                        print(f"gear-runtime: worker {i} could not start (code "
+                              f"{proc.returncode}): stopping the server", file=sys.stderr,
+                              flush=True)
+                        failed = failed or proc.returncode or 1
+                        self._signal(signal.SIGTERM, None)
+                        break
                     if not self._may_restart():
                         logger.error("worker %d exited (code %s); %d restarts within a "
                                      "minute: stopping the server", i, proc.returncode,
@@ -130,12 +158,18 @@ class Supervisor:
                     proc.kill()
                     proc.wait()
 
+    def _has_started(self, index: int) -> bool:
+        """Whether worker ``index`` (its current process) marked itself started; without a
+        worker folder (a caller's own commands), every exit counts as a crash."""
+        return self.worker_dir is None or os.path.exists(started_path(self.worker_dir, index))
+
     def _forget_metrics(self, index: int) -> None:
         """A dead worker's metrics snapshot goes: its restart counts from zero (a counter
         reset to Prometheus), and until it serves, scrapes show no series of a worker that
-        is not there."""
+        is not there. So does its started mark: the new process marks itself."""
         if self.worker_dir is not None:
-            for name in (f"worker-{index}.prom", f"worker-{index}.stats.json"):
+            for name in (f"worker-{index}.prom", f"worker-{index}.stats.json",
+                         f"worker-{index}.started"):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.worker_dir, name))
 
@@ -170,4 +204,5 @@ def serve_workers(argv: Sequence[str], count: int, devices: Sequence[str] | None
     return code
 
 
-__all__ = ["MAX_RESTARTS", "Supervisor", "free_port", "serve_workers", "worker_command"]
+__all__ = ["MAX_RESTARTS", "Supervisor", "free_port", "mark_started", "serve_workers",
+           "started_path", "worker_command"]
