@@ -275,7 +275,12 @@ def grpc_caller(bench: Bench, port: int) -> Callable[[], Callable[[], object]]:
     import tritonclient.grpc as tgrpc
 
     def make() -> Callable[[], object]:
-        c = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        # a channel of its own per client: grpc's global subchannel pool would otherwise put
+        # every client thread on ONE connection, i.e. one worker of a --workers server
+        c = tgrpc.InferenceServerClient(f"127.0.0.1:{port}", channel_args=[
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.max_send_message_length", 2**31 - 1),
+            ("grpc.max_receive_message_length", 2**31 - 1)])
         tensors = []
         for name, a in bench.inputs.items():
             t = tgrpc.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32
@@ -357,7 +362,8 @@ def configs(bench: Bench, args: argparse.Namespace, directory: Path) -> list[Con
     out = [Config("gear", lambda: gear_server(bench, args, *delay),
                   tuple((f"gear {t}", k) for t, k in three)),
            Config("gear-nobatch", lambda: gear_server(bench, args, "--no-batching"),
-                  (("gear HTTP binary, no batching", "binary"),))]
+                  (("gear HTTP binary, no batching", "binary"),
+                   ("gear gRPC, no batching", "grpc")))]
     kserve = Path(args.kserve_python).exists()
     if kserve:
         out.append(Config("kserve", lambda: kserve_server(bench, args, directory),
@@ -416,6 +422,7 @@ def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
             finally:
                 server.close()
     load = os.getloadavg()
+    versions = ort_versions(args.kserve_python)
     kserve_note = "" if Path(args.kserve_python).exists() else \
         f" (KServe not run: {args.kserve_python} is not there)"
     what = f"bert {args.bert}" if kind == "bert" else "convnet 3x64x64"
@@ -424,7 +431,7 @@ def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
           f"threads matched: gear {args.executors} executor(s), KServe one predict at a time, "
           f"per process, each session {args.threads} intra-op thread(s); {args.seconds:g} s "
           f"windows x {args.rounds} rounds, one server at a time (ranges over rounds), load "
-          f"average {load[0]:.1f}{kserve_note}")
+          f"average {load[0]:.1f}{kserve_note}; {versions}")
     print("| concurrency | server | rows/s | p50 ms | p99 ms | server CPU ms/request | errors |")
     print("|---|---|---|---|---|---|---|")
     for c in args.concurrency:
@@ -433,6 +440,22 @@ def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
             print(f"| {c} | {label} | {rng_text(cell.rate, '%.0f')} | "
                   f"{rng_text(cell.p50, '%.2f')} | {rng_text(cell.p99, '%.2f')} | "
                   f"{rng_text(cell.cpu, '%.2f')} | {cell.errors} |", flush=True)
+
+
+def ort_versions(kserve_python: str) -> str:
+    """Which ONNX Runtime each side runs (a different release alone moves a BERT's latency
+    by 5-10% on one CPU: both should be the same for the figures to compare)."""
+    import onnxruntime
+
+    ours = onnxruntime.__version__
+    if not Path(kserve_python).exists():
+        return f"onnxruntime {ours}"
+    theirs = subprocess.run([kserve_python, "-c", "import onnxruntime; "
+                             "print(onnxruntime.__version__)"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "?"
+    same = "the same on both sides" if theirs == ours else \
+        f"KServe's venv has {theirs}: NOT the same, the figures do not compare"
+    return f"onnxruntime {ours} ({same})"
 
 
 def bench_weights(bench: Bench) -> list[np.ndarray]:

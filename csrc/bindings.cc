@@ -189,6 +189,13 @@ void bind_executor_core(py::module_& m) {
             return std::const_pointer_cast<BoundDispatch>(
                 std::static_pointer_cast<const BoundDispatch>(c.core().dispatch()));
           })
+      .def_property_readonly("last_in_place",
+                             [](Core& c) {
+                               const std::vector<size_t>& placed = c.core().last_in_place();
+                               return tuple_of(Ints(placed.begin(), placed.end()));
+                             })
+      .def_property("in_place_bytes", [](Core& c) { return c.core().in_place_bytes(); },
+                    [](Core& c, size_t bytes) { c.core().set_in_place_bytes(bytes); })
       .def("set_padding", &Core::set_padding, py::arg("pad_values") = py::none())
       .def("stage", &Core::stage, py::arg("arrays"), py::arg("preset") = py::none(),
            py::arg("pad") = false)

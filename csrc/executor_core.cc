@@ -175,7 +175,7 @@ int64_t ExecutorCore::preset_gear(const Values& preset, const int64_t* values, b
 // the shapes and pad value of a padded copy. The request's shape is COPIED there: the copy
 // may run with the GIL released, when numpy may rewrite the array's own dims.
 void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t* padded_shape,
-                              StageSource& src) const {
+                              bool in_place, StageSource& src) const {
   const InputSpec& in = inputs_[i];
   if (!a.dtype_ok) {
     throw_input("input '" + in.name + "' has dtype " + std::string(a.type) +
@@ -184,9 +184,14 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
   size_t nbytes = in.itemsize;
   for (size_t d = 0; d < a.ndim; ++d) nbytes *= static_cast<size_t>(a.shape[d]);
   src = StageSource{a.data, nbytes};
+  // an input that is not padded is the gear's shape exactly: a large one is read in place,
+  // if it is aligned as its dtype needs (as numpy's aligned flag; staging is 64-aligned)
+  src.in_place = in_place && in_place_bytes_ > 0 && nbytes >= in_place_bytes_ &&
+                 reinterpret_cast<uintptr_t>(a.data) % in.itemsize == 0;
   if (padded_shape == nullptr) return;
   const std::vector<int64_t>& slot = dispatch_->gear_shape(gear, i);
   if (std::memcmp(slot.data(), a.shape, slot.size() * sizeof(int64_t)) == 0) return;
+  src.in_place = false;
   std::memcpy(padded_shape, a.shape, slot.size() * sizeof(int64_t));  // ndim == slot's: checked
   src.shape = padded_shape;
   src.slot_shape = slot.data();
@@ -196,7 +201,7 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
 }
 
 size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-                             int64_t* values, Scratch& scratch) const {
+                             bool in_place, int64_t* values, Scratch& scratch) const {
   dispatch_->read_shapes(arrays, n, scratch.shapes);  // checks n first: the scratch holds n entries
   dispatch_->dims().extract(scratch.shapes, n, values);
   int64_t chosen = preset != nullptr ? preset_gear(*preset, values, pad) : -1;
@@ -216,7 +221,7 @@ size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* pr
   size_t at = 0;
   for (size_t i = 0; i < n; ++i) {
     set_source(gear, i, arrays[i], padded ? scratch.padded_shapes.data() + at : nullptr,
-               scratch.sources[i]);
+               in_place, scratch.sources[i]);
     at += dispatch_->gear_shape(gear, i).size();
   }
   stager_.check(gear, scratch.sources, n, gear_values, staged_values(), names_.data());
@@ -228,11 +233,16 @@ void ExecutorCore::copy_prepared(size_t gear, const StageSource* sources,
   stager_.copy(gear, sources, n, dispatch_->table().gear(gear), staged_values());
 }
 
-void ExecutorCore::finish(size_t gear, const int64_t* values) {
+void ExecutorCore::finish(size_t gear, const int64_t* values, const StageSource* sources,
+                          size_t n) {
   const size_t width = dispatch_->values_per_gear();
   const int64_t* gear_values = dispatch_->table().gear(gear);
   last_values_.assign(gear_values, gear_values + width);
   last_request_.assign(values, values + width);
+  last_in_place_.clear();  // no allocation once it has held a few
+  for (size_t i = 0; i < n; ++i) {
+    if (sources[i].in_place) last_in_place_.push_back(i);
+  }
 }
 
 }  // namespace gear_runtime

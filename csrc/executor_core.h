@@ -68,6 +68,16 @@ class ExecutorCore {
   // (Error kind "input").
   void set_padding(const std::optional<PadValues>& pads);
 
+  // Inputs of at least `bytes` bytes that a stage(in_place = true) does not pad, aligned to
+  // their itemsize, are bound in place: checked as any input, but not copied (their slots keep what they held); the
+  // backend reads the caller's arrays, which must stay alive and unchanged until its run
+  // ends. 0 (the default): every input is copied. Only for a backend that can read inputs
+  // where they are (ONNX Runtime on the CPU); the merged copy is the point everywhere else.
+  void set_in_place_bytes(size_t bytes) noexcept { in_place_bytes_ = bytes; }
+  size_t in_place_bytes() const noexcept { return in_place_bytes_; }
+  // The inputs the last successful stage bound in place (indices, ascending; most often none).
+  const std::vector<size_t>& last_in_place() const noexcept { return last_in_place_; }
+
   // The whole hot path: extract; a preset (the values set with set_dynamic_*) must equal
   // them (145012) unless `pad` and the preset is a gear that covers them; the gear (match,
   // or with `pad` cover); dtypes (kind "input"); every slot check of Stager::check. Then
@@ -79,11 +89,14 @@ class ExecutorCore {
   // caller at a time (the Python Executor's ownership lock is the one guard). Each call
   // keeps its own scratch, so that even concurrent misuse through Python (where a large
   // copy() runs without the GIL) can only garble staged bytes, never overflow a slot.
+  // `in_place`: the arrays are the caller's own and outlive the backend's run, so inputs of
+  // in_place_bytes() or more may be bound in place (see set_in_place_bytes).
   template <typename Around>
   size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-               Around&& around);
-  size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad) {
-    return stage(arrays, n, preset, pad, [](size_t, auto&& copy) { copy(); });
+               Around&& around, bool in_place = false);
+  size_t stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
+               bool in_place = false) {
+    return stage(arrays, n, preset, pad, [](size_t, auto&& copy) { copy(); }, in_place);
   }
 
   // The gear values of the last successful stage, and the request's own values (they differ
@@ -110,19 +123,22 @@ class ExecutorCore {
   };
 
   size_t prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-                 int64_t* values, Scratch& scratch) const;
+                 bool in_place, int64_t* values, Scratch& scratch) const;
   void copy_prepared(size_t gear, const StageSource* sources, size_t n) const noexcept;
-  void finish(size_t gear, const int64_t* values);
-  // The bytes copy_prepared writes for gear `gear`: its n slots and the dims buffer.
-  size_t copy_bytes(size_t gear, size_t n) const noexcept {
+  void finish(size_t gear, const int64_t* values, const StageSource* sources, size_t n);
+  // The bytes copy_prepared writes for gear `gear`: its n slots (less those bound in place)
+  // and the dims buffer.
+  size_t copy_bytes(size_t gear, const StageSource* sources, size_t n) const noexcept {
     size_t bytes = staged_values() ? stager_.layout().dims_nbytes() : 0;
-    for (size_t i = 0; i < n; ++i) bytes += stager_.layout().nbytes_unchecked(gear, i);
+    for (size_t i = 0; i < n; ++i) {
+      if (!sources[i].in_place) bytes += stager_.layout().nbytes_unchecked(gear, i);
+    }
     return bytes;
   }
 
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
   void set_source(size_t gear, size_t i, const ArrayView& a, int64_t* padded_shape,
-                  StageSource& src) const;
+                  bool in_place, StageSource& src) const;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
   // The values stage() writes as the int32 dims buffer: all of them, or none without one.
@@ -138,17 +154,19 @@ class ExecutorCore {
   std::vector<std::vector<uint8_t>> pads_;  // [input] pad value bytes
   std::vector<int64_t> last_values_;
   std::vector<int64_t> last_request_;
+  size_t in_place_bytes_ = 0;  // 0: off
+  std::vector<size_t> last_in_place_;
 };
 
 template <typename Around>
 size_t ExecutorCore::stage(const ArrayView* arrays, size_t n, const Values* preset, bool pad,
-                           Around&& around) {
+                           Around&& around, bool in_place) {
   int64_t values[kMaxValues];
   Scratch scratch(n);
-  const size_t gear = prepare(arrays, n, preset, pad, values, scratch);
-  around(copy_bytes(gear, n),
+  const size_t gear = prepare(arrays, n, preset, pad, in_place, values, scratch);
+  around(copy_bytes(gear, scratch.sources, n),
          [this, gear, &scratch, n] { copy_prepared(gear, scratch.sources, n); });
-  finish(gear, values);
+  finish(gear, values, scratch.sources, n);
   return gear;
 }
 

@@ -138,19 +138,23 @@ int64_t PyExecutorCoreImpl::stage_request(py::handle inputs, py::handle preset, 
     view.shape = reinterpret_cast<const int64_t*>(PyArray_DIMS(a));
     view.ndim = static_cast<size_t>(PyArray_NDIM(a));
   }
-  return static_cast<int64_t>(stage_views(held.views(), n, set_ptr, pad));
+  // the caller's own arrays, alive for the whole execute(): large ones may be read in place
+  return static_cast<int64_t>(stage_views(held.views(), n, set_ptr, pad, true));
 }
 
 size_t PyExecutorCoreImpl::stage_views(const ArrayView* views, size_t n, const Values* preset,
-                                       bool pad) {
-  return core_.stage(views, n, preset, pad, [](size_t bytes, auto&& copy) {
-    if (bytes < kReleaseGilBytes) {
-      copy();
-      return;
-    }
-    py::gil_scoped_release no_gil;  // only memcpy/memset in here
-    copy();
-  });
+                                       bool pad, bool in_place) {
+  return core_.stage(
+      views, n, preset, pad,
+      [](size_t bytes, auto&& copy) {
+        if (bytes < kReleaseGilBytes) {
+          copy();
+          return;
+        }
+        py::gil_scoped_release no_gil;  // only memcpy/memset in here
+        copy();
+      },
+      in_place);
 }
 
 const Values* PyExecutorCoreImpl::read_preset(py::handle preset, int64_t* buf, Ints& spill,
@@ -201,7 +205,9 @@ py::object PyExecutorCoreImpl::execute(py::handle inputs, py::handle preset, boo
   if (gear < 0) return py::none();
   const size_t g = static_cast<size_t>(gear);
   const std::optional<DirectRun>* run = g < runs_.size() ? &runs_[g] : nullptr;
-  if (run == nullptr || !run->has_value() || (copy && !(*run)->copyable)) {
+  // a direct run reads every input from staging: one bound in place runs through the session
+  if (run == nullptr || !run->has_value() || (copy && !(*run)->copyable) ||
+      !core_.last_in_place().empty()) {
     return py::make_tuple(gear, py::none());
   }
   const DirectRun& r = **run;

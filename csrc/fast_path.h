@@ -63,7 +63,10 @@ class PyExecutorCoreImpl {
   // when another thread holds it by then, the wait is up to its switch interval (5 ms).
   static constexpr size_t kReleaseGilBytes = 256 * 1024;
 
-  size_t stage_views(const ArrayView* views, size_t n, const Values* preset, bool pad);
+  // `in_place`: the views are the caller's own arrays (not temporary copies), so large ones
+  // may be bound in place (ExecutorCore::set_in_place_bytes).
+  size_t stage_views(const ArrayView* views, size_t n, const Values* preset, bool pad,
+                     bool in_place = false);
 
   // `preset` as values: nullptr for None; a tuple of ints read onto `buf` (the hot case),
   // anything else converted as stage()'s argument is (into `spill`; a TypeError if it is
@@ -80,8 +83,8 @@ class PyExecutorCoreImpl {
 
   // What Executor.execute asks first: stage_request(inputs, preset, pad), then the staged
   // gear's direct run. Returns None when the inputs need the Python rules (nothing staged);
-  // (gear, None) when staged but the gear has no direct run for this `copy` (the executor runs
-  // it); else (gear, outputs): a new list of the run's arrays, or with `copy` of fresh copies
+  // (gear, None) when staged but the gear has no direct run for this `copy`, or an input was
+  // bound in place (core().last_in_place(): the executor runs it through its session); else (gear, outputs): a new list of the run's arrays, or with `copy` of fresh copies
   // the caller keeps. An exception of the run itself comes out as DirectRunFailed(gear),
   // caused by it.
   py::object execute(py::handle inputs, py::handle preset, bool pad, bool copy);

@@ -164,7 +164,7 @@ void Stager::copy(size_t gear, const StageSource* srcs, size_t n, const int64_t*
     if (s.shape != nullptr) {
       pad_copy(dst, s.slot_shape, static_cast<const uint8_t*>(s.data), s.shape, s.ndim,
                s.itemsize, s.pad);
-    } else if (s.nbytes > 0 && s.data != dst) {
+    } else if (s.nbytes > 0 && s.data != dst && !s.in_place) {
       std::memcpy(dst, s.data, s.nbytes);
     }
   }

@@ -25,6 +25,9 @@ struct StageSource {
   size_t ndim = 0;
   size_t itemsize = 0;
   const uint8_t* pad = nullptr;
+  // Bound in place: the backend reads the caller's array itself (ExecutorCore's large
+  // inputs on ONNX Runtime's CPU), so copy() leaves its slot as it is. Never padded.
+  bool in_place = false;
 };
 
 // Fills [dst, dst + nbytes) with `pattern` (width bytes) repeated; nbytes a multiple of width.
@@ -57,8 +60,8 @@ class Stager {
   void check(size_t gear, const StageSource* srcs, size_t n, const int64_t* values,
              size_t nvalues, const std::string* names) const;
 
-  // Copies every source into its slot (padded ones with pad_copy) and writes values as int32
-  // at the dims offset. Only
+  // Copies every source into its slot (padded ones with pad_copy; in-place ones not at all)
+  // and writes values as int32 at the dims offset. Only
   // after a successful check() with the same arguments. No exceptions, no Python.
   void copy(size_t gear, const StageSource* srcs, size_t n, const int64_t* values,
             size_t nvalues) const noexcept;

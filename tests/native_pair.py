@@ -42,6 +42,14 @@ class ExecutorCore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatch if name in _DISPATCH_CALLS else self.core, name)
 
+    @property
+    def in_place_bytes(self) -> int:
+        return self.core.in_place_bytes
+
+    @in_place_bytes.setter
+    def in_place_bytes(self, nbytes: int) -> None:
+        self.core.in_place_bytes = nbytes
+
     def set_padding(self, pad_values: Sequence[bytes | None] | None = None,
                     costs: Sequence[float] | None = None) -> None:
         if costs is None:
@@ -50,4 +58,5 @@ class ExecutorCore:
         dispatch = _core.GearDispatch(*self._args, costs)
         core = _core.ExecutorCore(dispatch, *self._rest)
         core.set_padding(pad_values)
+        core.in_place_bytes = self.core.in_place_bytes
         self.dispatch, self.core = dispatch, core

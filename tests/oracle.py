@@ -230,6 +230,10 @@ class ExecutorCore:
         self.layout, self._flat = layout, staging.reshape(-1)
         self.last_values: tuple[int, ...] = ()
         self.last_request: tuple[int, ...] = ()
+        #: inputs of at least this many bytes that a plain request does not pad are bound in
+        #: place (not copied); 0: none
+        self.in_place_bytes = 0
+        self.last_in_place: tuple[int, ...] = ()
         self._runs: list[Any] = []
         self.set_padding()
 
@@ -385,9 +389,12 @@ class ExecutorCore:
             return None
         if any(type(a) is not np.ndarray for a in arrays):
             return None
-        gear = self._stage(arrays, preset, pad)
+        # the caller's own arrays (none copied into a temporary first): large ones in place
+        plain = all(a.flags.c_contiguous and a.dtype == dt
+                    for a, dt in zip(arrays, self._dtypes, strict=True))
+        gear = self._stage(arrays, preset, pad, in_place=plain)
         run = self._runs[gear] if self._runs else None
-        if run is None or (copy and not run[3]):
+        if run is None or (copy and not run[3]) or self.last_in_place:
             return gear, None
         call, args, outputs, _ = run
         try:
@@ -408,7 +415,8 @@ class ExecutorCore:
                 return gear
         return self.cover(values) if pad else self.match(values)
 
-    def _stage(self, arrays: Sequence[Any], preset: Sequence[int] | None, pad: bool) -> int:
+    def _stage(self, arrays: Sequence[Any], preset: Sequence[int] | None, pad: bool,
+               in_place: bool = False) -> int:
         values = self.extract(arrays)
         gear = self._gear_for(values, preset, pad)
         if any(a.dtype != dt for a, dt in zip(arrays, self._dtypes, strict=True)):
@@ -417,8 +425,14 @@ class ExecutorCore:
         shapes = self._shapes[gear]
         padded = [s.shape != shapes[i] for i, s in enumerate(sources)]
         self._check(gear, sources, padded)
+        placed = tuple(i for i, src in enumerate(sources)
+                       if in_place and self.in_place_bytes and not padded[i]
+                       and src.nbytes >= self.in_place_bytes
+                       and _address(src) % src.dtype.itemsize == 0)
         for i, src in enumerate(sources):
             start = self.layout.offset(gear, i)
+            if i in placed:
+                continue
             if padded[i]:
                 n = int(np.prod(shapes[i], dtype=np.int64)) * src.dtype.itemsize
                 slot = self._flat[start:start + n].view(src.dtype).reshape(shapes[i])
@@ -431,6 +445,7 @@ class ExecutorCore:
             dims = np.asarray(self._gears[gear], dtype="<i4").view(np.uint8)
             self._flat[start:start + dims.size] = dims
         self.last_values, self.last_request = self._gears[gear], values
+        self.last_in_place = placed
         return gear
 
     def _check(self, gear: int, sources: list[np.ndarray], padded: list[bool]) -> None:

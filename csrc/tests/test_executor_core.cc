@@ -317,3 +317,31 @@ TEST(core_stage_tells_its_hook_the_bytes_it_copies) {
   CHECK_EQ(m.core.stage(big.views, 2, nullptr, false, hook), 2u);
   CHECK_EQ(seen, 32u + 64u + 4u);
 }
+
+TEST(core_stage_leaves_large_inputs_in_place_only_when_asked) {
+  // in_place_bytes 32: mask of S = 4 (32 bytes) qualifies, x (16 bytes) does not; padded
+  // inputs never do, and nothing is in place unless the caller says its arrays outlive the
+  // run (stage's in_place argument).
+  Model m;
+  m.core.set_in_place_bytes(32);
+  Request exact(4), short_one(3);
+  size_t seen = 0;
+  const auto hook = [&](size_t bytes, auto&& copy) {
+    seen = bytes;
+    copy();
+  };
+  CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, hook, true), 1u);
+  CHECK(m.core.last_in_place() == std::vector<size_t>{1});
+  CHECK_EQ(seen, 16u + 4u);  // x and the dims only
+  CHECK_EQ(at<int64_t>(m, m.layout.offset(1, 1), 0), static_cast<int64_t>(0xEEEEEEEEEEEEEEEE));
+  CHECK_EQ(at<float>(m, m.layout.offset(1, 0), 3), 4.0f);
+  CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, hook), 1u);  // not asked: copied
+  CHECK(m.core.last_in_place().empty());
+  CHECK_EQ(at<int64_t>(m, m.layout.offset(1, 1), 0), 7);
+  CHECK_EQ(m.core.stage(short_one.views, 2, nullptr, true, hook, true), 1u);  // padded
+  CHECK(m.core.last_in_place().empty());
+  CHECK_EQ(seen, 16u + 32u + 4u);
+  m.core.set_in_place_bytes(0);
+  CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, hook, true), 1u);  // off
+  CHECK(m.core.last_in_place().empty());
+}

@@ -45,6 +45,19 @@ class BackendSession(ABC):
     #: the backend offers pinned memory. The C++ core writes inputs and dims into it.
     staging: np.ndarray
 
+    #: Inputs of at least this many bytes that a request does not pad are read where the
+    #: caller has them instead of being staged (:meth:`run_gear_in_place`); 0: every input is
+    #: staged (the merged copy is the point on a device).
+    in_place_input_bytes: int = 0
+
+    def run_gear_in_place(self, gear: int, placed: dict[int, np.ndarray],
+                          copy: bool) -> list[np.ndarray]:
+        """Run gear ``gear`` with the staged inputs ``placed`` (staged index -> the caller's
+        C-contiguous array of the gear's shape and dtype, alive until this returns) read
+        from those arrays, the others from staging; outputs as :meth:`run_gear_owned` (copy)
+        or :meth:`run_gear` give them. Only on a session whose ``in_place_input_bytes`` > 0."""
+        raise NotImplementedError(f"{type(self).__name__} stages every input")
+
     @abstractmethod
     def run_gear(self, gear: int) -> list[np.ndarray]:
         """Run gear ``gear`` on what was staged for it; return its outputs.

@@ -135,6 +135,10 @@ class Executor:
         self._core.set_padding(self._pad_values)
         # The runs the core makes itself right after staging (where the session offers them)
         self._core.set_runs(session.direct_runs())
+        # Large inputs of a plain request read where the caller has them (ORT's CPU; a state
+        # executor stages everything: its runs go through _execute_bound)
+        self._core.in_place_bytes = 0 if self._plan is not None else \
+            int(getattr(session, "in_place_input_bytes", 0))
         self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
 
     # ---- choosing the gear ---------------------------------------------------------------
@@ -338,8 +342,13 @@ class Executor:
                 raise self._session.run_failed(failed.gear, cause) from cause
             if outputs is None:  # the gear runs through the session
                 self.last_gear = None  # until this run succeeds
-                outputs = (self._session.run_gear_owned(gear) if copy
-                           else list(self._session.run_gear(gear)))
+                placed = self._core.last_in_place if done is not None else ()
+                if placed:  # large inputs the core left where they are
+                    outputs = self._session.run_gear_in_place(
+                        gear, self._placed(inputs, placed), copy)
+                else:
+                    outputs = (self._session.run_gear_owned(gear) if copy
+                               else list(self._session.run_gear(gear)))
             self.last_gear = gear
             self.last_dynamic_dims = values = self._gear_values[gear]
             if not pad:  # then the request is the gear's values: no core call
@@ -353,6 +362,13 @@ class Executor:
             owner.release()  # inline, as the acquire above: this is the hot path
             if self._deferred:  # closed from inside this call (a signal handler): now
                 self._finish_close()
+
+    def _placed(self, inputs: Inputs, placed: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """The arrays of a plain request (a dict or a list / tuple, as the core read it) that
+        the core bound in place: staged index -> the caller's array."""
+        if isinstance(inputs, dict):
+            return {j: inputs[self._names[j]] for j in placed}
+        return {j: inputs[j] for j in placed}  # type: ignore[index]
 
     def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
                        out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
