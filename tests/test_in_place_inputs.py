@@ -198,3 +198,19 @@ def test_an_output_fed_back_as_an_input_is_copied_first(tmp_path: Path) -> None:
         y2, z2 = ex.execute({"a": z, "b": b}, copy=False)  # z: the output buffer itself
         np.testing.assert_array_equal(z2, fed[:, ::-1])
         np.testing.assert_array_equal(y2, fed + b)
+
+
+def test_an_input_replaced_after_the_core_read_it_is_refused(sum_file: str) -> None:
+    """The executor reads the in-place arrays from the request again after the core checked
+    them: one another thread put there meanwhile (another shape or dtype) is refused, never
+    bound (ORT would read the gear's bytes from it)."""
+    from gear_runtime.errors import InputError
+
+    with gr.load(sum_file) as model:
+        ex = model.create_executor()
+        a, b = _pair(9)
+        for wrong in (a[:, :-1].copy(), a.astype(np.float64), [a]):
+            with pytest.raises(InputError, match="'a' was replaced while execute read it"):
+                ex._placed({"a": wrong, "b": b}, (0,), 1)
+        placed = ex._placed([a, b], (0, 1), 1)
+        assert placed[0] is a and placed[1] is b

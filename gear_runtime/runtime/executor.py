@@ -345,7 +345,7 @@ class Executor:
                 placed = self._core.last_in_place if done is not None else ()
                 if placed:  # large inputs the core left where they are
                     outputs = self._session.run_gear_in_place(
-                        gear, self._placed(inputs, placed), copy)
+                        gear, self._placed(inputs, placed, gear), copy)
                 else:
                     outputs = (self._session.run_gear_owned(gear) if copy
                                else list(self._session.run_gear(gear)))
@@ -363,12 +363,24 @@ class Executor:
             if self._deferred:  # closed from inside this call (a signal handler): now
                 self._finish_close()
 
-    def _placed(self, inputs: Inputs, placed: tuple[int, ...]) -> dict[int, np.ndarray]:
+    def _placed(self, inputs: Inputs, placed: tuple[int, ...],
+                gear: int) -> dict[int, np.ndarray]:
         """The arrays of a plain request (a dict or a list / tuple, as the core read it) that
-        the core bound in place: staged index -> the caller's array."""
-        if isinstance(inputs, dict):
-            return {j: inputs[self._names[j]] for j in placed}
-        return {j: inputs[j] for j in placed}  # type: ignore[index]
+        the core bound in place: staged index -> the caller's array. Read from the request
+        again, so checked again: another thread may have put another array there since the
+        core checked it, and ORT reads the gear's bytes from what is bound."""
+        shapes = self.model.info.spec.shapes(gear)
+        out = {}
+        for j in placed:
+            name = self._names[j]
+            a = inputs[name] if isinstance(inputs, dict) else inputs[j]  # type: ignore[index]
+            if (type(a) is not np.ndarray or a.dtype != self._dtypes[j]
+                    or tuple(a.shape) != tuple(shapes[name]) or not a.flags.c_contiguous):
+                raise InputError(f"input {name!r} was replaced while execute read it (another "
+                                 "thread changed the request): pass requests no other thread "
+                                 "changes during the call")
+            out[j] = a
+        return out
 
     def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
                        out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
