@@ -146,6 +146,35 @@ def test_take_takes_up_to_the_largest_gear_inclusive() -> None:
         loop.close()
 
 
+@pytest.mark.parametrize("costs, sizes, batches", [
+    (None, (4, 2, 1), [[4, 2, 1]]),  # input elements: all that fit, as before
+    ((1.0, 2.0, 4.0, 8.0), (4, 2, 1), [[4], [2], [1]]),  # linear (a CPU): no padding rows
+    ((1.0, 2.0, 4.0, 8.0), (1, 7), [[1, 7]]),  # fills the gear: all at once
+    ((1.0, 1.1, 1.2, 1.3), (4, 2, 1), [[4, 2, 1]]),  # flat (a device): one run of 8
+    ((1.0, 2.0, 4.0, 8.0), (3,), [[3]]),  # a lone request goes whatever it costs
+])
+def test_measured_costs_choose_how_many_waiting_requests_one_batch_takes(
+        costs, sizes, batches) -> None:
+    """With a profile, ``_take`` keeps the prefix of the waiting requests that runs the most
+    rows per second (BatchPlan.best_count); the rest go next, first in line, each request
+    answered with its own rows."""
+    spec = gr.GearSpec.from_atc("x:-1,3", dynamic_batch_size=",".join(map(str, GEARS)))
+    made, _ = BatchPlan.for_model(GearDispatcher(spec, costs), [((b, 3),) for b in GEARS])
+    assert made.measured is (costs is not None)
+    runner, seen = recorder()
+    batcher = Batcher(made, runner, max_delay_s=0.05, slots=1, wait_when_idle=True)
+
+    async def main() -> list[Any]:
+        arrays = [rows(n, i) for i, n in enumerate(sizes)]
+        got = await asyncio.gather(*(batcher.submit(a) for a in arrays))
+        await batcher.close()
+        return list(zip(got, arrays, strict=True))
+
+    for (_, (out,)), (x,) in run(main, batcher):
+        np.testing.assert_array_equal(out, x * 2)
+    assert seen == batches
+
+
 # ---- the queue delay --------------------------------------------------------------------------
 def test_requests_within_the_delay_are_gathered_and_the_batch_waits_it_out() -> None:
     """Delay 0.5 s, waiting even when idle: a request, another 0.05 s later -> ONE batch that

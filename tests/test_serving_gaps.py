@@ -309,3 +309,37 @@ def test_workers_that_cannot_start_stop_the_server_at_once(files) -> None:
     assert "no_such_input" in proc.stderr
     assert "could not start (code 2): stopping the server" in proc.stderr
     assert "starting it again" not in proc.stderr and "keeps exiting" not in proc.stderr
+
+
+def test_serve_profile_gives_the_batcher_measured_costs(files, tmp_path, capsys) -> None:
+    """``serve --profile BENCH.json``: the model's own bench result makes the batcher's costs
+    measured ones (then a batch takes the waiting requests that run most rows per second:
+    tests/test_batcher.py); another model's result, or a file that is not one, is refused
+    naming the file."""
+    from gear_runtime.errors import InputError
+
+    result = tmp_path / "conv.json"
+    code, _, err = run_cli(capsys, "bench", str(files["conv"]), "--iterations", "2",
+                           "--warmup", "0", "--no-progress", "--json", str(result))
+    assert code == 0, err
+    server = build_server([str(files["conv"])], options=ServeOptions(
+        executors=1, profile=str(result)))
+    try:
+        plan = server.models["conv"].batcher.plan
+        assert plan.measured and plan.dispatcher.cost_source == "profile"
+    finally:
+        import asyncio
+
+        asyncio.run(server.close())
+    plain = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    assert not plain.models["conv"].batcher.plan.measured
+    import asyncio
+
+    asyncio.run(plain.close())
+    other = next(p for k, p in files.items() if k != "conv" and str(p).endswith(".gear.onnx"))
+    with pytest.raises(InputError, match="measured on another model"):
+        build_server([str(other)], options=ServeOptions(executors=1, profile=str(result)))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(InputError, match="--profile: .*bad.json.* is not a"):
+        build_server([str(files["conv"])], options=ServeOptions(profile=str(tmp_path /
+                                                                            "bad.json")))

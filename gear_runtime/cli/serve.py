@@ -83,6 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "an idle batcher sends a request at once)")
     p.add_argument("--no-batching", action="store_true",
                    help="run every request on its own (no dynamic batching)")
+    p.add_argument("--profile", metavar="BENCH.json",
+                   help="a `gear-runtime bench --json` result of the model, measured where it "
+                   "is served: the batcher takes, of the waiting requests, as many as run the "
+                   "most rows per second (one model only)")
     p.add_argument("--max-queue", type=int_at_least(1), default=256, metavar="N",
                    help="requests waiting per model beyond which it answers 503 (default 256)")
     p.add_argument("--max-body-mb", type=float_at_least(0), default=None, metavar="MB",
@@ -172,6 +176,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "--ray has its replicas (--replicas)")
     if args.devices and args.device is not None:
         raise UsageError("--devices gives each worker its --device: give one of them")
+    if args.profile is not None and (len(args.files) != 1 or args.model_repository):
+        raise UsageError("--profile is one model's bench result: serve one gear file with it")
     if args.replicas > 1 and not args.ray:
         raise UsageError(f"--replicas {args.replicas} needs --ray (replicas are Ray Serve "
                          "deployments); the single-process server runs one copy, with "
@@ -236,6 +242,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(backend=args.backend, executors=args.executors or DEFAULT_EXECUTORS,
                         max_batch_delay_ms=args.max_batch_delay_ms,
                         batching=not args.no_batching, max_queue=args.max_queue, pad=args.pad,
+                        profile=args.profile,
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
                         spin=args.spin, intra_op_threads=args.intra_op_threads,
                         device_options=tuple(device_options(args.backend, args).items()),

@@ -55,6 +55,29 @@ class BatchPlan:
         """``table[rows]``: the gear :meth:`gear_for` gives (index 0 unused)."""
         return self.dispatcher.batch_table()
 
+    @property
+    def measured(self) -> bool:
+        """Whether the gears' costs are measured latencies (an attached profile: ``serve
+        --profile``), not input elements."""
+        return self.dispatcher.cost_source == "profile"
+
+    def best_count(self, rows: Sequence[int]) -> int:
+        """How many of the waiting requests (``rows``: theirs, first come first; their sum
+        fits the largest gear) one batch should take: all of them, unless the gears' costs
+        are measured and a shorter prefix runs more rows per second (fewer padding rows on
+        a backend whose cost grows with the rows, as a CPU's). Ties: the longer prefix."""
+        if not self.measured or len(rows) < 2:
+            return len(rows)
+        costs = self.dispatcher.costs
+        best, best_rate, total = len(rows), -1.0, 0
+        for k, n in enumerate(rows, 1):
+            total += n
+            cost = costs[self.gear_for(total)]
+            rate = total / cost if cost > 0 else float("inf")
+            if rate >= best_rate * (1 - 1e-9):  # a tie: the longer prefix
+                best, best_rate = k, rate
+        return best
+
     def gear_for(self, rows: int) -> int:
         """The dispatcher's batch gear for ``rows`` rows (1 <= rows <= max_rows): the
         smallest holding them, or by an attached profile the fastest."""
@@ -236,7 +259,9 @@ class Batcher:
 
     def _take(self) -> list[_Item]:
         """The first waiting requests that fit in the largest gear (first come first served;
-        requests whose client went away are dropped)."""
+        requests whose client went away are dropped), or with measured gear costs the
+        prefix of them that runs the most rows per second (:meth:`BatchPlan.best_count`):
+        the rest wait for the next batch, first in line."""
         items, rows = [], 0
         while self._pending and rows + self._pending[0].rows <= self.plan.max_rows:
             item = self._pending.popleft()
@@ -245,7 +270,11 @@ class Batcher:
                 continue
             items.append(item)
             rows += item.rows
-        return items
+        keep = self.plan.best_count([it.rows for it in items])
+        for item in reversed(items[keep:]):
+            self._pending.appendleft(item)
+            self._pending_rows += item.rows
+        return items[:keep]
 
     async def _dispatch(self, items: list[_Item]) -> None:
         try:

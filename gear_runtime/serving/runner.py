@@ -71,6 +71,9 @@ class ServeOptions:
     #: models only
     max_batch_delay_ms: float = 2.0
     batching: bool = True
+    #: a ``gear-runtime bench --json`` result of the model, measured where it is served: its
+    #: gears' latencies become the batcher's costs (how many waiting requests a batch takes)
+    profile: str | None = None
     #: requests waiting for an executor beyond which a model answers 503
     max_queue: int = 256
     #: dims mode: run requests of any shape padded to the covering gear
@@ -694,6 +697,29 @@ def _check_pad(served: dict[str, ServedModel], options: ServeOptions) -> None:
             "(or add --no-batching to pad each request to its covering gear alone)")
 
 
+def attach_profile(model: Any, path: str, model_path: str, backend: str) -> None:
+    """``serve --profile``: the bench result at ``path`` gives every gear of ``model`` (the
+    file ``model_path``) its measured latency (model.attach_profile); InputError naming the
+    file when it cannot be read or was measured on another model (its files' digest, as
+    ``bench --compare`` checks) or other gears."""
+    from gear_runtime.tools.bench.context import files_digest, model_files
+    from gear_runtime.tools.bench.result import gear_latencies, load_result
+
+    result = load_result(path, flag="--profile")
+    measured = result.get("context", {}).get("model", {}).get("digest")
+    if measured is not None and measured != files_digest(model_files(model_path, backend)):
+        raise InputError(f"--profile: {path!r} was measured on another model (its files' "
+                         f"digest differs from {model_path!r}'s): run gear-runtime bench "
+                         "--json on this gear file")
+    latencies = gear_latencies(result)
+    gears = [tuple(g) for g in model.gears]
+    if sorted(latencies) != sorted(gears):
+        raise InputError(f"--profile: {path!r} was measured on the gears "
+                         f"{sorted(latencies)}, the model has {gears}: run gear-runtime "
+                         "bench --json on this gear file")
+    model.attach_profile(latencies)
+
+
 def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
     """Load the gear file ``path`` and start its executors, served as ``name``."""
     import gear_runtime as gr
@@ -701,6 +727,8 @@ def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> S
     # a missing or unreadable file is the loader's GearFileError (its one file rule)
     model = gr.load(path, backend=options.backend, **options.load_options())
     try:
+        if options.profile is not None:
+            attach_profile(model, options.profile, path, options.backend)
         return ServedModel(name, model, options, metrics, path=path)
     except BaseException:
         model.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -22,42 +23,42 @@ from gear_runtime.tools.bench.report import MAX_ITERATIONS, RUNNERS, SCHEMA
 MAX_RESULT_BYTES = 64 * 2**20
 
 
-def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_result(path: str | os.PathLike[str], flag: str = "--compare") -> dict[str, Any]:
     """A bench JSON written by this version's ``bench --json``; InputError naming the file
     (and the field) when it cannot be read, is not JSON, is an older layout without context
     and raw times, or holds a field of the wrong type or a timing that is not a positive
-    finite number."""
+    finite number. ``flag``: the option that named the file, in the messages."""
     name = os.fspath(path)
     try:
         blob = read_regular_file(name, MAX_RESULT_BYTES)
     except OSError as exc:
-        raise InputError(f"--compare: bench result {name!r} cannot be read: {reason(exc)}") \
+        raise InputError(f"{flag}: bench result {name!r} cannot be read: {reason(exc)}") \
             from None
     try:
         data = json.loads(blob.decode("utf-8"))
     except RecursionError:
-        raise InputError(f"--compare: {name!r} is not a bench result: its JSON is nested "
+        raise InputError(f"{flag}: {name!r} is not a bench result: its JSON is nested "
                          "deeper than the reader allows") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"--compare: {name!r} is not JSON ({exc})") from None
-    check_result(data, name)
+        raise InputError(f"{flag}: {name!r} is not JSON ({exc})") from None
+    check_result(data, name, flag)
     return data
 
 
 Fail = Callable[[str, str], InputError]
 
 
-def check_result(data: Any, name: str) -> None:
+def check_result(data: Any, name: str, flag: str = "--compare") -> None:
     """InputError naming ``name`` (the file) and the field unless ``data`` is a result of
     :data:`SCHEMA` whose every field the comparison reads has the type it reads it as, and
     whose timings are positive and finite (compare_results checks what it is given too)."""
     if not isinstance(data, dict):
-        raise InputError(f"--compare: {name!r} is not a {SCHEMA} result: not a JSON object")
+        raise InputError(f"{flag}: {name!r} is not a {SCHEMA} result: not a JSON object")
     if data.get("schema") != SCHEMA:
-        raise InputError(f"--compare: {name!r} is not a {SCHEMA} result (no context and no "
+        raise InputError(f"{flag}: {name!r} is not a {SCHEMA} result (no context and no "
                          "per-iteration times: written by an older gear-runtime or another "
                          "tool); run gear-runtime bench --json again")
-    _check_fields(data, lambda field, what: InputError(f"--compare: {name!r} {field}: {what}"))
+    _check_fields(data, lambda field, what: InputError(f"{flag}: {name!r} {field}: {what}"))
 
 
 def _check_fields(data: dict[str, Any], fail: Fail) -> None:
@@ -113,6 +114,12 @@ def _check_samples(values: Any, where: str, fail: Fail) -> None:
                        "number of ns")
 
 
+def gear_latencies(data: dict[str, Any]) -> dict[tuple[int, ...], float]:
+    """A checked result's median execute time per gear (seconds), by the gear's dims."""
+    return {tuple(g["dims"]): statistics.median(g["samples_ns"]["execute"]) / 1e9
+            for g in data["gears"]}
+
+
 def _object(value: Any, where: str, fail: Fail) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise fail(where, f"expected an object, got {type(value).__name__}")
@@ -127,4 +134,4 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-__all__ = ["MAX_RESULT_BYTES", "check_result", "load_result"]
+__all__ = ["MAX_RESULT_BYTES", "check_result", "gear_latencies", "load_result"]
