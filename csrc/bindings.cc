@@ -199,7 +199,8 @@ void bind_executor_core(py::module_& m) {
       .def("set_padding", &Core::set_padding, py::arg("pad_values") = py::none())
       .def("stage", &Core::stage, py::arg("arrays"), py::arg("preset") = py::none(),
            py::arg("pad") = false)
-      .def("set_runs", &Core::set_runs, py::arg("runs"));
+      .def("set_runs", &Core::set_runs, py::arg("runs"))
+      .def("set_written", &Core::set_written, py::arg("buffers"));
   add_execute(cls);  // the METH_FASTCALL execute (fast_path.cc)
 }
 

@@ -187,7 +187,8 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
   // an input that is not padded is the gear's shape exactly: a large one is read in place,
   // if it is aligned as its dtype needs (as numpy's aligned flag; staging is 64-aligned)
   src.in_place = in_place && in_place_bytes_ > 0 && nbytes >= in_place_bytes_ &&
-                 reinterpret_cast<uintptr_t>(a.data) % in.itemsize == 0;
+                 reinterpret_cast<uintptr_t>(a.data) % in.itemsize == 0 &&
+                 !overlaps_written(a.data, nbytes);
   if (padded_shape == nullptr) return;
   const std::vector<int64_t>& slot = dispatch_->gear_shape(gear, i);
   if (std::memcmp(slot.data(), a.shape, slot.size() * sizeof(int64_t)) == 0) return;
@@ -198,6 +199,14 @@ void ExecutorCore::set_source(size_t gear, size_t i, const ArrayView& a, int64_t
   src.ndim = slot.size();
   src.itemsize = in.itemsize;
   src.pad = pads_[i].data();
+}
+
+bool ExecutorCore::overlaps_written(const void* data, size_t nbytes) const noexcept {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data);
+  for (const auto& [start, bytes] : written_) {
+    if (lo < start + bytes && start < lo + nbytes) return true;
+  }
+  return false;
 }
 
 size_t ExecutorCore::prepare(const ArrayView* arrays, size_t n, const Values* preset, bool pad,

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dims.h"
@@ -75,6 +76,13 @@ class ExecutorCore {
   // where they are (ONNX Runtime on the CPU); the merged copy is the point everywhere else.
   void set_in_place_bytes(size_t bytes) noexcept { in_place_bytes_ = bytes; }
   size_t in_place_bytes() const noexcept { return in_place_bytes_; }
+  // Memory the backend's runs write, as [start, start + bytes) ranges (its output buffers):
+  // an input overlapping any of it is copied even where in_place_bytes() would leave it in
+  // place. A copy=False output fed back as an input is the case: the run would write the
+  // very bytes it reads. Empty by default.
+  void set_written(std::vector<std::pair<uintptr_t, size_t>> ranges) {
+    written_ = std::move(ranges);
+  }
   // The inputs the last successful stage bound in place (indices, ascending; most often none).
   const std::vector<size_t>& last_in_place() const noexcept { return last_in_place_; }
 
@@ -139,6 +147,8 @@ class ExecutorCore {
   int64_t preset_gear(const Values& preset, const int64_t* values, bool pad) const;
   void set_source(size_t gear, size_t i, const ArrayView& a, int64_t* padded_shape,
                   bool in_place, StageSource& src) const;
+  // Whether [data, data + nbytes) overlaps memory the backend's runs write (set_written).
+  bool overlaps_written(const void* data, size_t nbytes) const noexcept;
   void check_layout(const Layout& layout) const;
   std::vector<std::vector<uint8_t>> default_pads() const;
   // The values stage() writes as the int32 dims buffer: all of them, or none without one.
@@ -155,6 +165,7 @@ class ExecutorCore {
   std::vector<int64_t> last_values_;
   std::vector<int64_t> last_request_;
   size_t in_place_bytes_ = 0;  // 0: off
+  std::vector<std::pair<uintptr_t, size_t>> written_;  // see set_written
   std::vector<size_t> last_in_place_;
 };
 

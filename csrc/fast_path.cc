@@ -96,7 +96,8 @@ size_t PyExecutorCoreImpl::stage(const py::sequence& arrays, const std::optional
   return stage_views(request.data(), request.size(), preset ? &set : nullptr, pad);
 }
 
-int64_t PyExecutorCoreImpl::stage_request(py::handle inputs, py::handle preset, bool pad) {
+int64_t PyExecutorCoreImpl::stage_request(py::handle inputs, py::handle preset, bool pad,
+                                          py::object* placed) {
   const size_t n = py_names_.size();
   Held held(n);  // a reference to every array for the whole call, as Request keeps
   PyObject* obj = inputs.ptr();
@@ -139,7 +140,16 @@ int64_t PyExecutorCoreImpl::stage_request(py::handle inputs, py::handle preset, 
     view.ndim = static_cast<size_t>(PyArray_NDIM(a));
   }
   // the caller's own arrays, alive for the whole execute(): large ones may be read in place
-  return static_cast<int64_t>(stage_views(held.views(), n, set_ptr, pad, true));
+  const size_t gear = stage_views(held.views(), n, set_ptr, pad, true);
+  if (placed != nullptr && !core_.last_in_place().empty()) {
+    // the very arrays checked (held since): the request may have changed since it was read
+    py::dict out;
+    for (size_t i : core_.last_in_place()) {
+      out[py::int_(i)] = py::reinterpret_borrow<py::object>(held[i]);
+    }
+    *placed = std::move(out);
+  }
+  return static_cast<int64_t>(gear);
 }
 
 size_t PyExecutorCoreImpl::stage_views(const ArrayView* views, size_t n, const Values* preset,
@@ -181,6 +191,27 @@ const Values* PyExecutorCoreImpl::read_preset(py::handle preset, int64_t* buf, I
   return &out;
 }
 
+void PyExecutorCoreImpl::set_written(const py::handle& buffers) {
+  if (!PyList_Check(buffers.ptr())) {
+    throw_input("written must be a list of numpy arrays, got " + type_name(buffers));
+  }
+  std::vector<py::array> held;
+  std::vector<std::pair<uintptr_t, size_t>> ranges;
+  for (const py::handle& b : py::reinterpret_borrow<py::list>(buffers)) {
+    if (!py::isinstance<py::array>(b)) {
+      throw_input("written must hold numpy arrays, got " + type_name(b));
+    }
+    auto a = py::reinterpret_borrow<py::array>(b);
+    if (!(a.flags() & py::array::c_style)) {
+      throw_input("written arrays must be C-contiguous (their bytes one range)");
+    }
+    ranges.emplace_back(reinterpret_cast<uintptr_t>(a.data()), static_cast<size_t>(a.nbytes()));
+    held.push_back(std::move(a));
+  }
+  core_.set_written(std::move(ranges));
+  written_ = std::move(held);  // kept alive: the ranges point into them
+}
+
 void PyExecutorCoreImpl::set_runs(const py::handle& runs) {
   if (in_run_) throw_input("set_runs() from inside a direct run of this core");
   std::vector<std::optional<DirectRun>> table;
@@ -201,13 +232,14 @@ void PyExecutorCoreImpl::set_runs(const py::handle& runs) {
 
 py::object PyExecutorCoreImpl::execute(py::handle inputs, py::handle preset, bool pad,
                                        bool copy) {
-  const int64_t gear = stage_request(inputs, preset, pad);
+  py::object placed = py::none();
+  const int64_t gear = stage_request(inputs, preset, pad, &placed);
   if (gear < 0) return py::none();
+  // a direct run reads every input from staging: one bound in place runs through the session
+  if (!placed.is_none()) return py::make_tuple(gear, std::move(placed));
   const size_t g = static_cast<size_t>(gear);
   const std::optional<DirectRun>* run = g < runs_.size() ? &runs_[g] : nullptr;
-  // a direct run reads every input from staging: one bound in place runs through the session
-  if (run == nullptr || !run->has_value() || (copy && !(*run)->copyable) ||
-      !core_.last_in_place().empty()) {
+  if (run == nullptr || !run->has_value() || (copy && !(*run)->copyable)) {
     return py::make_tuple(gear, py::none());
   }
   const DirectRun& r = **run;

@@ -56,7 +56,10 @@ class PyExecutorCoreImpl {
   // staging buffer: the caller then applies the Python rules (gear_runtime.runtime.inputs)
   // and calls stage(). What goes wrong with the arrays themselves (dtype, layout, shapes) is
   // stage()'s business: it gets them as a list. `preset`: None or the set dims (a tuple).
-  int64_t stage_request(py::handle inputs, py::handle preset, bool pad);
+  // `placed`: where given, set to a dict staged index -> array of the inputs bound in place
+  // (the very objects checked, referenced from the read on), left alone when there are none.
+  int64_t stage_request(py::handle inputs, py::handle preset, bool pad,
+                        py::object* placed = nullptr);
 
   // A copy this large runs with the GIL released (other threads run meanwhile); a smaller
   // one keeps it: releasing and taking the GIL back costs more than copying a few KiB, and
@@ -81,11 +84,18 @@ class PyExecutorCoreImpl {
   // direct runs. The entries are checked here, once.
   void set_runs(const py::handle& runs);
 
+  // The backend's output buffers (a list of C-contiguous numpy arrays, referenced from now
+  // on): an input sharing memory with one is always copied, never bound in place
+  // (ExecutorCore::set_written).
+  void set_written(const py::handle& buffers);
+
   // What Executor.execute asks first: stage_request(inputs, preset, pad), then the staged
   // gear's direct run. Returns None when the inputs need the Python rules (nothing staged);
-  // (gear, None) when staged but the gear has no direct run for this `copy`, or an input was
-  // bound in place (core().last_in_place(): the executor runs it through its session); else (gear, outputs): a new list of the run's arrays, or with `copy` of fresh copies
-  // the caller keeps. An exception of the run itself comes out as DirectRunFailed(gear),
+  // (gear, None) when staged but the gear has no direct run for this `copy`; (gear, placed)
+  // when inputs were bound in place: placed is a dict staged index -> the caller's array that
+  // was checked (not read from the request again: another thread may have changed it since),
+  // and the executor runs the gear through its session with them; else (gear, outputs): a
+  // new list of the run's arrays, or with `copy` of fresh copies the caller keeps. An exception of the run itself comes out as DirectRunFailed(gear),
   // caused by it.
   py::object execute(py::handle inputs, py::handle preset, bool pad, bool copy);
 
@@ -116,6 +126,7 @@ class PyExecutorCoreImpl {
   std::vector<py::dtype> dtypes_;
   std::vector<py::str> py_names_;  // the input names as dict keys (interned: hashed once)
   std::vector<std::optional<DirectRun>> runs_;
+  std::vector<py::array> written_;  // set_written's arrays: core_'s ranges point into them
   bool in_run_ = false;  // a direct run is in progress (its entry must stay where it is)
   py::array staging_;
   ExecutorCore core_;

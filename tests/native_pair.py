@@ -38,6 +38,7 @@ class ExecutorCore:
         self._rest = (list(input_dtypes), layout, staging)
         self.dispatch = _core.GearDispatch(*self._args)
         self.core = _core.ExecutorCore(self.dispatch, *self._rest)
+        self._written: list[Any] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatch if name in _DISPATCH_CALLS else self.core, name)
@@ -50,6 +51,10 @@ class ExecutorCore:
     def in_place_bytes(self, nbytes: int) -> None:
         self.core.in_place_bytes = nbytes
 
+    def set_written(self, buffers: Any) -> None:
+        self.core.set_written(buffers)
+        self._written = buffers
+
     def set_padding(self, pad_values: Sequence[bytes | None] | None = None,
                     costs: Sequence[float] | None = None) -> None:
         if costs is None:
@@ -59,4 +64,5 @@ class ExecutorCore:
         core = _core.ExecutorCore(dispatch, *self._rest)
         core.set_padding(pad_values)
         core.in_place_bytes = self.core.in_place_bytes
+        core.set_written(self._written)
         self.dispatch, self.core = dispatch, core

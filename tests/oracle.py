@@ -234,6 +234,7 @@ class ExecutorCore:
         #: place (not copied); 0: none
         self.in_place_bytes = 0
         self.last_in_place: tuple[int, ...] = ()
+        self._written: list[tuple[int, int]] = []  # set_written: [start, end) byte ranges
         self._runs: list[Any] = []
         self.set_padding()
 
@@ -374,11 +375,23 @@ class ExecutorCore:
             raise _input(f"{len(table)} direct runs for {len(self._gears)} gears")
         self._runs = table
 
+    def set_written(self, buffers: Any) -> None:
+        """The backend's output buffers: an input sharing memory with one is staged, never
+        bound in place."""
+        if type(buffers) is not list:
+            raise _input(f"written must be a list of numpy arrays, got {type(buffers).__name__}")
+        if any(not isinstance(b, np.ndarray) for b in buffers):
+            raise _input("written must hold numpy arrays")
+        if any(not b.flags.c_contiguous for b in buffers):
+            raise _input("written arrays must be C-contiguous (their bytes one range)")
+        self._written = [(_address(b), _address(b) + b.nbytes) for b in buffers]
+
     def execute(self, inputs: Any, preset: Sequence[int] | None, pad: bool,
-                copy: bool) -> tuple[int, list[np.ndarray] | None] | None:
+                copy: bool) -> tuple[int, Any] | None:
         """stage() of a plain request (a dict of exactly the input names or a list / tuple
         in input order, of numpy arrays, not subclasses), then the gear's direct run. None:
-        not a plain request, nothing staged."""
+        not a plain request, nothing staged; (gear, {index: array}) when inputs were bound in
+        place (the arrays checked); (gear, None) without a direct run; else (gear, outputs)."""
         if type(inputs) is dict:
             if len(inputs) != len(self._names) or any(n not in inputs for n in self._names):
                 return None
@@ -393,8 +406,10 @@ class ExecutorCore:
         plain = all(a.flags.c_contiguous and a.dtype == dt
                     for a, dt in zip(arrays, self._dtypes, strict=True))
         gear = self._stage(arrays, preset, pad, in_place=plain)
+        if self.last_in_place:
+            return gear, {i: arrays[i] for i in self.last_in_place}
         run = self._runs[gear] if self._runs else None
-        if run is None or (copy and not run[3]) or self.last_in_place:
+        if run is None or (copy and not run[3]):
             return gear, None
         call, args, outputs, _ = run
         try:
@@ -428,7 +443,9 @@ class ExecutorCore:
         placed = tuple(i for i, src in enumerate(sources)
                        if in_place and self.in_place_bytes and not padded[i]
                        and src.nbytes >= self.in_place_bytes
-                       and _address(src) % src.dtype.itemsize == 0)
+                       and _address(src) % src.dtype.itemsize == 0
+                       and not any(_address(src) < end and start < _address(src) + src.nbytes
+                                   for start, end in self._written))
         for i, src in enumerate(sources):
             start = self.layout.offset(gear, i)
             if i in placed:

@@ -22,6 +22,7 @@ from test_direct_run import feeds_for, runs_for
 
 import gear_runtime as gr
 from gear_runtime.backends.onnxruntime import IN_PLACE_INPUT_BYTES
+from gear_runtime.errors import InputError
 from gear_runtime.spec import GearSpec
 
 IMPLS = [native, oracle]
@@ -36,7 +37,8 @@ def test_a_large_input_is_checked_but_not_copied(mod: Any) -> None:
     runs = runs_for(core)
     core.in_place_bytes = 100
     feeds = feeds_for((40, 2))
-    assert core.execute(feeds, None, False, False) == (1, None)
+    gear, placed = core.execute(feeds, None, False, False)
+    assert gear == 1 and placed == {0: feeds["x"]} and placed[0] is feeds["x"]
     assert core.last_in_place == (0,) and runs[1][0].calls == 0
     x_at, mask_at = core.layout.offset(1, 0), core.layout.offset(1, 1)
     assert not staging[x_at:x_at + 160].any()  # x not copied
@@ -54,7 +56,8 @@ def test_padded_strided_and_python_path_inputs_are_always_staged(mod: Any) -> No
     core.in_place_bytes = 16
     # padded: x of 30 runs on gear (40, 2); mask [2, 4] is the gear's shape: in place
     feeds = {"x": np.arange(30, dtype=np.float32)[None], "mask": np.ones((2, 4), np.float32)}
-    assert core.execute(feeds, None, True, False) == (1, None)
+    gear, placed = core.execute(feeds, None, True, False)
+    assert gear == 1 and list(placed) == [1] and placed[1] is feeds["mask"]
     assert core.last_in_place == (1,)
     x_at = core.layout.offset(1, 0)
     np.testing.assert_array_equal(staging[x_at:x_at + 160].view(np.float32),
@@ -65,6 +68,35 @@ def test_padded_strided_and_python_path_inputs_are_always_staged(mod: Any) -> No
     assert gear == 1 and outs is not None and core.last_in_place == ()
     # stage(): the Python rules' path (converted arrays): never in place
     assert core.stage(list(feeds_for((40, 2)).values())) == 1 and core.last_in_place == ()
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=["native", "oracle"])
+def test_an_input_sharing_memory_with_written_buffers_is_copied(mod: Any) -> None:
+    """set_written: memory the backend's runs write (its output buffers). An input that
+    overlaps any of it, even by one byte, is copied into staging; one next to it is not."""
+    core, staging = build(mod, DIMS)
+    runs_for(core)
+    core.in_place_bytes = 100
+    outputs = np.zeros(400, np.float32)  # stands for the session's output buffer
+    core.set_written([outputs])
+    x_at = core.layout.offset(1, 0)
+    for view in (outputs[:40], outputs[39:79], outputs[360:]):  # inside, at both ends
+        view[:] = np.arange(40)
+        feeds = {**feeds_for((40, 2)), "x": view.reshape(1, 40)}
+        gear, outs = core.execute(feeds, None, False, False)
+        assert gear == 1 and type(outs) is list and core.last_in_place == ()
+        np.testing.assert_array_equal(staging[x_at:x_at + 160].view(np.float32), np.arange(40))
+    beside = np.zeros(440, np.float32)[400:]  # another array: not written by the runs
+    gear, placed = core.execute({**feeds_for((40, 2)), "x": beside.reshape(1, 40)}, None,
+                                False, False)
+    assert list(placed) == [0]
+    core.set_written([])  # none: the output buffer itself may be bound in place again
+    gear, placed = core.execute({**feeds_for((40, 2)), "x": outputs[:40].reshape(1, 40)},
+                                None, False, False)
+    assert list(placed) == [0]
+    for bad in ((outputs,), [outputs[::2]], [[1, 2]]):
+        with pytest.raises(InputError, match="written"):
+            core.set_written(bad)
 
 
 # ---- ONNX Runtime on the CPU ------------------------------------------------------------------
@@ -200,17 +232,23 @@ def test_an_output_fed_back_as_an_input_is_copied_first(tmp_path: Path) -> None:
         np.testing.assert_array_equal(y2, fed + b)
 
 
-def test_an_input_replaced_after_the_core_read_it_is_refused(sum_file: str) -> None:
-    """The executor reads the in-place arrays from the request again after the core checked
-    them: one another thread put there meanwhile (another shape or dtype) is refused, never
-    bound (ORT would read the gear's bytes from it)."""
-    from gear_runtime.errors import InputError
-
+def test_the_arrays_bound_are_the_ones_the_core_checked(sum_file: str) -> None:
+    """The core hands the executor the very arrays it checked, not the request read again:
+    a request another thread changes during the call can only change what a later call
+    reads. Here the session records what it is given while the request has been emptied."""
     with gr.load(sum_file) as model:
         ex = model.create_executor()
         a, b = _pair(9)
-        for wrong in (a[:, :-1].copy(), a.astype(np.float64), [a]):
-            with pytest.raises(InputError, match="'a' was replaced while execute read it"):
-                ex._placed({"a": wrong, "b": b}, (0,), 1)
-        placed = ex._placed([a, b], (0, 1), 1)
-        assert placed[0] is a and placed[1] is b
+        request = {"a": a, "b": b}
+        seen = []
+        run = ex.session.run_gear_in_place
+
+        def emptying(gear: int, placed: dict[int, np.ndarray], copy: bool) -> Any:
+            request.clear()  # what a racing thread could do once the core has read it
+            seen.append(dict(placed))
+            return run(gear, placed, copy)
+
+        ex.session.run_gear_in_place = emptying  # type: ignore[method-assign]
+        y, _ = ex.execute(request)
+        assert seen[0][0] is a and seen[0][1] is b
+        np.testing.assert_array_equal(y, a + b)

@@ -345,3 +345,22 @@ TEST(core_stage_leaves_large_inputs_in_place_only_when_asked) {
   CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, hook, true), 1u);  // off
   CHECK(m.core.last_in_place().empty());
 }
+
+TEST(core_stage_copies_an_input_overlapping_written_memory) {
+  // set_written: the backend's output buffers. mask (32 bytes) overlapping one by a single
+  // byte at either end is copied; a range just beside it leaves it in place.
+  Model m;
+  m.core.set_in_place_bytes(32);
+  Request exact(4);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(exact.mask.data());
+  const std::vector<std::vector<std::pair<uintptr_t, size_t>>> overlapping = {
+      {{lo + 31, 8}}, {{lo - 7, 8}}, {{0, 1}, {lo + 8, 1}}};
+  for (const auto& ranges : overlapping) {
+    m.core.set_written(ranges);
+    CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, true), 1u);
+    CHECK(m.core.last_in_place().empty());
+  }
+  m.core.set_written({{lo + 32, 8}, {lo - 8, 8}});  // touching, not overlapping
+  CHECK_EQ(m.core.stage(exact.views, 2, nullptr, false, true), 1u);
+  CHECK(m.core.last_in_place() == std::vector<size_t>{1});
+}

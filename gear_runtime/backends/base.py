@@ -50,6 +50,13 @@ class BackendSession(ABC):
     #: staged (the merged copy is the point on a device).
     in_place_input_bytes: int = 0
 
+    def written_buffers(self) -> list[np.ndarray]:
+        """The memory this session's runs write that a caller may hold as an input (its
+        copy=False output buffers; C-contiguous): an input sharing memory with one is staged,
+        never bound in place (the run would write what it reads). Read once, by the executor
+        that owns the session; only where ``in_place_input_bytes`` > 0."""
+        return []
+
     def run_gear_in_place(self, gear: int, placed: dict[int, np.ndarray],
                           copy: bool) -> list[np.ndarray]:
         """Run gear ``gear`` with the staged inputs ``placed`` (staged index -> the caller's

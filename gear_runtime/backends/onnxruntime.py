@@ -776,6 +776,9 @@ class OrtSession(BackendSession, BenchSession):
             return list(fresh.values())
         return [fresh[k] if k in fresh else o.copy() for k, o in enumerate(outs)]
 
+    def written_buffers(self) -> list[np.ndarray]:
+        return list(self._out_buffers)
+
     def run_gear_in_place(self, gear: int, placed: dict[int, np.ndarray],
                           copy: bool) -> list[np.ndarray]:
         """CPU: ORT reads the inputs ``placed`` (staged index -> the caller's array) where
@@ -783,9 +786,6 @@ class OrtSession(BackendSession, BenchSession):
         a large input. A binding of its own per (gear, pooled outputs), an input rebound only
         when its address changed, and pointed back at staging when a later request stages
         it. Outputs as :meth:`run_gear_owned` (``copy``) or :meth:`run_gear` give them."""
-        placed = self._unaliased(gear, placed)
-        if not placed:
-            return self.run_gear_owned(gear) if copy else list(self.run_gear(gear))
         pooled = copy and bool(self._big_outputs[gear])
         entry = self._placed.get((gear, pooled))
         if entry is None:
@@ -801,19 +801,6 @@ class OrtSession(BackendSession, BenchSession):
             raise self._failed(gear, exc, placed) from exc
         outs = self._outputs[gear]
         return [o.copy() for o in outs] if copy else list(outs)
-
-    def _unaliased(self, gear: int, placed: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """``placed`` less the inputs that share memory with this executor's output buffers
-        (a copy=False output fed back as an input: ORT would write it while reading it);
-        those are copied into their staging slots now, as the core would have."""
-        keep = {}
-        for j, array in placed.items():
-            if any(np.may_share_memory(array, buf) for buf in self._out_buffers):
-                start = self.layout.offset(gear, j)
-                self.staging[start:start + array.nbytes] = array.reshape(-1).view(np.uint8)
-            else:
-                keep[j] = array
-        return keep
 
     def _point_inputs(self, entry: _Placed, gear: int, placed: dict[int, np.ndarray]) -> None:
         """Bind ``entry``'s inputs for this run: those in ``placed`` at the caller's arrays,

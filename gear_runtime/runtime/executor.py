@@ -137,8 +137,12 @@ class Executor:
         self._core.set_runs(session.direct_runs())
         # Large inputs of a plain request read where the caller has them (ORT's CPU; a state
         # executor stages everything: its runs go through _execute_bound)
+        # (never one that shares memory with the session's output buffers: a copy=False output
+        # fed back in would be written while it is read)
         self._core.in_place_bytes = 0 if self._plan is not None else \
             int(getattr(session, "in_place_input_bytes", 0))
+        if self._core.in_place_bytes:
+            self._core.set_written(session.written_buffers())
         self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
 
     # ---- choosing the gear ---------------------------------------------------------------
@@ -342,13 +346,11 @@ class Executor:
                 raise self._session.run_failed(failed.gear, cause) from cause
             if outputs is None:  # the gear runs through the session
                 self.last_gear = None  # until this run succeeds
-                placed = self._core.last_in_place if done is not None else ()
-                if placed:  # large inputs the core left where they are
-                    outputs = self._session.run_gear_in_place(
-                        gear, self._placed(inputs, placed, gear), copy)
-                else:
-                    outputs = (self._session.run_gear_owned(gear) if copy
-                               else list(self._session.run_gear(gear)))
+                outputs = (self._session.run_gear_owned(gear) if copy
+                           else list(self._session.run_gear(gear)))
+            elif type(outputs) is dict:  # large inputs the core checked and left in place
+                self.last_gear = None  # until this run succeeds
+                outputs = self._session.run_gear_in_place(gear, outputs, copy)
             self.last_gear = gear
             self.last_dynamic_dims = values = self._gear_values[gear]
             if not pad:  # then the request is the gear's values: no core call
@@ -362,25 +364,6 @@ class Executor:
             owner.release()  # inline, as the acquire above: this is the hot path
             if self._deferred:  # closed from inside this call (a signal handler): now
                 self._finish_close()
-
-    def _placed(self, inputs: Inputs, placed: tuple[int, ...],
-                gear: int) -> dict[int, np.ndarray]:
-        """The arrays of a plain request (a dict or a list / tuple, as the core read it) that
-        the core bound in place: staged index -> the caller's array. Read from the request
-        again, so checked again: another thread may have put another array there since the
-        core checked it, and ORT reads the gear's bytes from what is bound."""
-        shapes = self.model.info.spec.shapes(gear)
-        out = {}
-        for j in placed:
-            name = self._names[j]
-            a = inputs[name] if isinstance(inputs, dict) else inputs[j]  # type: ignore[index]
-            if (type(a) is not np.ndarray or a.dtype != self._dtypes[j]
-                    or tuple(a.shape) != tuple(shapes[name]) or not a.flags.c_contiguous):
-                raise InputError(f"input {name!r} was replaced while execute read it (another "
-                                 "thread changed the request): pass requests no other thread "
-                                 "changes during the call")
-            out[j] = a
-        return out
 
     def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
                        out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
