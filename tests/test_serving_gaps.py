@@ -343,3 +343,51 @@ def test_serve_profile_gives_the_batcher_measured_costs(files, tmp_path, capsys)
     with pytest.raises(InputError, match="--profile: .*bad.json.* is not a"):
         build_server([str(files["conv"])], options=ServeOptions(profile=str(tmp_path /
                                                                             "bad.json")))
+
+
+def test_serve_workers_check_the_profile_once_in_the_parent(files, tmp_path, capsys,
+                                                             monkeypatch) -> None:
+    """``serve --workers 2 --profile``: the parent hashes the model's files against the
+    profile once (a mismatch stops it before any worker starts) and tells the workers so
+    (``--profile-checked``): they do not hash them again."""
+    import subprocess
+
+    from gear_runtime.tools.bench import context
+
+    result = tmp_path / "conv.json"
+    code, _, err = run_cli(capsys, "bench", str(files["conv"]), "--iterations", "2",
+                           "--warmup", "0", "--no-progress", "--json", str(result))
+    assert code == 0, err
+    other = next(p for k, p in files.items() if k != "conv" and str(p).endswith(".gear.onnx"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "gear_runtime.cli", "serve", str(other), "--port", "0",
+         "--workers", "2", "--profile", str(result)], capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode != 0 and "measured on another model" in proc.stderr
+    assert "could not start" not in proc.stderr and "serving with" not in proc.stdout
+
+    from gear_runtime.serving import workers
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(workers, "serve_workers",
+                        lambda argv, *rest: seen.append(list(argv)) or 0)
+    code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--port", "0", "--workers",
+                           "2", "--profile", str(result))
+    assert code == 0, err
+    assert seen[0][-1] == "--profile-checked"  # what every worker's command line carries
+
+    def no_hashing(files: object) -> str:
+        raise AssertionError("a worker hashed the model's files again")
+
+    monkeypatch.setattr(context, "files_digest", no_hashing)
+    server = build_server([str(files["conv"])], options=ServeOptions(
+        executors=1, profile=str(result), profile_checked=True))
+    try:
+        assert server.models["conv"].batcher.plan.measured
+    finally:
+        import asyncio
+
+        asyncio.run(server.close())
+    with pytest.raises(AssertionError, match="hashed"):  # unchecked: hashed, as before
+        build_server([str(files["conv"])], options=ServeOptions(executors=1,
+                                                                profile=str(result)))

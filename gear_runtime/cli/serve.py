@@ -151,6 +151,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--profile-checked", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--replicas", type=int_at_least(1), default=1, metavar="N",
                    help="with --ray: replicas, each with the models and their executors")
     p.add_argument("--log-level", default="warning",
@@ -242,7 +243,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(backend=args.backend, executors=args.executors or DEFAULT_EXECUTORS,
                         max_batch_delay_ms=args.max_batch_delay_ms,
                         batching=not args.no_batching, max_queue=args.max_queue, pad=args.pad,
-                        profile=args.profile,
+                        profile=args.profile, profile_checked=args.profile_checked,
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
                         spin=args.spin, intra_op_threads=args.intra_op_threads,
                         device_options=tuple(device_options(args.backend, args).items()),
@@ -288,9 +289,15 @@ def serve_from_args(args: argparse.Namespace) -> int:
     if (args.workers > 1 or devices) and args.worker_fd is None:
         from gear_runtime.serving.workers import serve_workers
 
+        argv = list(args.argv)
+        if args.profile is not None:  # hashed here once, not in every worker
+            from gear_runtime.serving.runner import check_profile
+
+            check_profile(args.profile, args.files[0], args.backend)
+            argv.append("--profile-checked")
         sock = bind(args.host, args.port)
         try:
-            return serve_workers(args.argv, len(devices) if devices else args.workers,
+            return serve_workers(argv, len(devices) if devices else args.workers,
                                  devices, sock, args.host, args.grpc_port is not None)
         finally:
             sock.close()

@@ -199,12 +199,12 @@ class Metrics:
 
     def _write_snapshot(self, body: bytes) -> None:
         """This worker's exposition as ``worker-<i>.prom`` in the shared folder."""
-        self._write(f"worker-{self.worker}.prom", body)
+        self._write(snapshot_names(self.worker)[0], body)
 
     def write_stats(self) -> None:
         """This worker's statistics document as ``worker-<i>.stats.json`` (when it has one)."""
         if self._stats is not None:
-            self._write(f"worker-{self.worker}.stats.json", json.dumps(self._stats()).encode())
+            self._write(snapshot_names(self.worker)[1], json.dumps(self._stats()).encode())
 
     def shared_stats(self) -> list[dict]:
         """Every worker's latest statistics document (this one's written fresh first)."""
@@ -224,6 +224,12 @@ class Metrics:
         tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_bytes(body)
         os.replace(tmp, final)
+
+
+def snapshot_names(worker: int | None) -> tuple[str, str]:
+    """The files worker ``worker`` keeps in the shared folder: its metrics exposition and
+    its statistics document (the supervisor removes both when the worker dies)."""
+    return f"worker-{worker}.prom", f"worker-{worker}.stats.json"
 
 
 def _snapshots(folder: str) -> Iterator[bytes]:

@@ -74,6 +74,9 @@ class ServeOptions:
     #: a ``gear-runtime bench --json`` result of the model, measured where it is served: its
     #: gears' latencies become the batcher's costs (how many waiting requests a batch takes)
     profile: str | None = None
+    #: the profile's digest was checked against the model's files already (by the parent
+    #: of ``serve --workers``, once for all workers)
+    profile_checked: bool = False
     #: requests waiting for an executor beyond which a model answers 503
     max_queue: int = 256
     #: dims mode: run requests of any shape padded to the covering gear
@@ -697,13 +700,13 @@ def _check_pad(served: dict[str, ServedModel], options: ServeOptions) -> None:
             "(or add --no-batching to pad each request to its covering gear alone)")
 
 
-def attach_profile(model: Any, path: str, model_path: str, backend: str) -> None:
-    """``serve --profile``: the bench result at ``path`` gives every gear of ``model`` (the
-    file ``model_path``) its measured latency (model.attach_profile); InputError naming the
-    file when it cannot be read or was measured on another model (its files' digest, as
-    ``bench --compare`` checks) or other gears."""
+def check_profile(path: str, model_path: str, backend: str) -> dict[str, Any]:
+    """``serve --profile``'s file check: the bench result at ``path``, read; InputError naming
+    it when it cannot be read or was measured on another model than the gear file
+    ``model_path`` (its files' digest, as ``bench --compare`` checks). Hashes every file of
+    the model: ``serve --workers`` makes this check once, in the parent."""
     from gear_runtime.tools.bench.context import files_digest, model_files
-    from gear_runtime.tools.bench.result import gear_latencies, load_result
+    from gear_runtime.tools.bench.result import load_result
 
     result = load_result(path, flag="--profile")
     measured = result.get("context", {}).get("model", {}).get("digest")
@@ -711,13 +714,27 @@ def attach_profile(model: Any, path: str, model_path: str, backend: str) -> None
         raise InputError(f"--profile: {path!r} was measured on another model (its files' "
                          f"digest differs from {model_path!r}'s): run gear-runtime bench "
                          "--json on this gear file")
+    return result
+
+
+def attach_profile(model: Any, path: str, model_path: str, backend: str,
+                   checked: bool = False) -> None:
+    """``serve --profile``: the bench result at ``path`` gives every gear of ``model`` (the
+    file ``model_path``) its measured latency (model.attach_profile); InputError naming the
+    file when :func:`check_profile` refuses it (skipped when ``checked``: the parent of
+    ``serve --workers`` made it) or it was measured on other gears."""
+    from gear_runtime.tools.bench.result import gear_latencies, load_result
+
+    result = (load_result(path, flag="--profile") if checked
+              else check_profile(path, model_path, backend))
     latencies = gear_latencies(result)
-    gears = [tuple(g) for g in model.gears]
-    if sorted(latencies) != sorted(gears):
+    try:  # the model's own rule: a latency for each of its gears, no other gear
+        model.attach_profile(latencies)
+    except InputError as exc:
         raise InputError(f"--profile: {path!r} was measured on the gears "
-                         f"{sorted(latencies)}, the model has {gears}: run gear-runtime "
-                         "bench --json on this gear file")
-    model.attach_profile(latencies)
+                         f"{sorted(latencies)}, the model has "
+                         f"{[tuple(g) for g in model.gears]} ({exc}): run gear-runtime "
+                         "bench --json on this gear file") from exc
 
 
 def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
@@ -728,7 +745,8 @@ def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> S
     model = gr.load(path, backend=options.backend, **options.load_options())
     try:
         if options.profile is not None:
-            attach_profile(model, options.profile, path, options.backend)
+            attach_profile(model, options.profile, path, options.backend,
+                           checked=options.profile_checked)
         return ServedModel(name, model, options, metrics, path=path)
     except BaseException:
         model.close()

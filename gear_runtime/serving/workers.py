@@ -147,7 +147,7 @@ class Supervisor:
                         break
                     print(f"gear-runtime: worker {i} exited (code {proc.returncode}): "
                           "starting it again", file=sys.stderr, flush=True)
-                    self._forget_metrics(i)
+                    self._forget_worker(i)
                     self.procs[i] = self._start(i)
                 time.sleep(0.1)
         finally:
@@ -163,15 +163,18 @@ class Supervisor:
         worker folder (a caller's own commands), every exit counts as a crash."""
         return self.worker_dir is None or os.path.exists(started_path(self.worker_dir, index))
 
-    def _forget_metrics(self, index: int) -> None:
-        """A dead worker's metrics snapshot goes: its restart counts from zero (a counter
-        reset to Prometheus), and until it serves, scrapes show no series of a worker that
-        is not there. So does its started mark: the new process marks itself."""
+    def _forget_worker(self, index: int) -> None:
+        """What a dead worker left in the worker folder goes. Its metrics snapshots: its
+        restart counts from zero (a counter reset to Prometheus), and until it serves,
+        scrapes show no series of a worker that is not there. Its started mark: the new
+        process marks itself."""
         if self.worker_dir is not None:
-            for name in (f"worker-{index}.prom", f"worker-{index}.stats.json",
-                         f"worker-{index}.started"):
+            from gear_runtime.serving.metrics import snapshot_names
+
+            for path in (*(os.path.join(self.worker_dir, n) for n in snapshot_names(index)),
+                         started_path(self.worker_dir, index)):
                 with contextlib.suppress(OSError):
-                    os.remove(os.path.join(self.worker_dir, name))
+                    os.remove(path)
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
