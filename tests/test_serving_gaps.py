@@ -239,6 +239,43 @@ def _fresh_step(port: int, grpc_port: int, seq: int, token: int, pos: int, start
     return int(result.as_numpy("logits")[0, -1].argmax())
 
 
+def _attack_the_worker_sockets(parent: int) -> None:
+    """What any local process may send on a worker's Unix socket (the workers' folder is
+    the server user's): garbage, an endless header, a body larger than any model takes, an
+    unknown model, a request of a sequence that is not live. Each is answered as the TCP
+    port answers it, or the connection is dropped; the worker keeps serving."""
+    import contextlib
+    import socket
+
+    sockets = []
+    for pid in _children(parent):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        folder = argv[argv.index(b"--worker-dir") + 1].decode()
+        index = argv[argv.index(b"--worker-index") + 1].decode()
+        sockets.append(f"{folder}/worker-{index}.sock")
+    assert len(sockets) == 2
+    body = b'{"inputs": [], "parameters": {"sequence_id": 4242}}'
+    attacks = {
+        b"garbage\r\n\r\n": b"400",
+        b"GET / HTTP/1.1\r\nx: " + b"a" * 200_000 + b"\r\n\r\n": b"431",
+        b"POST /v2/models/decode/infer HTTP/1.1\r\ncontent-length: 99999999999\r\n\r\n":
+            b"413",
+        b"POST /v2/models/nope/infer HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}": b"404",
+        b"POST /v2/models/decode/infer HTTP/1.1\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(body), body): b"400",
+    }
+    for path in sockets:
+        for attack, status in attacks.items():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(30)
+                s.connect(path)
+                # the server may answer and close before it has read it all
+                with contextlib.suppress(OSError):
+                    s.sendall(attack)
+                reply = s.recv(4096)
+            assert reply.split(b" ")[1:2] == [status], (attack[:60], reply[:200])
+
+
 def test_sequences_over_two_workers_run_on_the_worker_that_holds_their_state(tmp_path) -> None:
     """serve --workers 2 --state: six sequences stepped turn about, every request on a new
     connection (so both workers receive requests of every sequence), over HTTP and gRPC:
@@ -248,6 +285,7 @@ def test_sequences_over_two_workers_run_on_the_worker_that_holds_their_state(tmp
     import re
     import time
 
+    import numpy as np
     from serving_support import ServeProcess, request
     from test_serving_sequences import local_tokens
 
@@ -289,6 +327,12 @@ def test_sequences_over_two_workers_run_on_the_worker_that_holds_their_state(tmp
         counts = {w.decode(): float(v) for w, v in re.findall(
             rb'^gear_requests_total\{[^}]*worker="(\d+)"[^}]*\} (\S+)$', body, re.M)}
         assert counts == {w: float(n) for w, n in owned.items()}, (counts, owned)
+        _attack_the_worker_sockets(server.proc.pid)
+        # still serving, and forwarding: a fresh sequence on both transports
+        for use_grpc in (False, True):
+            assert _fresh_step(server.port, server.grpc_port, 200 + use_grpc, 5, 0, True,
+                               True, use_grpc) == local_tokens(
+                decode, np.array([[5]], np.int64), 1)[0]
         code, _, err = server.stop()
         assert code == 0, err
     finally:

@@ -139,7 +139,8 @@ class DataPlane:
                 owner = self._owner(model, request)
                 if owner is not None:
                     forwarded = True  # counted by the owner, which runs it
-                    outputs = await self.peers.forward(owner, model.name, request)
+                    outputs = await self.peers.forward(owner, model.name, request,
+                                                       model.output_names)
                     return await answer(request, outputs)
                 timing, outputs = await model.infer(request)
                 result = await answer(request, outputs)

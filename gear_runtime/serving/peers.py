@@ -22,6 +22,7 @@ import contextlib
 import os
 import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -72,17 +73,21 @@ class Peers:
     def owner(self, sequence_id: int | str) -> int:
         return owner_of(sequence_id, self.count)
 
-    async def forward(self, owner: int, model: str, request: InferRequest) -> list[np.ndarray]:
-        """Run ``request`` on worker ``owner``; its outputs (every output of the model but
-        the state, in model order). PeerAnswerError for the owner's error answer,
-        UnavailableError (503) when the owner does not answer (restarting, or stopped)."""
+    async def forward(self, owner: int, model: str, request: InferRequest,
+                      outputs: Sequence[str]) -> list[np.ndarray]:
+        """Run ``request`` on worker ``owner``; its outputs, which must be ``outputs`` (every
+        output of the model but the state, in model order). PeerAnswerError for the owner's
+        error answer; UnavailableError (503) when the owner does not answer (restarting, or
+        stopped) or answers what is not such a reply: the client's request was fine, so it
+        never becomes the client's 400 (nor a 500 of ours)."""
         head, body = encode_forward(model, request)
         reader, writer = await self._connection(owner, request)
         try:
             writer.writelines([head, *body])
             await writer.drain()
             status, headers, payload = await _read_reply(reader)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ValueError) as exc:
             writer.close()
             raise UnavailableError(
                 f"worker {owner}, which holds sequence {_seq(request)!r}, did not answer "
@@ -93,7 +98,12 @@ class Peers:
             self._release(owner, reader, writer)
         if status != 200:
             raise _peer_error(status, payload)
-        return decode_reply(payload, headers.get(HEADER_LENGTH.lower()))
+        try:
+            return decode_reply(payload, headers.get(HEADER_LENGTH.lower()), outputs)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UnavailableError(
+                f"worker {owner}, which holds sequence {_seq(request)!r}, answered a reply "
+                f"that is not the model's outputs ({exc}): retry later") from None
 
     async def _connection(self, owner: int, request: InferRequest
                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -182,12 +192,21 @@ async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]
     return int(parts[1]), headers, await reader.readexactly(int(length))
 
 
-def decode_reply(body: bytes, header_length: str | None) -> list[np.ndarray]:
-    """The outputs of a v2 response whose outputs are all binary, in its order."""
+def decode_reply(body: bytes, header_length: str | None,
+                 names: Sequence[str] | None = None) -> list[np.ndarray]:
+    """The outputs of a v2 response whose outputs are all binary, in its order; with
+    ``names``, exactly those outputs in that order. ValueError (InputError) for a reply that
+    is not that (KeyError / TypeError for a document of the wrong form)."""
     text, binary = split_body(body, header_length)
     doc = orjson.loads(text)
+    entries = doc["outputs"] if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("worker reply: no list of outputs")
+    got = [e.get("name") for e in entries]
+    if names is not None and got != list(names):
+        raise ValueError(f"worker reply: outputs {got}, expected {list(names)}")
     outputs, offset = [], 0
-    for entry in doc.get("outputs", []):
+    for entry in entries:
         name = entry["name"]
         shape = check_shape(name, entry["shape"])
         dtype = DATATYPES[check_datatype(name, entry["datatype"])]
@@ -202,9 +221,11 @@ def decode_reply(body: bytes, header_length: str | None) -> list[np.ndarray]:
 def _peer_error(status: int, body: bytes) -> PeerAnswerError:
     """The owner's error answer ``{"error": "[code] message", "code": code}`` as an error
     that keeps its status, code and message."""
-    doc: dict[str, Any] = {}
+    doc: Any = {}
     with contextlib.suppress(ValueError):
         doc = orjson.loads(body)
+    if not isinstance(doc, dict):  # valid JSON of another form: its text is the message
+        doc = {}
     text = str(doc.get("error", body[:200].decode("utf-8", "replace")))
     code = str(doc.get("code", "") or "")
     prefix = f"[{code}] "
