@@ -92,10 +92,13 @@ class ShapeRunner:
         """The real output shapes for inputs of ``shapes``, from zero inputs. CompileError
         (naming the gear and the failure) when the model cannot run, or (naming the output
         and both shapes) when a second run with float/bool inputs set to one gives another
-        shape."""
+        shape. A model that cannot run on zeros (an attention mask of zeros: GQA's
+        ``seqlens_k`` of -1) runs on ones instead, its second run with floats of two."""
         info = self._info
         zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
         ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
+        all_ones = {n: np.ones_like(a) for n, a in zeros.items()}
+        twos = {n: a + 1 if a.dtype.kind in "fc" else a for n, a in all_ones.items()}
         names = [t.name for t in info.outputs]
         session = self.loaded_session(f"gear {gear} {dict(shapes)}: shape inference left "
                                       "output shape(s) unknown, so the model must run on ONNX "
@@ -104,9 +107,14 @@ class ShapeRunner:
             runs = [[tuple(int(d) for d in np.shape(r)) for r in session.run(names, feeds)]
                     for feeds in (zeros, ones)]
         except Exception as exc:  # ORT raises its own Fail / InvalidArgument / RuntimeException
-            raise CompileError(
-                f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown and "
-                f"the model could not run on ONNX Runtime to find them: {exc}") from exc
+            try:
+                runs = [[tuple(int(d) for d in np.shape(r)) for r in session.run(names, feeds)]
+                        for feeds in (all_ones, twos)]
+            except Exception:
+                raise CompileError(
+                    f"gear {gear} {dict(shapes)}: shape inference left output shape(s) unknown "
+                    f"and the model could not run on ONNX Runtime to find them (on inputs of "
+                    f"zeros, nor of ones): {exc}") from exc
         for t, a, b in zip(info.outputs, *runs, strict=True):
             if a != b:
                 raise CompileError(
