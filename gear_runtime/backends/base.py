@@ -132,14 +132,18 @@ class BackendSession(ABC):
 class HostState:
     """Double-buffered resident state in host memory (a CPU backend's own memory): per pair
     two aligned buffers; a run reads ``read(pair)`` and writes ``write(pair)``; ``swap``
-    after a successful run. Both start zeroed. The executor reaches them through
+    after a successful run. Both start zeroed. An in-place pair (``pair.in_place``) has ONE
+    buffer, which both return: its run reads and writes it. The executor reaches them through
     ``session.state``."""
 
     def __init__(self, plan: Any) -> None:
         self.plan = plan
         self.parity = 0
-        self._buffers = [tuple(aligned_buffer(max(p.nbytes, 1))[:p.nbytes].view(p.dtype)
-                               .reshape(p.shape) for _ in range(2)) for p in plan.pairs]
+        self._buffers = []
+        for p in plan.pairs:  # an in-place pair: one buffer at both parities
+            bufs = [aligned_buffer(max(p.nbytes, 1))[:p.nbytes].view(p.dtype).reshape(p.shape)
+                    for _ in range(1 if p.in_place else 2)]
+            self._buffers.append((bufs[0], bufs[-1]))
 
     def read(self, pair: int) -> np.ndarray:
         """The buffer the next run reads of pair ``pair`` (index in ``plan.pairs``)."""
@@ -207,6 +211,12 @@ class BackendModel(ABC):
         ``state=plan`` (a :class:`~gear_runtime.runtime.state.StatePlan`): the layout then
         covers ``plan.inputs`` alone, in that order, and the session holds the state.
         """
+
+    def state_graph(self) -> Any:
+        """The onnx GraphProto this backend's sessions run, for the in-place state check
+        (:func:`gear_runtime.runtime.state.in_place_refusal`); None where it cannot bind a
+        state in place (the default)."""
+        return None
 
     def close(self) -> None:
         """Unload the model; idempotent. Backends with nothing to free keep this."""

@@ -419,6 +419,13 @@ class OrtModel(BackendModel, BenchModel):
         """Resident state on the CPU (host buffers bound in place); not yet on CUDA."""
         return not self.on_cuda
 
+    def state_graph(self) -> Any:
+        """The source graph ORT runs (CPU, not sink): an in-place pair binds its one buffer
+        as both the kernel's past and present, which GroupQueryAttention then shares."""
+        if self.on_cuda or self.info.sink or self.file.dynamic is None:
+            return None
+        return self.file.dynamic.graph
+
     def create_session(self, layout: Any, state: Any = None) -> OrtSession:
         if state is not None and not self.supports_state:
             raise BackendError("state= on onnxruntime's CUDA provider is not built yet: the "

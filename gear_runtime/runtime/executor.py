@@ -430,11 +430,19 @@ class Executor:
     def state(self) -> Mapping[str, np.ndarray]:
         """State input name -> the buffer the NEXT run reads (a writable numpy array on the
         CPU backends; empty without state). That run leaves it as it is (it writes the other
-        buffer); the run after it writes into it. Give it as ``out=`` of another executor to
+        buffer); the run after it writes into it. A pair run in place (:attr:`state_modes`)
+        has one buffer, which every run writes. Give it as ``out=`` of another executor to
         hand a prefill's output over with no copy. On a device backend (acl) the state lives
         in device memory: this reads a host COPY (one device-to-host copy); write it with
         :meth:`set_state` (one host-to-device copy)."""
         return _StateView(self)
+
+    @property
+    def state_modes(self) -> dict[str, str]:
+        """State input name -> how it runs: ``"double-buffered"`` (a run reads one buffer and
+        writes the other; they swap after a successful run) or ``"in place"`` (one buffer,
+        read and written by the run: create_executor's ``in_place_state``)."""
+        return {} if self._plan is None else {p.input_name: p.mode for p in self._plan.pairs}
 
     def _state_buffer(self, name: str) -> np.ndarray:
         if name not in self.state_names:  # a KeyError: ``name in ex.state`` is then False

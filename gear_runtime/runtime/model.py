@@ -335,16 +335,22 @@ class GearModel:
         return self._closed
 
     def create_executor(self, *, pad_values: Mapping[str, Any] | None = None,
-                        state: Mapping[str, str] | None = None) -> Executor:
+                        state: Mapping[str, str] | None = None,
+                        in_place_state: bool | Iterable[str] = False) -> Executor:
         """A new executor: its own staging buffer, bindings and dims; one per thread.
         ``pad_values``: input name -> the value ``execute(pad=True)`` fills padded positions
         of that input with (default 0; e.g. ``{"input_ids": 151643, "attention_mask": 0}``).
         ``state``: input name -> output name, kept resident between runs (a decode's KV
         cache: see :mod:`gear_runtime.runtime.state`), checked here (InputError naming the
-        pair). ClosedError (145003) once the model is closed."""
+        pair). ``in_place_state``: True, or the state inputs, to keep ONE buffer per pair,
+        read and written by the same run, where the graph is built for it (GroupQueryAttention
+        with a shared past / present: no copy of the cache per step); InputError naming the
+        pair where it is not. ``ex.state_modes`` says which mode each pair runs.
+        ClosedError (145003) once the model is closed."""
         plan, layout = None, self.layout
         if state is not None:
-            plan = plan_state(self.info, state)
+            graph = self._backend.state_graph() if in_place_state else None
+            plan = plan_state(self.info, state, in_place_state, graph)
             if not self._backend.supports_state:
                 raise InputError(f"state= is not supported on the {self.backend!r} backend "
                                  "here (resident state runs on: onnxruntime on the CPU, null)")
