@@ -274,3 +274,59 @@ def test_a_start_model_without_the_state_output_is_refused(pair, tmp_path) -> No
     with pytest.raises(gr.InputError, match="has no output 'present_kv' to start the state "
                                             "'past_kv'"):
         build_server([str(decode)], options=ServeOptions(state=STATE, sequence_start=other))
+
+
+def test_onnxruntime_genais_graph_is_served_with_its_cache_in_place(tmp_path, capsys) -> None:
+    """``serve --state ... --in-place-state`` on the one-file GQA model: the sequence_start
+    request is the padded prompt (its gear), each step one token with the static mask; the
+    tokens are a local in-place executor's, and the slots' pairs run in place. A model
+    whose graph does not update its state in place is refused at start, naming the pair."""
+    from cli_support import run_cli
+
+    from gear_runtime.errors import InputError
+    from gear_runtime.examples import gqa_lm
+
+    sizes = gqa_lm.SMALL
+    _, gear = gqa_lm.write_model(tmp_path, sizes)
+    pairs = tuple(gqa_lm.state_pairs(sizes).items())
+    prompt = gqa_lm.prompt(11, sizes, seed=5)
+    n, g = prompt.shape[1], 16
+
+    def feeds(step: int, token: int) -> tuple[np.ndarray, np.ndarray]:
+        if step == 0:  # the prompt, right-padded to its gear, the mask all ones
+            ids = np.zeros((1, g), np.int64)
+            ids[:, :n] = prompt
+            return ids, np.ones((1, g), np.int64)
+        mask = np.zeros((1, sizes.max_seq), np.int64)
+        mask[:, :n + step] = 1
+        return np.array([[token]], np.int64), mask
+
+    ex = gr.load(str(gear)).create_executor(state=dict(pairs), in_place_state=True)
+    want: list[int] = []
+    for step in range(6):
+        ids, mask = feeds(step, want[-1] if want else 0)
+        (logits,) = ex.execute({"input_ids": ids, "attention_mask": mask})
+        want.append(int(logits[0, n - 1 if step == 0 else 0].argmax()))
+    server = build_server([str(gear)], options=ServeOptions(state=pairs, in_place_state=True,
+                                                            max_sequences=1))
+    modes = {m for slot in server.models["gqa_lm"].sequences._slots
+             for m in slot.executor.state_modes.values()}
+    assert modes == {"in place"}
+    with live(server) as running:
+        client = triton.InferenceServerClient(f"{HOST}:{running.port}")
+        got: list[int] = []
+        for step in range(6):
+            ids, mask = feeds(step, got[-1] if got else 0)
+            inputs = [triton.InferInput("input_ids", list(ids.shape), "INT64"),
+                      triton.InferInput("attention_mask", list(mask.shape), "INT64")]
+            inputs[0].set_data_from_numpy(ids)
+            inputs[1].set_data_from_numpy(mask)
+            result = client.infer("gqa_lm", inputs, sequence_id=77, sequence_start=step == 0,
+                                  sequence_end=step == 5)
+            got.append(int(result.as_numpy("logits")[0, n - 1 if step == 0 else 0].argmax()))
+    assert got == want
+    _, decode = causal_lm.write_pair(tmp_path / "pair", SIZES)
+    with pytest.raises(InputError, match="'past_kv' <- 'present_kv' cannot run in place"):
+        build_server([str(decode)], options=ServeOptions(state=STATE, in_place_state=True))
+    code, _, err = run_cli(capsys, "serve", str(decode), "--in-place-state")
+    assert code == 2 and "--in-place-state needs --state" in err

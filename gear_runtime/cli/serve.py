@@ -131,6 +131,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "file, padded to its covering gear); its outputs named like the state "
                    "outputs become the new sequence's state, so a client sends the prompt "
                    "once, then one request per token")
+    p.add_argument("--in-place-state", action="store_true",
+                   help="with --state: keep each pair in ONE buffer that the run reads and "
+                   "writes, where the graph updates it in place (onnxruntime-genai's "
+                   "GroupQueryAttention: no copy of the cache per token); refused naming "
+                   "the pair where the graph does not")
     p.add_argument("--max-sequences", type=int_at_least(1), default=4, metavar="N",
                    help="with --state: sequences live at once, one executor (and one copy "
                    "of the state) each (default 4)")
@@ -247,19 +252,23 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         max_body_bytes=body, batch_wait_when_idle=args.batch_wait_when_idle,
                         spin=args.spin, intra_op_threads=args.intra_op_threads,
                         device_options=tuple(device_options(args.backend, args).items()),
-                        state=_state_pairs(args.state, args.sequence_start),
+                        state=_state_pairs(args.state, args.sequence_start,
+                                           args.in_place_state),
                         max_sequences=args.max_sequences,
                         sequence_start=args.sequence_start,
+                        in_place_state=args.in_place_state,
                         sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index,
                         workers=args.worker_count, worker_dir=args.worker_dir)
 
 
-def _state_pairs(items: Sequence[str], start: str | None = None
+def _state_pairs(items: Sequence[str], start: str | None = None, in_place: bool = False
                  ) -> tuple[tuple[str, str], ...]:
     """``IN=OUT`` items -> ((in, out), ...); UsageError naming the item otherwise, or for a
     ``--sequence-start`` without state to start."""
     if start is not None and not items:
         raise UsageError("--sequence-start needs --state IN=OUT: it starts a sequence's state")
+    if in_place and not items:
+        raise UsageError("--in-place-state needs --state IN=OUT: it says how the state is kept")
     pairs = []
     for item in items:
         name, sep, out = item.partition("=")

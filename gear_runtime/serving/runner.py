@@ -109,6 +109,9 @@ class ServeOptions:
     #: the model a sequence_start request runs (a prefill gear file, padded to its covering
     #: gear), its outputs named like the state outputs written into the new sequence's state
     sequence_start: str | None = None
+    #: keep each state pair in ONE buffer where the graph updates it in place
+    #: (``create_executor(in_place_state=True)``: onnxruntime-genai's GroupQueryAttention)
+    in_place_state: bool = False
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
@@ -273,7 +276,8 @@ class ServedModel:
         if state:
             self.sequences = SequenceSlots(model, state, options.max_sequences, name,
                                            options.sequence_idle_s,
-                                           on_event=partial(metrics.sequence, name))
+                                           on_event=partial(metrics.sequence, name),
+                                           in_place=options.in_place_state)
             metrics.track_sequences(name, lambda: self.sequences.live)
             if options.sequence_start is not None:
                 self.start = StartModel(options.sequence_start, model, state,

@@ -97,11 +97,14 @@ class SequenceSlots:
 
     def __init__(self, model: Any, state: Mapping[str, str], size: int, name: str,
                  idle_s: float = DEFAULT_IDLE_S,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None, in_place: bool = False) -> None:
         self.name, self.idle_s = name, idle_s
         #: called with "started", "ended" or "expired" (the server's metrics)
         self._on_event = on_event or (lambda event: None)
-        self._slots = [_Slot(model.create_executor(state=dict(state))) for _ in range(size)]
+        # in_place: each pair one buffer, where the graph updates it in place (checked by
+        # create_executor; a failed step may then leave its sequence's state half written)
+        self._slots = [_Slot(model.create_executor(state=dict(state), in_place_state=in_place))
+                       for _ in range(size)]
         self._threads = ThreadPoolExecutor(size, thread_name_prefix=f"gear-{name}-seq")
         self._live: dict[int | str, _Slot] = {}
         self._lock = threading.Lock()
