@@ -435,3 +435,49 @@ def test_serve_workers_check_the_profile_once_in_the_parent(files, tmp_path, cap
     with pytest.raises(AssertionError, match="hashed"):  # unchecked: hashed, as before
         build_server([str(files["conv"])], options=ServeOptions(executors=1,
                                                                 profile=str(result)))
+
+
+def test_workers_sharing_a_socket_take_its_connections_in_turn(files) -> None:
+    """Two servers accepting on one listening socket (as two workers do): each connection
+    goes to the one holding fewer, so four keep-alive clients connecting one after another
+    are two and two, and each answers. asyncio's own accept (the single-process path) takes
+    every connection that waits, so whichever woke first could hold them all."""
+    import asyncio
+    import socket
+
+    from gear_runtime.serving.http import HttpServer, listen
+
+    app = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+
+    async def main() -> list[int]:
+        sock = listen(HOST, 0)
+        port = sock.getsockname()[1]
+        servers = [HttpServer(app), HttpServer(app)]
+        dups = [sock.dup() for _ in servers]  # a descriptor each, as each worker inherits
+        for s, d in zip(servers, dups, strict=True):
+            await s.start(d, shared=True)
+        clients = []
+        try:
+            for k in range(4):
+                c = socket.create_connection((HOST, port))
+                clients.append(c)
+                for _ in range(200):  # until a server holds it
+                    if sum(len(s.connections) for s in servers) == k + 1:
+                        break
+                    await asyncio.sleep(0.005)
+            counts = [len(s.connections) for s in servers]
+            for c in clients:  # each connection is served
+                c.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            replies = await asyncio.gather(*(asyncio.to_thread(c.recv, 4096) for c in clients))
+            assert all(r.startswith(b"HTTP/1.1 200") for r in replies), replies
+            return counts
+        finally:
+            for c in clients:
+                c.close()
+            for s in servers:
+                s.close_now()
+            for d in (*dups, sock):
+                d.close()
+            await app.close()
+
+    assert asyncio.run(main()) == [2, 2]

@@ -190,8 +190,8 @@ class _FakeModel:
     def __init__(self) -> None:
         self.made: list[_FakeExecutor] = []
 
-    def create_executor(self, state=None) -> _FakeExecutor:
-        assert state == {"past_kv": "present_kv"}
+    def create_executor(self, state=None, in_place_state=False) -> _FakeExecutor:
+        assert state == {"past_kv": "present_kv"} and in_place_state is False
         self.made.append(_FakeExecutor())
         return self.made[-1]
 

@@ -70,7 +70,8 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
     loop = asyncio.get_running_loop()
     http = HttpServer(server, limits)
     server.metrics.track_connections(lambda: len(http.connections))
-    await http.start(sock)
+    # the workers of serve --workers share the listening socket: spread its connections
+    await http.start(sock, shared=server.options.worker is not None)
     if server.peers is not None:  # serve --workers: the sequences this worker owns
         await http.start(listen_unix(server.peers.path))
     grpc_server = grpc_address = None
