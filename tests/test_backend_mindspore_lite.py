@@ -420,3 +420,44 @@ def test_the_double_is_as_strict_as_mindspore_lite(fake, tmp_path):
     arrays[0][:] = 1
     model.predict(inputs)
     assert (y == 3).all()  # the earlier result's memory was reused
+
+
+# ---- the gears the converter recorded (Model.get_model_info) ------------------------------------
+RECORDED = ("input_ids:1,-1;attention_mask:1,-1;position_ids:4,1,-1;image_embeds:-1,8",
+            "4,4,4,2;8,8,8,2;16,16,16,2")
+
+
+def test_a_model_that_records_its_gears_needs_no_config(fake, tmp_path):
+    """The converter keeps [acl_build_options] input_shape / ge.dynamicDims in the MindIR
+    (converter.cc RecordSupportedDynamicDims): loaded with neither config= nor spec=, the
+    gears are those; through gr.load and an executor too."""
+    path = write(tmp_path, recorded=RECORDED)
+    model = ms_backend.open_model(path)
+    assert list(model.info.spec.gears) == [(4, 4, 4, 2), (8, 8, 8, 2), (16, 16, 16, 2)]
+    assert fake.state.calls_named("get_model_info") == ["input_shape", "dynamic_dims"]
+    loaded = gr.load(path, backend="mindspore_lite")
+    arrays = inputs_for(loaded.spec, loaded.info.input_dtypes, 1)
+    got = loaded.create_executor().execute(dict(zip(loaded.input_names, arrays, strict=True)))
+    np.testing.assert_array_equal(got[0], expected_outputs(arrays)[0])
+    loaded.close()
+
+
+def test_given_gears_are_checked_against_the_recorded_ones(fake, tmp_path, config):
+    path = write(tmp_path, recorded=RECORDED)
+    assert ms_backend.open_model(path, config=config).info.spec.gear_count == 3  # the same
+    other = gr.GearSpec.from_atc(input_shape=RECORDED[0],
+                                 dynamic_dims="4,4,4,2;8,8,8,2;32,32,32,2")
+    with pytest.raises(CompileError, match=r"converted with the gears .*\(16, 16, 16, 2\).* "
+                                           r"gives .*\(32, 32, 32, 2\)"):
+        ms_backend.open_model(path, spec=other)
+
+
+def test_what_a_model_records_must_parse_and_may_be_missing(fake, tmp_path, monkeypatch):
+    with pytest.raises(CompileError, match="records gears that do not parse"):
+        ms_backend.open_model(write(tmp_path, recorded=(RECORDED[0], "4,4;8")))
+    with pytest.raises(GearSpecError, match="the model records none"):
+        ms_backend.open_model(write(tmp_path))  # converted without ge.dynamicDims
+    # a MindSpore Lite without get_model_info (older releases): the gears must be given
+    monkeypatch.delattr(fake.module.Model, "get_model_info")
+    with pytest.raises(GearSpecError, match="the model records none"):
+        ms_backend.open_model(write(tmp_path, recorded=RECORDED))

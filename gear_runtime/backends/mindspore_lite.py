@@ -80,19 +80,23 @@ def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
     """Build the MindIR at ``path`` on Ascend device ``device_id``.
 
     The gears come from ``config`` (the converter config file: ``[acl_build_options]``,
-    ``[ascend_context]`` or ``[ge_graph_options]``) or from ``spec``; exactly one of them.
+    ``[ascend_context]`` or ``[ge_graph_options]``) or from ``spec``, at most one of them; or,
+    with neither, from what the model records: the converter keeps ``[acl_build_options]``
+    input_shape and ge.dynamicDims in the MindIR, which ``Model.get_model_info`` returns
+    (MindSpore Lite releases that have it). Given gears are checked against recorded ones
+    (CompileError naming both when they differ).
     Raises BackendUnavailableError when mindspore_lite is missing, GearSpecError for a bad or
     missing spec, GearFileError for a missing model file, CompileError when the model's inputs
     do not fit the spec, BackendError when a MindSpore Lite call fails.
     """
     mslite = _import_mslite()
-    if (config is None) == (spec is None):
-        raise GearSpecError("mindspore_lite needs the model's gears: pass config= (the "
+    if config is not None and spec is not None:
+        raise GearSpecError("mindspore_lite takes the model's gears once: pass config= (the "
                             "converter config file with input_shape and dynamic dims) or spec=, "
-                            "exactly one of them")
-    if spec is None:
-        spec = GearSpec.from_config(os.fspath(config))  # type: ignore[arg-type]
-    elif not isinstance(spec, GearSpec):
+                            "not both")
+    if config is not None:
+        spec = GearSpec.from_config(os.fspath(config))
+    elif spec is not None and not isinstance(spec, GearSpec):
         raise GearSpecError(f"spec must be a GearSpec, got {type(spec).__name__}")
     return MsliteModel(mslite, os.fspath(path), spec, device_id,
                        config_path=None if config is None else os.fspath(config))
@@ -170,7 +174,7 @@ def _copy_out(outputs: Sequence[Any]) -> list[np.ndarray]:
 GE_SECTIONS = ("ge_graph_options", "ge_session_options")
 
 
-def build_config(config_path: str | None, spec: GearSpec,
+def build_config(config_path: str | None, spec: GearSpec | None,
                  ) -> tuple[str | None, dict[str, dict[str, str]] | None, str]:
     """What ``build_from_file`` gets: the converter config itself as ``config_path`` (its
     runtime options, the precision among them, are MindSpore Lite's to read), with provider
@@ -180,9 +184,48 @@ def build_config(config_path: str | None, spec: GearSpec,
     if config_path is not None:
         ge = any(s in GE_SECTIONS for s in config_sections(config_path))
         return config_path, None, "ge" if ge else ""
-    if spec.precision_mode is not None:
+    if spec is not None and spec.precision_mode is not None:
         return None, {"ascend_context": {"precision_mode": spec.precision_mode}}, ""
     return None, None, ""
+
+
+def recorded_spec(model: Any, path: str) -> GearSpec | None:
+    """The gears the converter recorded in the MindIR (``get_model_info("input_shape")`` and
+    ``("dynamic_dims")``: ``[acl_build_options]`` input_shape and ge.dynamicDims, atc's
+    syntax); None when the release has no get_model_info or the model records no dims.
+    CompileError when what it records does not parse."""
+    get = getattr(model, "get_model_info", None)
+    if get is None:
+        return None
+    shape = str(_call("Model.get_model_info", get, "input_shape") or "")
+    dims = str(_call("Model.get_model_info", get, "dynamic_dims") or "")
+    if not dims.strip() or not shape.strip():
+        return None
+    try:
+        return GearSpec.from_atc(input_shape=shape, dynamic_dims=dims)
+    except GearSpecError as exc:
+        raise CompileError(f"{path!r} records gears that do not parse (input_shape {shape!r}, "
+                           f"dynamic_dims {dims!r}): {exc}") from None
+
+
+def checked_against_recorded(given: GearSpec | None, recorded: GearSpec | None,
+                             path: str) -> GearSpec:
+    """The spec to serve ``path`` with: the given one, which must have the recorded gears
+    where the model records some (CompileError naming both otherwise), or the recorded one;
+    GearSpecError when there is neither."""
+    if given is None:
+        if recorded is None:
+            raise GearSpecError(
+                f"mindspore_lite needs the gears of {path!r}: pass config= (the converter "
+                "config file with input_shape and dynamic dims) or spec=; the model records "
+                "none (converted without [acl_build_options] ge.dynamicDims, or a MindSpore "
+                "Lite without Model.get_model_info)")
+        return recorded
+    if recorded is not None and sorted(recorded.gears) != sorted(given.gears):
+        raise CompileError(f"{path!r} was converted with the gears {sorted(recorded.gears)} "
+                           f"(its recorded input_shape / dynamic_dims), the config / spec "
+                           f"gives {sorted(given.gears)}: give the converter's config")
+    return given
 
 
 class MsliteModel(BackendModel):
@@ -193,7 +236,7 @@ class MsliteModel(BackendModel):
     #: after resize): no dims buffer is staged.
     stages_dims = False
 
-    def __init__(self, mslite: Any, path: str, spec: GearSpec, device_id: int = 0,
+    def __init__(self, mslite: Any, path: str, spec: GearSpec | None, device_id: int = 0,
                  config_path: str | None = None) -> None:
         check_model_file(path)
         self.mslite, self.path, self.device_id = mslite, path, check_device_id(device_id)
@@ -216,7 +259,7 @@ class MsliteModel(BackendModel):
         _call("Model.build_from_file", self.model.build_from_file, path,
               mslite.ModelType.MINDIR, context, config_path or "", config_dict)
         self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
-        self.spec = spec
+        spec = self.spec = checked_against_recorded(spec, recorded_spec(self.model, path), path)
         _check_positive_gears(spec)
         #: model input index of each spec input (spec order -> model order)
         self.order = self._match_inputs(spec)

@@ -110,7 +110,9 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
                    "--device); openvino: the device name (CPU, GPU, NPU, AUTO)")
     p.add_argument("--config", dest="model_config", metavar="FILE",
                    help="mindspore_lite: the converter config the MindIR was built with "
-                   "([acl_build_options] / [ascend_context] / [ge_graph_options]): its gears")
+                   "([acl_build_options] / [ascend_context] / [ge_graph_options]): its gears "
+                   "(not needed where the MindIR records them: [acl_build_options] "
+                   "ge.dynamicDims, read with Model.get_model_info)")
     p.add_argument("--input-shape", "--input_shape", dest="model_input_shape", metavar="S",
                    help="acl: the --input_shape atc compiled the .om with (the order of the "
                    "dims in dims mode, when the .om does not say)")

@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Describe a gear file: its mode, inputs, outputs, every "
                        "gear's shapes, weights and files, after verifying its integrity.")
     p.add_argument("file", metavar="FILE", help="a gear file written by compile (with "
-                   "--backend acl: an .om; mindspore_lite: a .mindir with --config)")
+                   "--backend acl: an .om; mindspore_lite: a .mindir, with --config unless it "
+                   "records its gears)")
     p.add_argument("--backend", default=None, metavar="B",
                    help=backends_help() + "; acl / mindspore_lite open their own model files "
                    "and report the gears the backend reads")

@@ -43,16 +43,22 @@ OUTPUT_NAMES = ("y", "cat")
 
 def write_mindir(path: str | os.PathLike[str], inputs: Sequence[tuple[str, Sequence[int], str]],
                  gears: Sequence[Sequence[Sequence[int]]],
-                 output_shapes_after_resize: bool = True, hybrid: bool = False) -> str:
+                 output_shapes_after_resize: bool = True, hybrid: bool = False,
+                 recorded: tuple[str, str] | None = None) -> str:
     """Write a fake MindIR: ``inputs`` = (name, shape with -1, numpy dtype name); ``gears`` =
     per gear, every input's full shape. With ``output_shapes_after_resize=False`` the output
     tensors report -1 dims until a predict has run (some backends only know them then).
     ``hybrid=True``: converted with the dynamic-shape graph too, so resize takes any shape of
-    the right rank (GE's hybrid mode)."""
+    the right rank (GE's hybrid mode). ``recorded``: the (input_shape, ge.dynamicDims) texts
+    the converter records in the MindIR from ``[acl_build_options]``
+    (tools/converter/converter.cc RecordSupportedDynamicDims), which
+    ``Model.get_model_info("input_shape" / "dynamic_dims")`` returns."""
     doc = {"format": "fake-mindir",
            "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in inputs],
            "gears": [[list(s) for s in g] for g in gears],
-           "output_shapes_after_resize": output_shapes_after_resize, "hybrid": hybrid}
+           "output_shapes_after_resize": output_shapes_after_resize, "hybrid": hybrid,
+           "model_info": {} if recorded is None else {"input_shape": recorded[0],
+                                                       "dynamic_dims": recorded[1]}}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
     return str(path)
@@ -224,6 +230,7 @@ class FakeMslite:
                 self._gears: list[tuple[tuple[int, ...], ...]] = []
                 self._outputs_known = True
                 self._hybrid = False
+                self._model_info: dict[str, str] = {}
                 self.model_path_ = ""
 
             def _record(self, name: str, args: Any) -> None:
@@ -264,6 +271,8 @@ class FakeMslite:
                     self._gears = [tuple(tuple(s) for s in g) for g in doc["gears"]]
                     self._outputs_known = bool(doc.get("output_shapes_after_resize", True))
                     self._hybrid = bool(doc.get("hybrid", False))
+                    self._model_info = {str(k): str(v)
+                                        for k, v in doc.get("model_info", {}).items()}
                 except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
                     raise RuntimeError(f"build_from_file failed! Error is Load model failed: "
                                        f"{exc!r}") from None
@@ -286,6 +295,17 @@ class FakeMslite:
                     return
                 total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
                 self._outputs[0].shape, self._outputs[1].shape = list(shapes[0]), [total]
+
+            def get_model_info(self, key: str) -> str:
+                # base_model.py: a str key, else TypeError; Model::GetModelInfo (extendrt
+                # model.cc): an unsupported key or one the MindIR does not record is ""
+                if not isinstance(key, str):
+                    raise TypeError(f"key must be str, but got {type(key)}.")
+                self._record("get_model_info", key)
+                if key not in ("user_info", "input_shape", "dynamic_dims", "current_pid",
+                               "sharable_weight_mem_handle"):
+                    return ""
+                return self._model_info.get(key, "")
 
             def get_inputs(self) -> list[Tensor]:
                 self._record("get_inputs", None)
