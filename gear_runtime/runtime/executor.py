@@ -136,9 +136,9 @@ class Executor:
         # The runs the core makes itself right after staging (where the session offers them)
         self._core.set_runs(session.direct_runs())
         # Large inputs of a plain request read where the caller has them (ORT's CPU; a state
-        # executor stages everything: its runs go through _execute_bound)
-        # (never one that shares memory with the session's output buffers: a copy=False output
-        # fed back in would be written while it is read)
+        # executor stages everything: its runs go through _execute_bound), never one sharing
+        # memory with the session's output buffers (a copy=False output fed back in would be
+        # written while it is read): the core copies those
         self._core.in_place_bytes = 0 if self._plan is not None else \
             int(getattr(session, "in_place_input_bytes", 0))
         if self._core.in_place_bytes:
