@@ -77,10 +77,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "at most 4)")
     p.add_argument("--max-batch-delay-ms", type=float_at_least(0), default=2.0, metavar="MS",
                    help="batch-mode models: how long a request waits for others to share its "
-                   "batch while a batch is running (default 2)")
+                   "batch while every executor is busy (default 2; what waits goes as soon "
+                   "as an executor is free)")
     p.add_argument("--batch-wait-when-idle", action="store_true",
-                   help="wait out --max-batch-delay-ms even when no batch is running (default: "
-                   "an idle batcher sends a request at once)")
+                   help="wait out --max-batch-delay-ms even with an executor free, as "
+                   "Triton's dynamic batcher does (default: send what waits at once)")
     p.add_argument("--no-batching", action="store_true",
                    help="run every request on its own (no dynamic batching)")
     p.add_argument("--profile", metavar="BENCH.json",

@@ -3,8 +3,10 @@
 Requests that arrive within ``max_delay`` of the first waiting one are gathered (first come,
 first served) into the batch gear the model's dispatcher picks for their rows (the smallest
 that holds them; with an attached profile, the fastest that does); a batch as large as the largest
-gear goes at once, and so does whatever waits when no batch is running (an idle batcher has
-nothing to wait for: a lone request never pays the delay, unless ``wait_when_idle``). The
+gear goes at once, and so does whatever waits as soon as an executor is free (the delay only
+lets a batch grow while every executor is busy: waiting with an executor idle costs latency
+and, at low load, throughput; unless ``wait_when_idle``, Triton's rule of always waiting out
+the delay). The
 batch's rows are concatenated, padded with zero rows up to the gear, run ONCE on one
 executor, and every request gets its own rows of every output back.
 
@@ -214,8 +216,7 @@ class Batcher:
             self._on_batch(run, inputs[0].shape[0])
             return run, outputs[0]
         finally:
-            self._busy -= 1
-            self._slots.release()
+            self._ran()
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the gathering task on the first request's loop (where the server runs)."""
@@ -239,9 +240,9 @@ class Batcher:
             await self._arrived.wait()
         deadline = self._pending[0].arrived + self._delay
         loop = asyncio.get_running_loop()
-        if not self._busy and not self._wait_when_idle:
-            deadline = loop.time()  # idle: nobody else to wait for, nothing to overlap with
-        while self._pending_rows < self.plan.max_rows and loop.time() < deadline:
+        # an executor free: send what waits now (a run ending wakes this loop up)
+        while self._pending_rows < self.plan.max_rows and loop.time() < deadline \
+                and not self._executor_free():
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
@@ -256,6 +257,17 @@ class Batcher:
         task = loop.create_task(self._dispatch(items))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+
+    def _executor_free(self) -> bool:
+        """Whether a batch sent now would run at once (and the batcher may send it)."""
+        return not self._wait_when_idle and self._busy < self._slot_count
+
+    def _ran(self) -> None:
+        """A batch ended: its executor is free, so the gathering loop looks again."""
+        self._busy -= 1
+        self._slots.release()
+        if self._arrived is not None:
+            self._arrived.set()
 
     def _take(self) -> list[_Item]:
         """The first waiting requests that fit in the largest gear (first come first served;
@@ -291,8 +303,7 @@ class Batcher:
             else:  # one bad request must not fail the others: each runs alone, once
                 await self._run_each(items)
         finally:
-            self._busy -= 1
-            self._slots.release()
+            self._ran()
 
     async def _run_each(self, items: list[_Item]) -> None:
         """A failed batch's requests, each run alone: only the ones at fault fail (with
