@@ -84,8 +84,8 @@ class ServeOptions:
     pad: bool = False
     #: the largest request body; None: per model, from its largest gear (see request_limit)
     max_body_bytes: int | None = None
-    #: wait out the batch delay even when no batch is running (off: an idle batcher sends a
-    #: request at once, so a lone request never pays the delay)
+    #: wait out the batch delay even with an executor free, as Triton does (off: what waits
+    #: goes as soon as an executor is free, so a lone request never pays the delay)
     batch_wait_when_idle: bool = False
     #: onnxruntime: let the intra-op threads spin while waiting for work (a little faster
     #: under load; an idle server then burns CPU); None: ORT's own thread count
