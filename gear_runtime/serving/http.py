@@ -476,9 +476,11 @@ class _Connection(asyncio.Protocol):
 
 #: serve --workers: a worker waits this long per connection it holds before it accepts a new
 #: one, so that a worker holding fewer (woken by the same connection: the workers share the
-#: listening socket) takes it first; at most ACCEPT_DELAY_MAX_S
+#: listening socket) takes it first; at most ACCEPT_DELAY_MAX_S, which is what a new
+#: connection may wait when every worker holds 5 or more (the balance matters most when
+#: there are few: two clients on one of two workers idle the other)
 ACCEPT_DELAY_PER_CONNECTION_S = 0.002
-ACCEPT_DELAY_MAX_S = 0.05
+ACCEPT_DELAY_MAX_S = 0.01
 
 
 class SharedAcceptor:
