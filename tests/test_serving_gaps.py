@@ -481,3 +481,28 @@ def test_workers_sharing_a_socket_take_its_connections_in_turn(files) -> None:
             await app.close()
 
     assert asyncio.run(main()) == [2, 2]
+
+
+def test_workers_are_ready_only_once_every_worker_serves(files, tmp_path) -> None:
+    """A worker answers ready only when every worker has marked itself started: a client
+    connecting earlier would land on the few serving, and a keep-alive connection stays
+    there. Once all have served, a worker's restart (its mark removed) does not flip it."""
+    import asyncio
+
+    from gear_runtime.serving.workers import mark_started, started_path
+
+    server = build_server([str(files["conv"])], options=ServeOptions(
+        executors=1, worker=0, workers=2, worker_dir=str(tmp_path)))
+    try:
+        mark_started(str(tmp_path), 0)
+        model = server.models["conv"]
+        assert not server.is_ready() and not server.model_is_ready(model)
+        mark_started(str(tmp_path), 1)
+        assert server.is_ready() and server.model_is_ready(model)
+        Path(started_path(str(tmp_path), 1)).unlink()  # worker 1 restarting
+        assert server.is_ready()
+    finally:
+        asyncio.run(server.close())
+    alone = build_server([str(files["conv"])], options=ServeOptions(executors=1))
+    assert alone.is_ready()
+    asyncio.run(alone.close())

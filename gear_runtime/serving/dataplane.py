@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -66,17 +67,37 @@ class DataPlane:
             self.peers = Peers(options.worker_dir, options.worker, options.workers)
         self._repository_lock: asyncio.Lock | None = None
         self._retiring: set[asyncio.Task] = set()
+        #: serve --workers: every worker has served once (see _workers_up)
+        self._workers_up = options.worker is None or options.worker_dir is None
 
     # ---- health and metadata -------------------------------------------------------------
     def is_ready(self) -> bool:
-        """Server readiness, one rule for every front end: not draining or closing, and
-        not every model's queue full (then no request could be taken)."""
+        """Server readiness, one rule for every front end: not draining or closing, not
+        every model's queue full (then no request could be taken), and under serve
+        --workers every worker started. A client that connects while only some workers
+        serve lands on those, and a keep-alive connection stays where it landed: the others
+        would idle. Once all have served, a worker's restart does not make the server
+        unready (the others serve meanwhile)."""
         models = list(self.models.values())
-        return not self.closing and not (models and all(m.saturated for m in models))
+        return not self.closing and not (models and all(m.saturated for m in models)) \
+            and self.workers_up()
+
+    def workers_up(self) -> bool:
+        """Whether every worker of serve --workers has marked itself started (True for
+        one process); remembered once true."""
+        if not self._workers_up:
+            from gear_runtime.serving.workers import started_path
+
+            folder = self.options.worker_dir
+            assert folder is not None
+            self._workers_up = all(os.path.exists(started_path(folder, i))
+                                   for i in range(self.options.workers))
+        return self._workers_up
 
     def model_is_ready(self, model: ServedModel) -> bool:
-        """A model's readiness: the server's drain, and its own queue not full."""
-        return not self.closing and not model.saturated
+        """A model's readiness: the server's drain, its own queue not full, and (serve
+        --workers) every worker started, as for the server's."""
+        return not self.closing and not model.saturated and self.workers_up()
 
     def extensions(self) -> list[str]:
         """The protocol extensions this server implements (server metadata)."""
