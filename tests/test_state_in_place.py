@@ -126,8 +126,13 @@ def test_the_graph_must_be_built_for_it(files, tmp_path) -> None:
             model.create_executor(state=PAIRS, in_place_state=[KEY0])
         with pytest.raises(InputError, match="'nope' is no state input"):
             model.create_executor(state=PAIRS, in_place_state=["nope"])
-        with pytest.raises(InputError, match="must be True, False or state input names"):
-            model.create_executor(state=PAIRS, in_place_state=KEY0)
+        for bad in (KEY0, [[KEY0]], 3):
+            with pytest.raises(InputError, match="must be True, False or state input names"):
+                model.create_executor(state=PAIRS, in_place_state=bad)
+        with pytest.raises(InputError, match="give state= too"):
+            model.create_executor(in_place_state=True)
+        ex = model.create_executor(state=PAIRS, in_place_state=[])  # none asked: all doubled
+        assert set(ex.state_modes.values()) == {"double-buffered"}
         keys = {k: v for k, v in PAIRS.items() if ".0." in k}  # layer 0 alone in place is fine
         ex = model.create_executor(state=PAIRS, in_place_state=list(keys))
         assert [m for k, m in ex.state_modes.items() if k in keys] == ["in place"] * 2

@@ -348,8 +348,11 @@ class GearModel:
         pair where it is not. ``ex.state_modes`` says which mode each pair runs.
         ClosedError (145003) once the model is closed."""
         plan, layout = None, self.layout
+        if state is None and in_place_state is not False and in_place_state is not None:
+            raise InputError("in_place_state says how state= pairs are kept: give state= "
+                             "too (input name -> output name)")
         if state is not None:
-            graph = self._backend.state_graph() if in_place_state else None
+            graph = self._backend.state_graph() if in_place_state is not False else None
             plan = plan_state(self.info, state, in_place_state, graph)
             if not self._backend.supports_state:
                 raise InputError(f"state= is not supported on the {self.backend!r} backend "

@@ -176,11 +176,17 @@ def _in_place(pairs: list[StatePair], in_place: object, graph: Any) -> list[Stat
         raise InputError(f"in_place_state must be True, False or state input names, got "
                          f"{in_place!r}")
     else:
-        wanted = set(in_place)
+        asked = list(in_place)
+        if not all(isinstance(n, str) for n in asked):
+            raise InputError(f"in_place_state must be True, False or state input names (str), "
+                             f"got {in_place!r}")
+        wanted = set(asked)
         unknown = sorted(map(repr, wanted - names))
         if unknown:
             raise InputError(f"in_place_state: {unknown[0]} is no state input; the state "
                              f"inputs: {', '.join(sorted(names))}")
+    if not wanted:  # an empty list: every pair double-buffered
+        return pairs
     if graph is None:
         raise InputError("in_place_state needs a backend whose graph can be checked for it "
                          "(onnxruntime on the CPU); run the state double-buffered here")
