@@ -6,9 +6,8 @@ that holds them; with an attached profile, the fastest that does); a batch as la
 gear goes at once, and so does whatever waits as soon as an executor is free (the delay only
 lets a batch grow while every executor is busy: waiting with an executor idle costs latency
 and, at low load, throughput; unless ``wait_when_idle``, Triton's rule of always waiting out
-the delay). The
-batch's rows are concatenated, padded with zero rows up to the gear, run ONCE on one
-executor, and every request gets its own rows of every output back.
+the delay). The batch's rows are concatenated, padded with zero rows up to the gear, run ONCE
+on one executor, and every request gets its own rows of every output back.
 
 Why each response equals what the request alone would return: a batch-mode gear file is GE's
 multi-batch clone of a model whose rows are independent (that is what dynamic batch means),
