@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +46,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import COUNTER_ENV, _counter_fn, build_counter  # noqa: E402
+from bench_generate import child_rss, lockstep, rerun_with_counter  # noqa: E402
 
 Way = tuple[Callable[[np.ndarray], int], Callable[[int, int], int]]
 
@@ -131,9 +128,9 @@ def ort_way(source: Path, sizes: Any, threads: int) -> Way:
     return first, step
 
 
-def genai_way(folder: Path, sizes: Any, tokens: int, threads: int) -> Way:
+def genai_way(folder: Path, tokens: int) -> Way:
     """onnxruntime-genai's Generator, greedy, on the same file (a new generator per
-    prompt, as its own examples do)."""
+    prompt, as its own examples do); its thread count is the config's (write_config)."""
     import onnxruntime_genai as og
 
     config = og.Config(str(folder))
@@ -155,7 +152,6 @@ def genai_way(folder: Path, sizes: Any, tokens: int, threads: int) -> Way:
         gen.generate_next_token()
         return int(gen.get_next_tokens()[0])
 
-    del threads  # the config's session_options carry it (write_config)
     return first, step
 
 
@@ -175,32 +171,13 @@ def time_ways(ways: dict[str, Way], sizes: Any, prompts: Sequence[int], tokens: 
               rounds: int) -> list[dict[str, Any]]:
     from gear_runtime.examples import gqa_lm
 
-    counter = _counter_fn()
     rows = []
     for length in prompts:
-        ids = gqa_lm.prompt(length, sizes, seed=length)
-        got = {w: {"ttft": [], "steps": [], "bytes": []} for w in ways}
-        toks: dict[str, list[int]] = {}
-        for first, step in ways.values():  # warm-up at this gear
-            step(first(ids), length)
-        for _ in range(rounds):
-            for way, (first, _) in ways.items():
-                start = time.perf_counter()
-                toks[way] = [first(ids)]
-                got[way]["ttft"].append(time.perf_counter() - start)
-            for t in range(tokens - 1):
-                for way, (_, step) in ways.items():
-                    before = counter() if counter else 0
-                    start = time.perf_counter()
-                    toks[way].append(step(toks[way][-1], length + t))
-                    got[way]["steps"].append(time.perf_counter() - start)
-                    if counter:
-                        got[way]["bytes"].append(counter() - before)
+        got = lockstep(ways, gqa_lm.prompt(length, sizes, seed=length), tokens, rounds)
         for way, g in got.items():
-            rows.append({"prompt": length, "way": way, "ttft": statistics.median(g["ttft"]),
-                         "step": statistics.median(g["steps"]),
-                         "bytes": statistics.median(g["bytes"]) if g["bytes"] else None,
-                         "same": toks[way] == toks["ORT IOBinding"]})
+            rows.append({"prompt": length, "way": way, "ttft": g["ttft"], "step": g["step"],
+                         "bytes": g["bytes"],
+                         "same": g["tokens"] == got["ORT IOBinding"]["tokens"]})
         print(f"  prompt {length}: done", flush=True)
     return rows
 
@@ -231,7 +208,7 @@ sizes = getattr(gqa_lm, {size!r})
 base = rss_mib()
 way = {way!r}
 if way == "onnxruntime-genai":
-    first, step = b.genai_way(b.Path({folder!r}), sizes, 4, 1)
+    first, step = b.genai_way(b.Path({folder!r}), 4)
 elif way == "ORT IOBinding":
     first, step = b.ort_way(b.Path({source!r}), sizes, 1)
 else:
@@ -244,21 +221,16 @@ print(json.dumps({{"rss": rss_mib() - base}}))
 """
 
 
-def print_memory(folder: Path, size: str, sizes: Any, ways: Sequence[str]) -> None:
-    weights = sum(a.nbytes for a in __import__("gear_runtime.examples.gqa_lm", fromlist=["x"])
-                  .make_weights(sizes).values()) / 2**20
-    floor = weights + sizes.cache_bytes / 2**20
+def print_memory(folder: Path, size: str, sizes: Any, weights: int,
+                 ways: Sequence[str]) -> None:
+    floor = (weights + sizes.cache_bytes) / 2**20
     print(f"\nresident memory after one generation (fresh process each; one copy of the "
           f"weights + one cache = {floor:.0f} MiB):")
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", COUNTER_ENV)}
     for way in ways:
-        code = RSS_CHILD.format(bench=str(Path(__file__).resolve().parent), size=size.upper(),
-                                way=way, folder=str(folder),
-                                source=str(folder / "gqa_lm.onnx"),
-                                gear=str(folder / "gqa_lm.gear.onnx"))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, check=True)
-        rss = float(json.loads(out.stdout.strip().splitlines()[-1])["rss"])
+        rss = child_rss(RSS_CHILD.format(
+            bench=str(Path(__file__).resolve().parent), size=size.upper(), way=way,
+            folder=str(folder), source=str(folder / "gqa_lm.onnx"),
+            gear=str(folder / "gqa_lm.gear.onnx")))
         print(f"  {way:<22} +{rss:7.0f} MiB  ({rss / floor:.2f}x)")
 
 
@@ -272,12 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args(argv)
-    if not os.environ.get(COUNTER_ENV):  # re-run with the memcpy counter preloaded
-        lib = build_counter(Path(tempfile.mkdtemp(prefix="gear-bench-counter-")))
-        if lib is not None:
-            env = {**os.environ, "LD_PRELOAD": str(lib), COUNTER_ENV: "1"}
-            return subprocess.call([sys.executable, __file__, *(argv or sys.argv[1:])], env=env)
-        print("gcc not found: bytes copied are not counted")
+    code = rerun_with_counter(__file__, argv)
+    if code is not None:
+        return code
 
     from gear_runtime.examples import gqa_lm
 
@@ -299,13 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          False),
         "ORT IOBinding": ort_way(folder / "gqa_lm.onnx", sizes, args.threads)}
     try:
-        ways["onnxruntime-genai"] = genai_way(folder, sizes, args.tokens, args.threads)
+        ways["onnxruntime-genai"] = genai_way(folder, args.tokens)
     except ImportError:
         print("onnxruntime-genai is not installed (pip install onnxruntime-genai): not run")
     prompts = [int(p) for p in args.prompts.split(",")]
     print_table(time_ways(ways, sizes, prompts, args.tokens, args.rounds))
     if not args.no_memory:
-        print_memory(folder, args.size, sizes, list(ways))
+        print_memory(folder, args.size, sizes, weights, list(ways))
     return 0
 
 

@@ -93,6 +93,58 @@ def _counter_fn() -> Callable[[], int] | None:
     return lambda: int(fn())
 
 
+def rerun_with_counter(script: str, argv: Sequence[str] | None) -> int | None:
+    """Re-run ``script`` with the memcpy counter preloaded, unless it is (its exit code);
+    None: go on here (counting already, or no gcc: then bytes are not counted)."""
+    if os.environ.get(COUNTER_ENV):
+        return None
+    lib = build_counter(Path(tempfile.mkdtemp(prefix="gear-bench-counter-")))
+    if lib is None:
+        print("gcc not found: bytes copied are not counted")
+        return None
+    env = {**os.environ, "LD_PRELOAD": str(lib), COUNTER_ENV: "1"}
+    return subprocess.call([sys.executable, script, *(argv or sys.argv[1:])], env=env)
+
+
+def lockstep(ways: dict[str, tuple[Callable[..., int], Callable[[int, int], int]]],
+             ids: np.ndarray, tokens: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Per way (first(ids) -> token, step(token, position) -> token): one warm-up
+    generation, then ``rounds`` in lockstep (each way's prefill in turn, then each way's
+    first step, ...). Per way: the median TTFT and step, the median bytes memcpy'd per step
+    (None without the counter) and the last round's tokens."""
+    counter = _counter_fn()
+    length = ids.shape[1]
+    got: dict[str, dict[str, Any]] = {w: {"ttft": [], "steps": [], "bytes": []} for w in ways}
+    for first, step in ways.values():  # warm-up: each way's first run of this gear
+        step(first(ids), length)
+    toks: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        for way, (first, _) in ways.items():
+            start = time.perf_counter()
+            toks[way] = [first(ids)]
+            got[way]["ttft"].append(time.perf_counter() - start)
+        for t in range(tokens - 1):
+            for way, (_, step) in ways.items():
+                before = counter() if counter else 0
+                start = time.perf_counter()
+                toks[way].append(step(toks[way][-1], length + t))
+                got[way]["steps"].append(time.perf_counter() - start)
+                if counter:
+                    got[way]["bytes"].append(counter() - before)
+    return {way: {"ttft": statistics.median(g["ttft"]), "step": statistics.median(g["steps"]),
+                  "bytes": statistics.median(g["bytes"]) if g["bytes"] else None,
+                  "tokens": toks[way]} for way, g in got.items()}
+
+
+def child_rss(code: str) -> float:
+    """The ``{"rss": MiB}`` a fresh Python process running ``code`` prints last (without the
+    memcpy counter preloaded)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", COUNTER_ENV)}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["rss"])
+
+
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -156,7 +208,6 @@ def time_ways(pair: tuple[Path, Path, Path], sizes: Any, prompts: Sequence[int],
     from gear_runtime.examples import causal_lm
     from gear_runtime.tools import generate
 
-    counter = _counter_fn()
     shared = generate.Generator(pair[1], pair[2], intra_op_num_threads=threads)
     own = generate.Generator(pair[1], pair[2], share_weights=False, intra_op_num_threads=threads)
     ort_loops = OrtLoops(pair[0], pair[2], threads, sizes)
@@ -182,30 +233,10 @@ def time_ways(pair: tuple[Path, Path, Path], sizes: Any, prompts: Sequence[int],
                 ort_loops.bound_step)}
     rows = []
     for length in prompts:
-        ids = causal_lm.prompt(length, sizes, seed=length)
-        got: dict[str, dict[str, Any]] = {w: {"ttft": [], "steps": [], "bytes": []} for w in ways}
-        for first, step in ways.values():  # warm-up: each way's first run of this gear
-            step(first(ids), length)
-        for _ in range(rounds):  # in lockstep: each way's prefill in turn, then each step
-            toks = {}
-            for way, (first, _) in ways.items():
-                start = time.perf_counter()
-                toks[way] = [first(ids)]
-                got[way]["ttft"].append(time.perf_counter() - start)
-            for t in range(tokens - 1):
-                for way, (_, step) in ways.items():
-                    before = counter() if counter else 0
-                    start = time.perf_counter()
-                    toks[way].append(step(toks[way][-1], length + t))
-                    got[way]["steps"].append(time.perf_counter() - start)
-                    if counter:
-                        got[way]["bytes"].append(counter() - before)
-            for way in ways:
-                got[way]["tokens"] = toks[way]
+        got = lockstep(ways, causal_lm.prompt(length, sizes, seed=length), tokens, rounds)
         for way, g in got.items():
-            rows.append({"prompt": length, "way": way, "ttft": statistics.median(g["ttft"]),
-                         "step": statistics.median(g["steps"]),
-                         "bytes": statistics.median(g["bytes"]) if g["bytes"] else None,
+            rows.append({"prompt": length, "way": way, "ttft": g["ttft"], "step": g["step"],
+                         "bytes": g["bytes"],
                          "same_tokens": g["tokens"] == got["ORT run"]["tokens"]})
         print(f"  prompt {length}: done", flush=True)
     return rows
@@ -238,12 +269,9 @@ print(json.dumps({{"rss": rss_mib() - base}}))
 
 def rss_of(way: str, pair: tuple[Path, Path, Path], size: str) -> float:
     root = str(Path(__file__).resolve().parent.parent)
-    code = RSS_CHILD.format(root=root, way=way, size=size.upper(), gear_file=str(pair[1]),
-                            decode=str(pair[2]), prefill=str(pair[0]))
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", COUNTER_ENV)}
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True, env=env)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["rss"])
+    return child_rss(RSS_CHILD.format(root=root, way=way, size=size.upper(),
+                                      gear_file=str(pair[1]), decode=str(pair[2]),
+                                      prefill=str(pair[0])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,13 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
-    if not os.environ.get(COUNTER_ENV):  # re-run with the memcpy counter preloaded
-        folder = Path(tempfile.mkdtemp(prefix="gear-bench-counter-"))
-        lib = build_counter(folder)
-        if lib is not None:
-            env = {**os.environ, "LD_PRELOAD": str(lib), COUNTER_ENV: "1"}
-            return subprocess.call([sys.executable, __file__, *(argv or sys.argv[1:])], env=env)
-        print("gcc not found: bytes copied are not counted")
+    code = rerun_with_counter(__file__, argv)
+    if code is not None:
+        return code
 
     from gear_runtime.examples import causal_lm
     from gear_runtime.tools import generate
