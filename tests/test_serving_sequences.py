@@ -290,16 +290,13 @@ def test_onnxruntime_genais_graph_is_served_with_its_cache_in_place(tmp_path, ca
     _, gear = gqa_lm.write_model(tmp_path, sizes)
     pairs = tuple(gqa_lm.state_pairs(sizes).items())
     prompt = gqa_lm.prompt(11, sizes, seed=5)
-    n, g = prompt.shape[1], 16
+    n = prompt.shape[1]
 
     def feeds(step: int, token: int) -> tuple[np.ndarray, np.ndarray]:
-        if step == 0:  # the prompt, right-padded to its gear, the mask all ones
-            ids = np.zeros((1, g), np.int64)
-            ids[:, :n] = prompt
-            return ids, np.ones((1, g), np.int64)
-        mask = np.zeros((1, sizes.max_seq), np.int64)
-        mask[:, :n + step] = 1
-        return np.array([[token]], np.int64), mask
+        """Step 0: the padded prompt; then one token at position n + step - 1."""
+        f = (gqa_lm.prompt_feeds(prompt, sizes) if step == 0
+             else gqa_lm.step_feeds(token, n + step - 1, sizes))
+        return f["input_ids"], f["attention_mask"]
 
     ex = gr.load(str(gear)).create_executor(state=dict(pairs), in_place_state=True)
     want: list[int] = []

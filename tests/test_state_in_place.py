@@ -36,16 +36,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _generate(ex: Any, prompt: np.ndarray, new: int) -> list[int]:
     """Greedy tokens: the prompt right-padded to its gear, then static decode steps."""
     n = prompt.shape[1]
-    g = min(s for s in SIZES.seq_gears if s >= n)
-    ids = np.zeros((1, g), np.int64)
-    ids[:, :n] = prompt
-    (logits,) = ex.execute({"input_ids": ids, "attention_mask": np.ones((1, g), np.int64)})
+    (logits,) = ex.execute(gqa_lm.prompt_feeds(prompt, SIZES))
     out = [int(logits[0, n - 1].argmax())]
     for pos in range(n, n + new - 1):
-        mask = np.zeros((1, SIZES.max_seq), np.int64)
-        mask[:, :pos + 1] = 1
-        (logits,) = ex.execute({"input_ids": np.array([[out[-1]]], np.int64),
-                                "attention_mask": mask})
+        (logits,) = ex.execute(gqa_lm.step_feeds(out[-1], pos, SIZES))
         out.append(int(logits[0, 0].argmax()))
     return out
 
@@ -83,6 +77,11 @@ def test_in_place_tokens_equal_double_buffered_and_plain_ort(files, length: int)
         assert _generate(db, prompt, 8) == want
         ip.reset_state()  # a second generation on the same executor
         assert _generate(ip, prompt, 8) == want
+
+
+def test_a_prompt_longer_than_every_prompt_gear_is_refused() -> None:
+    with pytest.raises(ValueError, match="65 tokens is longer than the largest prompt gear 64"):
+        gqa_lm.prompt_feeds(gqa_lm.prompt(65, SIZES), SIZES)
 
 
 def test_in_place_runs_read_and_write_one_buffer(files) -> None:

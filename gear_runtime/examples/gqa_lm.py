@@ -261,10 +261,33 @@ def write_genai_config(directory: str | Path, sizes: Sizes = SMALL) -> Path:
     return path
 
 
+def prompt_feeds(ids: np.ndarray, sizes: Sizes = SMALL) -> dict[str, np.ndarray]:
+    """The prefill request of prompt ``ids`` [1, n]: right-padded with id 0 to its covering
+    prompt gear, the mask all ones (the pads follow every real token, so causal attention
+    keeps them out of the real rows; the logits of the last token are row n - 1)."""
+    n = ids.shape[1]
+    gear = min((g for g in sizes.seq_gears if g >= n), default=None)
+    if gear is None:
+        raise ValueError(f"a prompt of {n} tokens is longer than the largest prompt gear "
+                         f"{max(sizes.seq_gears)}")
+    padded = np.zeros((1, gear), np.int64)
+    padded[:, :n] = ids
+    return {"input_ids": padded, "attention_mask": np.ones((1, gear), np.int64)}
+
+
+def step_feeds(token: int, position: int, sizes: Sizes = SMALL) -> dict[str, np.ndarray]:
+    """The decode step of ``token`` at ``position``: the static mask [1, max_seq], ones up
+    to and with the position."""
+    mask = np.zeros((1, sizes.max_seq), np.int64)
+    mask[:, :position + 1] = 1
+    return {"input_ids": np.array([[token]], np.int64), "attention_mask": mask}
+
+
 def prompt(length: int, sizes: Sizes = SMALL, seed: int = 0) -> np.ndarray:
     """A seeded prompt of ``length`` token ids, [1, length] int64 (no id 0: the pad id)."""
     return np.random.default_rng(seed).integers(1, sizes.vocab, (1, length), dtype=np.int64)
 
 
 __all__ = ["BENCH", "INPUTS", "SMALL", "Sizes", "build", "gear_text", "make_weights",
-           "prompt", "state_pairs", "write_genai_config", "write_genai_folder", "write_model"]
+           "prompt", "prompt_feeds", "state_pairs", "step_feeds", "write_genai_config",
+           "write_genai_folder", "write_model"]
