@@ -234,21 +234,27 @@ def test_an_output_fed_back_as_an_input_is_copied_first(tmp_path: Path) -> None:
 
 def test_the_arrays_bound_are_the_ones_the_core_checked(sum_file: str) -> None:
     """The core hands the executor the very arrays it checked, not the request read again:
-    a request another thread changes during the call can only change what a later call
-    reads. Here the session records what it is given while the request has been emptied."""
+    another thread replacing an input right after the core's check (here: the core's
+    execute wrapped to do so) changes nothing this call runs on."""
     with gr.load(sum_file) as model:
         ex = model.create_executor()
         a, b = _pair(9)
         request = {"a": a, "b": b}
         seen = []
-        run = ex.session.run_gear_in_place
+        core_execute, run = ex._execute_c, ex.session.run_gear_in_place
 
-        def emptying(gear: int, placed: dict[int, np.ndarray], copy: bool) -> Any:
-            request.clear()  # what a racing thread could do once the core has read it
+        def racing(inputs: Any, preset: Any, pad: bool, copy: bool) -> Any:
+            done = core_execute(inputs, preset, pad, copy)
+            inputs["a"] = np.zeros_like(a)  # replaced once the core has checked it
+            return done
+
+        def recording(gear: int, placed: dict[int, np.ndarray], copy: bool) -> Any:
             seen.append(dict(placed))
             return run(gear, placed, copy)
 
-        ex.session.run_gear_in_place = emptying  # type: ignore[method-assign]
-        y, _ = ex.execute(request)
+        ex._execute_c = racing
+        ex.session.run_gear_in_place = recording  # type: ignore[method-assign]
+        y, z = ex.execute(request)
         assert seen[0][0] is a and seen[0][1] is b
         np.testing.assert_array_equal(y, a + b)
+        np.testing.assert_array_equal(z, -a)
