@@ -27,7 +27,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gear_runtime.backends.output_pool import FRESH_OUTPUT_MIN_BYTES
-from gear_runtime.errors import BackendError, BackendUnavailableError, GearFileError, InputError
+from gear_runtime.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ClosedError,
+    GearFileError,
+    InputError,
+)
 from gear_runtime.gearfile.info import ModelInfo
 
 #: One gear's direct run (:meth:`BackendSession.direct_runs`): ``(call, args, outputs,
@@ -103,6 +109,14 @@ class BackendSession(ABC):
             outputs[k] = buf
         return outputs
 
+    def device_out_refusal(self, buf: DeviceBuffer) -> str | None:
+        """Why this session cannot write an output into ``buf`` (another session's device
+        memory), or None when its :meth:`run_gear_into` takes it as ``out[k]`` (written on
+        the device, no host copy). Default: this session writes its outputs to host memory."""
+        return (f"this executor writes its outputs to host memory, not into {buf.backend} "
+                f"device memory; hand it over with set_state(name, output) (one "
+                "host-to-device copy)")
+
     # ---- resident state (sessions created with a StatePlan: HostState below) ---------------
     def commit_state(self) -> None:
         """After a successful run: the buffers just written become the ones the next run
@@ -127,6 +141,58 @@ class BackendSession(ABC):
     def close(self) -> None:
         """Free device resources; idempotent. Backends with nothing to free keep this."""
         return None
+
+
+class DeviceBuffer:
+    """One buffer of a backend's device memory that gear_runtime hands out: a device
+    backend's resident state (``ex.state[name]`` on acl). What a user does with it:
+
+    - ``out={name: buf}`` of an executor on the same backend and device: the output is
+      written straight into it on the device (no host copy): the prefill -> decode handoff;
+    - ``set_state(name, buf)``: one device-to-device copy;
+    - ``buf.numpy()`` / ``np.asarray(buf)``: a host COPY (one device-to-host copy).
+
+    ``owner`` is the session state whose memory it is: ``owner.alive()`` says whether the
+    memory is still allocated (an executor closed since frees it: every use then raises
+    ClosedError) and ``owner.to_host(buf)`` copies it out. The memory never moves."""
+
+    def __init__(self, owner: Any, backend: str, device_id: int, handle: Any,
+                 shape: Sequence[int], dtype: Any) -> None:
+        self._owner = owner
+        self.backend, self.device_id, self._handle = backend, int(device_id), handle
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def alive(self) -> bool:
+        """Whether the memory is still allocated (its executor not closed)."""
+        return bool(self._owner.alive())
+
+    @property
+    def handle(self) -> Any:
+        """What the backend knows the memory by: a device address (acl), the runtime's
+        device tensor (mindspore_lite); ClosedError once the owning executor freed it."""
+        if not self.alive:
+            raise ClosedError(f"this {self.backend} device buffer belonged to an executor "
+                              "that is closed: its memory is freed")
+        return self._handle
+
+    def numpy(self) -> np.ndarray:
+        """A host copy (one device-to-host copy), the buffer's shape and dtype."""
+        self.handle  # noqa: B018 - ClosedError once freed
+        return self._owner.to_host(self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        state = "" if self.alive else ", freed"
+        return (f"DeviceBuffer({self.backend} device {self.device_id}, {self.dtype} "
+                f"{list(self.shape)}{state})")
 
 
 class HostState:

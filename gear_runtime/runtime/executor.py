@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gear_runtime import arguments
-from gear_runtime.backends.base import BackendSession
+from gear_runtime.backends.base import BackendSession, DeviceBuffer
 from gear_runtime.errors import (
     BackendError,
     ClosedError,
@@ -405,8 +405,9 @@ class Executor:
                        if name in state else f"no output {name!r}")
                 raise InputError(f"out: {why}; outputs execute returns: "
                                  f"{', '.join(self._out_names)}")
-            if not isinstance(buf, np.ndarray):
-                raise InputError(f"out[{name!r}] must be a numpy array, got "
+            if not isinstance(buf, np.ndarray | DeviceBuffer):
+                raise InputError(f"out[{name!r}] must be a numpy array (or a device state "
+                                 f"buffer: ex.state[name] on a device backend), got "
                                  f"{type(buf).__name__}")
             outs[self._out_names[name]] = buf
         return outs
@@ -420,6 +421,12 @@ class Executor:
             raise InputError(f"out[{name!r}] is {buf.dtype} {list(buf.shape)}; output {name!r} "
                              f"of gear {gear} {self._gear_values[gear]} is {np.dtype(dtype)} "
                              f"{list(shape)}")
+        if isinstance(buf, DeviceBuffer):
+            buf.handle  # noqa: B018 - ClosedError once its executor freed it
+            why = self._session.device_out_refusal(buf)
+            if why is not None:
+                raise InputError(f"out[{name!r}] is {buf!r}: {why}")
+            return
         if not buf.flags.c_contiguous or not buf.flags.writeable:
             raise InputError(f"out[{name!r}] must be C-contiguous and writable (got "
                              f"c_contiguous={buf.flags.c_contiguous}, "
@@ -460,6 +467,12 @@ class Executor:
                 raise InputError("set_state on an executor without state: create it with "
                                  "model.create_executor(state={input: output})")
             pair = self._plan.pair(name)
+            if isinstance(value, DeviceBuffer):  # device memory: copied where it lives
+                if value.shape != pair.shape or value.dtype != pair.dtype:
+                    raise InputError(f"set_state({name!r}): got {value!r}, the state is "
+                                     f"{pair.dtype} {list(pair.shape)}")
+                self._session.state.set(self._plan.pairs.index(pair), value)  # type: ignore[attr-defined]
+                return
             arr = inputs_rules.as_input_array(name, value, pair.dtype)
             if tuple(arr.shape) != pair.shape or arr.dtype != pair.dtype:
                 raise InputError(f"set_state({name!r}): got {arr.dtype} {list(arr.shape)}, the "
@@ -521,9 +534,11 @@ class Executor:
         return values
 
     def _trim(self, outputs: list[np.ndarray], request: tuple[int, ...]) -> list[np.ndarray]:
-        """A padded run's outputs cut to the request's sizes along their dynamic axes."""
+        """A padded run's outputs cut to the request's sizes along their dynamic axes; a
+        device buffer given as ``out=`` (no view of it can be cut) is returned whole, the
+        gear's shape, as the caller gave it."""
         for k, axes in enumerate(self._trim_axes):
-            if axes:
+            if axes and not isinstance(outputs[k], DeviceBuffer):
                 index = [slice(None)] * outputs[k].ndim
                 for axis, value in axes:
                     index[axis] = slice(0, request[value])

@@ -255,6 +255,8 @@ class FakeAclState:
     host: dict[int, _Host] = field(default_factory=dict)
     freed_host: list[_Host] = field(default_factory=list)
     device: dict[int, bytearray] = field(default_factory=dict)
+    #: device block -> the device it was allocated on (the current context's device)
+    device_of: dict[int, int] = field(default_factory=dict)
     models: dict[int, FakeOm] = field(default_factory=dict)
     descs: dict[int, int | None] = field(default_factory=dict)  # desc -> model id
     buffers: dict[int, tuple[int, int]] = field(default_factory=dict)  # handle -> (addr, size)
@@ -425,6 +427,7 @@ class FakeAcl:
         if self.current_context() is None:
             return 0, ACL_ERROR_RT_CONTEXT_NULL
         ptr = self._device_next
+        self.state.device_of[ptr] = self._current_device()
         # aclrtMalloc rounds the size up to 32 and adds 32 (pyACL malloc page); the next block
         # starts 64-aligned after that, so a pointer past a block is never another block.
         self._device_next += ((size + 31) // 32 * 32 + 32 + 63) // 64 * 64 + 64
@@ -432,10 +435,25 @@ class FakeAcl:
         bisect.insort(self._device_starts, ptr)
         return ptr, ACL_SUCCESS
 
+    def _current_device(self) -> int:
+        """The device of the context bound to the calling thread (a default one included)."""
+        ctx = self.current_context()
+        if ctx in self.state.contexts:
+            return self.state.contexts[ctx]
+        return next(d for d, c in self._default_contexts.items() if c == ctx)
+
+    def _on_device(self, ptr: int, device: int) -> bool:
+        """Whether device address ``ptr`` lies in a block allocated on ``device``: no peer
+        access is enabled here (aclrtDeviceEnablePeerAccess), so memory of another device is
+        neither a dataset buffer a model can use nor a device-to-device copy's end."""
+        i = bisect.bisect_right(self._device_starts, ptr) - 1
+        return i >= 0 and self.state.device_of.get(self._device_starts[i]) == device
+
     def _rt_free(self, ptr: int) -> int:
         if self.state.device.pop(ptr, None) is None:
             return ACL_ERROR_INVALID_PARAM
         self._device_starts.remove(ptr)
+        del self.state.device_of[ptr]
         return ACL_SUCCESS
 
     def _rt_malloc_host(self, size: int) -> tuple[int, int]:
@@ -485,6 +503,10 @@ class FakeAcl:
                                       dst_host or dst_dev is not None)}[kind]
         if not all(where):
             return ACL_ERROR_INVALID_PARAM
+        here = self._current_device()
+        if (src_dev and not self._on_device(src, here)) or \
+                (dst_dev and not self._on_device(dst, here)):
+            return ACL_ERROR_INVALID_PARAM  # another device's memory, no peer access
         data = bytes(src_dev[0][src_dev[1]:src_dev[1] + count]) if src_dev else \
             ctypes.string_at(src, count)
         if dst_dev:
@@ -830,6 +852,11 @@ class FakeAcl:
     def _run(self, model_id: int, om: FakeOm, gear: int, ins: list[int], outs: list[int],
              dynamic: Any) -> int:
         """Read gear ``gear``'s inputs from the device, compute, write the outputs."""
+        here = self._current_device()
+        for buf in ins + outs:  # every buffer on the model's device (no peer access)
+            addr, size = self.state.buffers.get(buf, (0, 0))
+            if size and not self._on_device(addr, here):
+                return ACL_ERROR_INVALID_PARAM
         arrays = []
         for i, shape in enumerate(om.gear_shapes(gear)):
             addr, size = self.state.buffers.get(ins[i], (0, 0))

@@ -28,6 +28,7 @@ ACL_MEM_MALLOC_HUGE_FIRST = 0
 #: aclrtMemcpyKind (pyACL "memcpy", .../aclpythondevg_01_0120.html)
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
+ACL_MEMCPY_DEVICE_TO_DEVICE = 3
 #: acl.init returns it when the process already initialised ACL (another library did);
 #: mmdeploy's wrapper treats it as success too (mmdeploy/backend/ascend/wrapper.py).
 ACL_ERROR_REPEAT_INITIALIZE = 100002

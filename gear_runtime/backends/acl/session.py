@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.backends.acl.calls import (
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
     ALIGN,
@@ -17,7 +18,7 @@ from gear_runtime.backends.acl.calls import (
     check,
     host_array,
 )
-from gear_runtime.backends.base import BackendSession, check_layout_fits
+from gear_runtime.backends.base import BackendSession, DeviceBuffer, check_layout_fits
 from gear_runtime.errors import BackendError
 
 
@@ -157,18 +158,25 @@ class AclSession(BackendSession):
         host = mem.host(max(offsets[-1], 1))
         host_bytes = host_array(host, max(offsets[-1], 1))
         devices = [None if k in state_out else mem.device(size) for k, size in enumerate(sizes)]
+        self._out_sizes = sizes
         self._out_datasets: list[int] = []
+        #: per parity, per output: the (device address, size) its dataset buffer points at
+        self._out_entries: list[list[tuple[int, int]]] = []
         for parity in range(2 if self.state is not None else 1):
-            ds = mem.dataset()
+            entries = []
             for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
                 if k in state_out:  # written where the next run (the other parity) reads
                     pair = state_out[k]
-                    mem.add(ds, self.state.buffers[pair][1 - parity],
-                            self._plan.pairs[pair].nbytes)
+                    entries.append((self.state.buffers[pair][1 - parity],
+                                    self._plan.pairs[pair].nbytes))
                 else:
-                    mem.add(ds, dev, size)
+                    entries.append((dev, size))
+            ds = mem.dataset()
+            for ptr, size in entries:
+                mem.add(ds, ptr, size)
             self._out_datasets.append(ds)
-        self._out_copies: list[list[tuple[int, int, int, int]]] = []
+            self._out_entries.append(entries)
+        self._out_copies: list[list[tuple[int, int, int, int, int]]] = []
         self._out_views: list[list[np.ndarray]] = []
         for g in range(info.spec.gear_count):
             copies, views = [], []
@@ -177,7 +185,7 @@ class AclSession(BackendSession):
                     views.append(np.empty(0, info.output_dtypes[k]))
                     continue
                 nbytes = info.output_size(g, k)
-                copies.append((host + offsets[k], size, dev, nbytes))
+                copies.append((k, host + offsets[k], size, dev, nbytes))
                 view = host_bytes[offsets[k]:offsets[k] + nbytes].view(info.output_dtypes[k])
                 views.append(view.reshape(info.output_shapes[g][k]))
             self._out_copies.append(copies)
@@ -202,7 +210,50 @@ class AclSession(BackendSession):
             self._model.activate()
             return self._run_locked(gear)
 
-    def _run_locked(self, gear: int) -> list[np.ndarray]:
+    def device_out_refusal(self, buf: DeviceBuffer) -> str | None:
+        """An output is written into acl device memory of this session's device (the other
+        executor's state: the prefill -> decode handoff); memory of another device or
+        backend is refused (ACL would need peer access between devices)."""
+        here = self._model.device_id
+        if buf.backend != "acl" or buf.device_id != here:
+            return (f"this executor runs on acl device {here}: it writes an output into acl "
+                    f"memory of device {here} only; hand it over with set_state(name, output) "
+                    "(through the host)")
+        return None
+
+    def run_gear_into(self, gear: int, out: dict[int, Any]) -> list[Any]:
+        """Outputs given as :class:`DeviceBuffer` (another executor's device state on this
+        device) are written on the device, never copied to the host: the output dataset of
+        this run points at that buffer where it holds the model's output size (ACL checks a
+        buffer against the model's size, the largest gear's), else the output is copied into
+        it device to device after the run. Numpy buffers: one copy after the run (base)."""
+        bound = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        if not bound:
+            return super().run_gear_into(gear, out)
+        self._model.info.spec.gear_number(gear, "model")
+        with self._model.lock:
+            if self._closed:
+                raise BackendError("this acl session is closed")
+            self._model.activate()
+            outputs = self._run_locked(gear, {k: b.handle for k, b in bound.items()})
+        for k, buf in out.items():
+            if k not in bound:
+                np.copyto(buf, outputs[k])
+            outputs[k] = buf
+        return outputs
+
+    def _bound_dataset(self, bound: dict[int, int], scratch: Scratch) -> int:
+        """An output dataset like the parity's own, output ``k`` at ``bound[k]`` instead
+        (only outputs whose buffer holds the model's size are given here)."""
+        parity = 0 if self.state is None else self.state.parity
+        ds = scratch.dataset()
+        for k, (ptr, size) in enumerate(self._out_entries[parity]):
+            scratch.add(ds, bound.get(k, ptr), size)
+        return ds
+
+    def _run_locked(self, gear: int, bound: dict[int, int] | None = None) -> list[np.ndarray]:
+        """The run under the model's lock. ``bound``: output index -> a device address it is
+        written to instead of being copied to the host (:meth:`run_gear_into`)."""
         h2d, d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
         start, end = self._merged[gear]
         if end > start:
@@ -213,13 +264,36 @@ class AclSession(BackendSession):
                 self._memcpy(self._device + start, self._total - start, self._host + start,
                              end - start, h2d, "separate input, host to device")
         parity = 0 if self.state is None else self.state.parity
-        check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
-                                     self._out_datasets[parity]),
-               "acl.mdl.execute", self._labels[gear])
-        for host, cap, dev, nbytes in self._out_copies[gear]:
-            if nbytes:
+        if not bound:
+            check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
+                                         self._out_datasets[parity]),
+                   "acl.mdl.execute", self._labels[gear])
+            for _, host, cap, dev, nbytes in self._out_copies[gear]:
+                if nbytes:
+                    self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
+            return list(self._out_views[gear])
+        bindable = {k: ptr for k, ptr in bound.items() if self._out_bindable(k, gear)}
+        scratch = Scratch(self._acl)
+        try:
+            check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
+                                         self._bound_dataset(bindable, scratch)),
+                   "acl.mdl.execute", self._labels[gear])
+        finally:
+            scratch.release(strict=False)
+        for k, host, cap, dev, nbytes in self._out_copies[gear]:
+            if k in bindable or not nbytes:
+                continue
+            if k in bound:  # its buffer is smaller than the model's size: copied on the device
+                self._memcpy(bound[k], nbytes, dev, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
+                             "output, device to device")
+            else:
                 self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
         return list(self._out_views[gear])
+
+    def _out_bindable(self, k: int, gear: int) -> bool:
+        """Whether a caller's buffer of output ``k`` at gear ``gear`` (exactly the gear's
+        output bytes) holds the model's output size, which ACL checks it against."""
+        return self._model.info.output_size(gear, k) >= self._out_sizes[k]
 
     def commit_state(self) -> None:
         """After a successful run: the buffers it wrote are what the next run reads."""
@@ -272,14 +346,43 @@ class DeviceState:
             else:
                 session._memcpy(host, p.nbytes, dev, p.nbytes, kind, "state, device to host")
 
-    def read(self, pair: int) -> np.ndarray:
-        """A host copy of the buffer the next run reads (one device-to-host copy)."""
-        self._copy(pair, self.parity, ACL_MEMCPY_DEVICE_TO_HOST)
+    def read(self, pair: int) -> DeviceBuffer:
+        """The buffer the next run reads, as a :class:`DeviceBuffer` (no copy): ``out=`` of
+        another executor on this device writes into it, ``.numpy()`` copies it out."""
+        p = self.plan.pairs[pair]
+        return DeviceBuffer(self, "acl", self._session._model.device_id,
+                            self.buffers[pair][self.parity], p.shape, p.dtype)
+
+    def alive(self) -> bool:
+        """Whether the buffers are still allocated (the session not closed)."""
+        return not self._session._closed
+
+    def to_host(self, buf: DeviceBuffer) -> np.ndarray:
+        """A host copy of ``buf`` (one of these buffers): one device-to-host copy."""
+        pair, parity = self._find(buf)
+        self._copy(pair, parity, ACL_MEMCPY_DEVICE_TO_HOST)
         return self._host_view(pair).copy()
 
-    def set(self, pair: int, value: np.ndarray) -> None:
-        """``value`` into the buffer the next run reads (one host-to-device copy)."""
-        np.copyto(self._host_view(pair), value)
+    def _find(self, buf: DeviceBuffer) -> tuple[int, int]:
+        for pair, bufs in enumerate(self.buffers):
+            if buf.handle in bufs:
+                return pair, bufs.index(buf.handle)
+        raise BackendError(f"{buf!r} is no buffer of this acl state")
+
+    def set(self, pair: int, value: np.ndarray | DeviceBuffer) -> None:
+        """``value`` into the buffer the next run reads: one host-to-device copy, or one
+        device-to-device copy from a :class:`DeviceBuffer` on this device."""
+        if isinstance(value, DeviceBuffer) and value.backend == "acl" and \
+                value.device_id == self._session._model.device_id:
+            p, session = self.plan.pairs[pair], self._session
+            if p.nbytes:
+                with session._model.lock:
+                    session._model.activate()
+                    session._memcpy(self.buffers[pair][self.parity], p.nbytes, value.handle,
+                                    p.nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
+                                    "state, device to device")
+            return
+        np.copyto(self._host_view(pair), np.asarray(value))
         self._copy(pair, self.parity, ACL_MEMCPY_HOST_TO_DEVICE)
 
     def zero(self) -> None:

@@ -1,0 +1,188 @@
+"""Resident state on a device backend handed over on the device: ``ex.state[name]`` is a
+:class:`~gear_runtime.backends.base.DeviceBuffer` there, ``out=`` of another executor on the
+same device writes into it (the prefill -> decode handoff of seed 004, no host copy of the
+cache), ``set_state`` copies from one device to device, ``.numpy()`` copies it out.
+
+Shown on the pyACL double (tests/doubles/fake_acl.py), which counts every memcpy by kind and
+refuses buffers of another device (no peer access), as the NPU would fault on them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from doubles import fake_acl
+from onnx import TensorProto, helper
+
+import gear_runtime as gr
+from gear_runtime.backends.base import DeviceBuffer
+from gear_runtime.errors import ClosedError, InputError
+
+H2D, D2H = fake_acl.ACL_MEMCPY_HOST_TO_DEVICE, fake_acl.ACL_MEMCPY_DEVICE_TO_HOST
+D2D = fake_acl.ACL_MEMCPY_DEVICE_TO_DEVICE
+
+# The decode step: a static model whose state x (2, 3, 4) the double's rule y = 2x + 1 feeds.
+DECODE = [("x", [2, 3, 4], "float32"), ("ids", [2, 2], "int64")]
+# A prefill at batch gears whose first output y = 2 kv + 1 is (2, 3, 4) at EVERY gear (the
+# seed's cache padded to max_seq): its buffer holds the model's output size, so it is bound.
+PREFILL_FIXED = [("kv", [2, 3, 4], "float32"), ("ids", [-1, 2], "int64")]
+# A prefill whose y follows the batch gear: at gear 2 it is the state's shape but smaller
+# than the model's output size (gear 4's), which ACL checks a buffer against: copied instead.
+PREFILL_GROWING = [("kv", [-1, 3, 4], "float32"), ("ids", [-1, 2], "int64")]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> fake_acl.FakeAcl:
+    double = fake_acl.FakeAcl(device_count=2)
+    monkeypatch.setitem(sys.modules, "acl", double.module)
+    return double
+
+
+@pytest.fixture
+def static_cpu_model(tmp_path) -> str:
+    """A static ONNX model (y = x + 1, x float32 [2, 3, 4]) for the CPU backend."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "g", [x], [y],
+                              [one])
+    path = tmp_path / "static.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def pair(tmp_path, prefill_inputs, gears=((1,), (2,), (4,)), device_id=0):
+    decode = fake_acl.write_om(tmp_path / "decode.om", DECODE, "static", [()])
+    prefill = fake_acl.write_om(tmp_path / "prefill.om", prefill_inputs, "batch", list(gears))
+    return (gr.load(decode, backend="acl"), gr.load(prefill, backend="acl",
+                                                     device_id=device_id))
+
+
+def copies_during(fake, fn):
+    before = len(fake.state.memcpys)
+    result = fn()
+    return result, fake.state.memcpys[before:]
+
+
+def test_the_state_of_a_device_executor_is_a_device_buffer(fake, tmp_path):
+    dec, _ = pair(tmp_path, PREFILL_FIXED)
+    dex = dec.create_executor(state={"x": "y"})
+    buf = dex.state["x"]
+    assert isinstance(buf, DeviceBuffer)
+    assert (buf.backend, buf.device_id, buf.shape, buf.dtype) == ("acl", 0, (2, 3, 4),
+                                                                   np.float32)
+    x0 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    dex.set_state("x", x0)
+    host, copies = copies_during(fake, buf.numpy)
+    np.testing.assert_array_equal(host, x0)
+    assert [c.kind for c in copies] == [D2H]  # .numpy() is one device-to-host copy
+    np.testing.assert_array_equal(np.asarray(dex.state["x"]), x0)
+
+
+def test_a_prefill_writes_its_cache_into_the_decode_state_on_the_device(fake, tmp_path):
+    """The handoff: the prefill's output dataset points at the decode's state buffer, so
+    its cache crosses no PCIe at all (one H2D: the prefill's merged inputs; one D2H: its
+    other output), and the decode's next step reads it."""
+    dec, pre = pair(tmp_path, PREFILL_FIXED)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    kv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ids = np.full((2, 2), 3, np.int64)
+    target = dex.state["x"]
+    (y, cat), copies = copies_during(fake, lambda: pex.execute({"kv": kv, "ids": ids},
+                                                               out={"y": target}))
+    assert y is target  # returned in its place
+    np.testing.assert_array_equal(cat, np.concatenate([kv.ravel(), ids.ravel()]))
+    assert [c.kind for c in copies] == [H2D, D2H]  # inputs in, cat out; the cache: nothing
+    assert all(c.count != kv.nbytes for c in copies)
+    np.testing.assert_array_equal(dex.state["x"].numpy(), kv * 2 + 1)
+    (cat,), copies = copies_during(fake, lambda: dex.execute({"ids": ids}))
+    np.testing.assert_array_equal(cat[:24], (kv * 2 + 1).ravel())  # the decode read it
+    assert [c.kind for c in copies] == [H2D, D2H]
+    np.testing.assert_array_equal(dex.state["x"].numpy(), (kv * 2 + 1) * 2 + 1)
+
+
+def test_an_output_smaller_than_the_models_size_is_copied_on_the_device(fake, tmp_path):
+    """ACL checks an output buffer against the model's size (the largest gear's): a state
+    that holds gear 2's output only is filled by ONE device-to-device copy after the run,
+    still no host copy."""
+    dec, pre = pair(tmp_path, PREFILL_GROWING)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    kv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ids = np.ones((2, 2), np.int64)
+    _, copies = copies_during(fake, lambda: pex.execute({"kv": kv, "ids": ids},
+                                                        out={"y": dex.state["x"]}))
+    assert [c.kind for c in copies] == [H2D, D2D, D2H]
+    assert [c.count for c in copies if c.kind == D2D] == [kv.nbytes]
+    np.testing.assert_array_equal(dex.state["x"].numpy(), kv * 2 + 1)
+    # the other gears' outputs do not fit the state: refused before any run
+    with pytest.raises(InputError, match=r"out\['y'\] is .*float32 \[2, 3, 4\].*gear 0"):
+        pex.execute({"kv": kv[:1], "ids": ids[:1]}, out={"y": dex.state["x"]})
+
+
+def test_set_state_from_a_device_buffer_is_one_device_copy(fake, tmp_path):
+    dec, _ = pair(tmp_path, PREFILL_FIXED)
+    a, b = dec.create_executor(state={"x": "y"}), dec.create_executor(state={"x": "y"})
+    x0 = np.full((2, 3, 4), 5, np.float32)
+    a.set_state("x", x0)
+    _, copies = copies_during(fake, lambda: b.set_state("x", a.state["x"]))
+    assert [(c.kind, c.count) for c in copies] == [(D2D, x0.nbytes)]
+    np.testing.assert_array_equal(b.state["x"].numpy(), x0)
+    with pytest.raises(InputError, match=r"set_state\('x'\): got DeviceBuffer"):
+        a.set_state("x", DeviceBuffer(a.state["x"]._owner, "acl", 0, a.state["x"].handle,
+                                      (24,), np.float32))
+
+
+def test_device_memory_of_another_device_or_a_host_executor_is_refused(fake, tmp_path):
+    """An output lands only in memory of the device its executor runs on: another NPU's
+    buffer (no peer access) or a host backend's executor is refused before the run, naming
+    the buffer and what to do; nothing ran."""
+    dec, pre = pair(tmp_path, PREFILL_FIXED, device_id=1)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    feeds = {"kv": np.zeros((2, 3, 4), np.float32), "ids": np.zeros((2, 2), np.int64)}
+    runs = len(fake.state.executions)
+    with pytest.raises(InputError, match=r"out\['y'\] is DeviceBuffer\(acl device 0.*"
+                                         r"runs on acl device 1.*set_state"):
+        pex.execute(feeds, out={"y": dex.state["x"]})
+    assert len(fake.state.executions) == runs
+
+
+def test_a_host_backend_refuses_a_device_buffer_as_out(fake, tmp_path, static_cpu_model):
+    dec, _ = pair(tmp_path, PREFILL_FIXED)
+    dex = dec.create_executor(state={"x": "y"})
+    cpu = gr.load(static_cpu_model).create_executor()
+    with pytest.raises(InputError, match=r"out\['y'\] is DeviceBuffer\(acl.*writes its "
+                                         r"outputs to host memory.*set_state"):
+        cpu.execute({"x": np.zeros((2, 3, 4), np.float32)}, out={"y": dex.state["x"]})
+
+
+def test_a_buffer_of_a_closed_executor_is_refused(fake, tmp_path):
+    dec, pre = pair(tmp_path, PREFILL_FIXED)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    buf = dex.state["x"]
+    dex.close()
+    assert not buf.alive and "freed" in repr(buf)
+    feeds = {"kv": np.zeros((2, 3, 4), np.float32), "ids": np.zeros((2, 2), np.int64)}
+    with pytest.raises(ClosedError, match="closed"):
+        pex.execute(feeds, out={"y": buf})
+    with pytest.raises(ClosedError):
+        buf.numpy()
+
+
+def test_a_failed_handoff_leaves_nothing_half_bound(fake, tmp_path):
+    """The run's own datasets are untouched by a handoff: a failed one raises and the next
+    plain run copies its outputs to the host as before; no dataset or buffer leaks."""
+    dec, pre = pair(tmp_path, PREFILL_FIXED)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    feeds = {"kv": np.ones((2, 3, 4), np.float32), "ids": np.zeros((2, 2), np.int64)}
+    loaded = fake.state.leaks()
+    fake.state.fail["mdl.execute"] = 507011
+    with pytest.raises(gr.GearRuntimeError, match="507011"):
+        pex.execute(feeds, out={"y": dex.state["x"]})
+    del fake.state.fail["mdl.execute"]
+    assert fake.state.leaks() == loaded
+    y, _ = pex.execute(feeds)
+    np.testing.assert_array_equal(y, np.full((2, 3, 4), 3, np.float32))
+    np.testing.assert_array_equal(dex.state["x"].numpy(), np.zeros((2, 3, 4), np.float32))
