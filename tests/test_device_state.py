@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from doubles import fake_acl
+from doubles import fake_acl, fake_mslite
 from onnx import TensorProto, helper
 
 import gear_runtime as gr
@@ -186,3 +186,143 @@ def test_a_failed_handoff_leaves_nothing_half_bound(fake, tmp_path):
     y, _ = pex.execute(feeds)
     np.testing.assert_array_equal(y, np.full((2, 3, 4), 3, np.float32))
     np.testing.assert_array_equal(dex.state["x"].numpy(), np.zeros((2, 3, 4), np.float32))
+
+
+# ---- MindSpore Lite: device tensors on the default (ACL) provider ---------------------------
+@pytest.fixture
+def ms(monkeypatch: pytest.MonkeyPatch) -> fake_mslite.FakeMslite:
+    double = fake_mslite.FakeMslite()
+    monkeypatch.setitem(sys.modules, "mindspore_lite", double.module)
+    return double
+
+
+GE_CONFIG = ("[ge_graph_options]\nge.inputShape=kv:2,3,4;ids:-1,2\n"
+             "ge.dynamicDims=1;2;4\n")
+ACL_CONFIG = ("[acl_build_options]\ninput_shape=\"kv:2,3,4;ids:-1,2\"\n"
+              "ge.dynamicDims=\"1;2;4\"\n")
+
+
+def ms_pair(tmp_path, prefill_config=ACL_CONFIG, device_id=0, decode_config=None):
+    """A static decode MindIR (its gears: none, its inputs static) and a prefill MindIR at
+    seq gears whose y (2, 3, 4) feeds the decode's state x."""
+    decode = fake_mslite.write_mindir(tmp_path / "decode.mindir", DECODE,
+                                      [[[2, 3, 4], [2, 2]]])
+    prefill = fake_mslite.write_mindir(tmp_path / "prefill.mindir", PREFILL_FIXED,
+                                       [[[2, 3, 4], [n, 2]] for n in (1, 2, 4)])
+    (tmp_path / "prefill.ini").write_text(prefill_config)
+    dec_opts = {} if decode_config is None else {"config": write_text(tmp_path / "decode.ini",
+                                                                      decode_config)}
+    dec = gr.load(decode, backend="mindspore_lite", device_id=device_id, **dec_opts)
+    pre = gr.load(prefill, backend="mindspore_lite", config=str(tmp_path / "prefill.ini"),
+                  device_id=device_id)
+    return dec, pre
+
+
+def write_text(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def ms_copies(ms, fn):
+    before = len(ms.state.copies)
+    result = fn()
+    return result, ms.state.copies[before:]
+
+
+def test_a_static_mindir_loads_as_it_is(ms, tmp_path):
+    dec, _ = ms_pair(tmp_path)
+    assert dec.mode == "static" and dec.gears == [()]
+
+
+def test_mindspore_lite_state_lives_in_device_tensors(ms, tmp_path):
+    """A decode step passes the state's device tensors to predict(inputs, outputs): only
+    its other input crosses to the device and its other output back; the state never."""
+    dec, _ = ms_pair(tmp_path, device_id=1)
+    ex = dec.create_executor(state={"x": "y"})
+    buf = ex.state["x"]
+    assert (buf.backend, buf.device_id, buf.handle.device) == ("mindspore_lite", 1, "ascend:1")
+    x0 = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ids = np.full((2, 2), 7, np.int64)
+    ex.set_state("x", x0)
+    want = x0
+    for _ in range(3):
+        (cat,), copies = ms_copies(ms, lambda: ex.execute({"ids": ids}))
+        np.testing.assert_array_equal(cat, np.concatenate([want.ravel(), ids.ravel()]))
+        assert copies == [("h2d", ids.nbytes), ("d2h", cat.nbytes)]
+        want = want * 2 + 1
+    np.testing.assert_array_equal(ex.state["x"].numpy(), want)
+    ex.reset_state()
+    np.testing.assert_array_equal(np.asarray(ex.state["x"]), np.zeros_like(x0))
+
+
+def test_a_failed_mindspore_lite_step_leaves_the_state(ms, tmp_path):
+    dec, _ = ms_pair(tmp_path)
+    ex = dec.create_executor(state={"x": "y"})
+    x0 = np.ones((2, 3, 4), np.float32)
+    ex.set_state("x", x0)
+    ms.state.fail["predict"] = "507011"
+    with pytest.raises(gr.GearRuntimeError, match="507011"):
+        ex.execute({"ids": np.zeros((2, 2), np.int64)})
+    del ms.state.fail["predict"]
+    np.testing.assert_array_equal(ex.state["x"].numpy(), x0)
+    ex.execute({"ids": np.zeros((2, 2), np.int64)})
+    np.testing.assert_array_equal(ex.state["x"].numpy(), x0 * 2 + 1)
+
+
+def test_a_mindspore_lite_prefill_writes_into_the_decode_state_on_the_device(ms, tmp_path):
+    dec, pre = ms_pair(tmp_path)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    kv = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ids = np.full((2, 2), 3, np.int64)
+    (y, cat), copies = ms_copies(ms, lambda: pex.execute({"kv": kv, "ids": ids},
+                                                         out={"y": dex.state["x"]}))
+    assert isinstance(y, DeviceBuffer)
+    np.testing.assert_array_equal(cat, np.concatenate([kv.ravel(), ids.ravel()]))
+    assert copies == [("h2d", kv.nbytes), ("h2d", ids.nbytes), ("d2h", cat.nbytes)]
+    (cat,) = dex.execute({"ids": ids})
+    np.testing.assert_array_equal(cat[:24], (kv * 2 + 1).ravel())
+
+
+def test_the_ge_provider_refuses_device_state_and_device_outputs(ms, tmp_path):
+    """MindSpore Lite's GE provider copies every input from the host and every output to it
+    (ge_graph_executor.cc): state= and out= into a device tensor are refused there."""
+    dec, pre = ms_pair(tmp_path, prefill_config=GE_CONFIG)
+    with pytest.raises(gr.GearRuntimeError, match="state= on mindspore_lite needs the "
+                                                  "default \\(ACL\\) provider"):
+        pre.create_executor(state={"kv": "y"})
+    dex = dec.create_executor(state={"x": "y"})
+    feeds = {"kv": np.zeros((2, 3, 4), np.float32), "ids": np.zeros((2, 2), np.int64)}
+    with pytest.raises(InputError, match="GE provider.*set_state"):
+        pre.create_executor().execute(feeds, out={"y": dex.state["x"]})
+
+
+def test_weights_are_shared_through_a_model_group_on_the_ge_provider(ms, tmp_path):
+    """share_weights_with on mindspore_lite: ModelGroup(SHARE_WEIGHT), both models built
+    after joining it (the first built again), the GE provider on both; refused otherwise."""
+    (tmp_path / "dec.ini").write_text("[ge_graph_options]\nge.exec.precision_mode=force_fp32\n")
+    decode = fake_mslite.write_mindir(tmp_path / "decode.mindir", DECODE, [[[2, 3, 4], [2, 2]]])
+    prefill = fake_mslite.write_mindir(tmp_path / "prefill.mindir", PREFILL_FIXED,
+                                       [[[2, 3, 4], [n, 2]] for n in (1, 2, 4)])
+    (tmp_path / "pre.ini").write_text(GE_CONFIG)
+    dec = gr.load(decode, backend="mindspore_lite", config=str(tmp_path / "dec.ini"))
+    pre = gr.load(prefill, backend="mindspore_lite", config=str(tmp_path / "pre.ini"),
+                  share_weights_with=dec)
+    assert ms.state.weight_groups == [[decode, prefill]]
+    ex = dec.create_executor()  # the rebuilt decode runs
+    (y, _) = ex.execute({"x": np.ones((2, 3, 4), np.float32), "ids": np.zeros((2, 2),
+                                                                             np.int64)})
+    np.testing.assert_array_equal(y, np.full((2, 3, 4), 3, np.float32))
+    with pytest.raises(InputError, match="shares its weights with another model already"):
+        gr.load(prefill, backend="mindspore_lite", config=str(tmp_path / "pre.ini"),
+                share_weights_with=dec)
+    assert pre.gear_count == 3
+
+
+def test_weight_sharing_on_the_default_provider_is_refused_naming_it(ms, tmp_path):
+    dec, _ = ms_pair(tmp_path)
+    prefill = str(tmp_path / "prefill.mindir")
+    with pytest.raises(InputError, match=r"decode.mindir' is built with the default \(ACL\) "
+                                         r"provider.*\[ge_graph_options\]"):
+        gr.load(prefill, backend="mindspore_lite", config=str(tmp_path / "prefill.ini"),
+                share_weights_with=dec)
+    assert ms.state.weight_groups == []

@@ -95,7 +95,7 @@ def test_state_pair_dtype_and_dynamic_input_are_refused(tmp_path) -> None:
 def test_state_on_a_backend_without_it_is_refused(pair) -> None:
     pytest.importorskip("openvino")
     model = gr.load(str(pair[2]), backend="openvino")
-    with pytest.raises(InputError, match="not supported on the 'openvino' backend"):
+    with pytest.raises(InputError, match="not built for the 'openvino' backend"):
         model.create_executor(state=causal_lm.STATE)
 
 
@@ -238,7 +238,8 @@ def test_share_weights_with_is_checked(pair) -> None:
     decode = gr.load(str(pair[2]))
     with pytest.raises(InputError, match="must be a GearModel"):
         gr.load(str(pair[1]), share_weights_with="decode.onnx")
-    with pytest.raises(InputError, match=r"one backend that shares them \(onnxruntime\); "
+    with pytest.raises(InputError, match=r"one backend that shares them \(onnxruntime, "
+                       r"mindspore_lite\); "
                        "this one is on 'null', the other on 'onnxruntime'"):
         gr.load(str(pair[1]), backend="null", share_weights_with=decode)
     null_decode = gr.load(str(pair[2]), backend="null")

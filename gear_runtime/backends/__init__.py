@@ -81,7 +81,8 @@ FACTS: dict[str, BackendFacts] = {
     "acl": BackendFacts(own_suffix=_SUFFIX_OF["acl"], device_option="device_id",
                         input_shape_option="input_shape"),
     "mindspore_lite": BackendFacts(own_suffix=_SUFFIX_OF["mindspore_lite"],
-                                   device_option="device_id", config_option="config"),
+                                   device_option="device_id", config_option="config",
+                                   shares_weights=True),
     "openvino": BackendFacts(threads_option="num_threads", device_option="device",
                              device_kind=str,
                              naive="OpenVINO's own dynamic-shape model of the source graph (x "

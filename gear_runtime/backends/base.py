@@ -278,6 +278,18 @@ class BackendModel(ABC):
         covers ``plan.inputs`` alone, in that order, and the session holds the state.
         """
 
+    def state_refusal(self) -> str | None:
+        """Why this model's sessions cannot take ``state=``, or None when they can."""
+        if self.supports_state:
+            return None
+        return (f"state= is not built for the {self.name!r} backend (resident state runs on "
+                "onnxruntime's CPU, acl, mindspore_lite's default provider and null)")
+
+    def weights_shareable(self) -> bool:
+        """Whether ``load(..., share_weights_with=)`` of this model can share its weights
+        now (on a backend whose facts say it shares weights at all)."""
+        return True
+
     def state_graph(self) -> Any:
         """The onnx GraphProto this backend's sessions run, for the in-place state check
         (:func:`gear_runtime.runtime.state.in_place_refusal`); None where it cannot bind a

@@ -33,6 +33,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,6 +41,7 @@ import numpy as np
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
+    DeviceBuffer,
     aligned_buffer,
     check_device_id,
     check_layout_fits,
@@ -55,7 +57,7 @@ from gear_runtime.errors import (
 )
 from gear_runtime.gearfile.info import ModelInfo
 from gear_runtime.spec import GearSpec
-from gear_runtime.spec.config import config_sections
+from gear_runtime.spec.config import config_sections, config_without_gears
 
 INSTALL_HINT = ("install the MindSpore Lite cloud-inference wheel for Ascend "
                 "(mindspore_lite-*-linux_*.whl from mindspore.cn, built with the Ascend backend) "
@@ -76,7 +78,8 @@ T = TypeVar("T")
 
 
 def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
-               spec: GearSpec | None = None, device_id: int = 0) -> MsliteModel:
+               spec: GearSpec | None = None, device_id: int = 0,
+               share_weights_with: MsliteModel | None = None) -> MsliteModel:
     """Build the MindIR at ``path`` on Ascend device ``device_id``.
 
     The gears come from ``config`` (the converter config file: ``[acl_build_options]``,
@@ -85,21 +88,61 @@ def open_model(path: str, *, config: str | os.PathLike[str] | None = None,
     input_shape and ge.dynamicDims in the MindIR, which ``Model.get_model_info`` returns
     (MindSpore Lite releases that have it). Given gears are checked against recorded ones
     (CompileError naming both when they differ).
+    ``share_weights_with``: a model loaded before whose weights this one shares through
+    ``ModelGroup(ModelGroupFlag.SHARE_WEIGHT)`` (its documented example is a seq-1024 prefill
+    and a seq-1 decode): both are built AFTER joining the group (the group id only reaches a
+    model through its build), so that model is built once more, in the group, and MindSpore
+    Lite's GE provider must run both (the group id is the GE session id; other providers
+    never read it): :func:`sharing_refusal` says why not otherwise.
     Raises BackendUnavailableError when mindspore_lite is missing, GearSpecError for a bad or
     missing spec, GearFileError for a missing model file, CompileError when the model's inputs
-    do not fit the spec, BackendError when a MindSpore Lite call fails.
+    do not fit the spec, BackendError when a MindSpore Lite call fails, InputError when the
+    weights cannot be shared.
     """
     mslite = _import_mslite()
     if config is not None and spec is not None:
         raise GearSpecError("mindspore_lite takes the model's gears once: pass config= (the "
                             "converter config file with input_shape and dynamic dims) or spec=, "
                             "not both")
+    precision = None
     if config is not None:
-        spec = GearSpec.from_config(os.fspath(config))
+        static, precision = config_without_gears(os.fspath(config))
+        if spec is None and not static:  # gears in the config; else the model's own shapes
+            spec = GearSpec.from_config(os.fspath(config))
     elif spec is not None and not isinstance(spec, GearSpec):
         raise GearSpecError(f"spec must be a GearSpec, got {type(spec).__name__}")
-    return MsliteModel(mslite, os.fspath(path), spec, device_id,
-                       config_path=None if config is None else os.fspath(config))
+    config_path = None if config is None else os.fspath(config)
+    model = None
+    if share_weights_with is not None:
+        provider = build_config(config_path, spec)[2]
+        why = sharing_refusal(share_weights_with, provider, os.fspath(path))
+        if why is not None:
+            raise InputError(f"share_weights_with on mindspore_lite: {why}")
+        group = _call("ModelGroup()", mslite.ModelGroup, mslite.ModelGroupFlag.SHARE_WEIGHT)
+        first, model = mslite.Model(), mslite.Model()
+        _call("ModelGroup.add_model", group.add_model, [first, model])
+        share_weights_with.rebuild_in(group, first)
+    return MsliteModel(mslite, os.fspath(path), spec, device_id, config_path=config_path,
+                       model=model, precision_mode=precision)
+
+
+def sharing_refusal(other: Any, provider: str, path: str) -> str | None:
+    """Why a model built with ``provider`` at ``path`` cannot share ``other``'s weights, or
+    None: ModelGroup(SHARE_WEIGHT) works through MindSpore Lite's GE provider alone (its
+    docstring: "only supported in cloud side Ascend inference and the provider is GE";
+    model_group_impl.cc hands the group id to the GE executor as its session id), and a
+    model shares through one group, joined once (AddModel refuses a model in a group)."""
+    if not isinstance(other, MsliteModel):
+        return f"the other model is no mindspore_lite model ({type(other).__name__})"
+    for what, prov in ((repr(other.path), other.provider), (repr(path), provider)):
+        if prov != "ge":
+            return (f"{what} is built with the {prov or 'default (ACL)'} provider; weights "
+                    "are shared by ModelGroup(SHARE_WEIGHT) through the GE provider alone: "
+                    "load both with a config= that has a [ge_graph_options] section")
+    if other.group is not None:
+        return (f"{other.path!r} shares its weights with another model already (a model joins "
+                "one ModelGroup, once)")
+    return None
 
 
 def _import_mslite() -> Any:
@@ -209,11 +252,14 @@ def recorded_spec(model: Any, path: str) -> GearSpec | None:
 
 
 def checked_against_recorded(given: GearSpec | None, recorded: GearSpec | None,
-                             path: str) -> GearSpec:
+                             path: str, static: GearSpec | None = None) -> GearSpec:
     """The spec to serve ``path`` with: the given one, which must have the recorded gears
-    where the model records some (CompileError naming both otherwise), or the recorded one;
-    GearSpecError when there is neither."""
+    where the model records some (CompileError naming both otherwise), or the recorded one,
+    or ``static`` (the model's own inputs when none has a dynamic axis: a static MindIR, the
+    seed's decode step, served as it is); GearSpecError when there is none of them."""
     if given is None:
+        if recorded is None and static is not None:
+            return static
         if recorded is None:
             raise GearSpecError(
                 f"mindspore_lite needs the gears of {path!r}: pass config= (the converter "
@@ -237,7 +283,11 @@ class MsliteModel(BackendModel):
     stages_dims = False
 
     def __init__(self, mslite: Any, path: str, spec: GearSpec | None, device_id: int = 0,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, model: Any = None,
+                 precision_mode: str | None = None) -> None:
+        """``model``: the ``mindspore_lite.Model`` to build (one that joined a ModelGroup);
+        default a new one. ``precision_mode``: what a config without gears sets (a static
+        model's), recorded in the spec made from the model's own shapes."""
         check_model_file(path)
         self.mslite, self.path, self.device_id = mslite, path, check_device_id(device_id)
         #: guards the Model object: resize + set data + predict are one critical section
@@ -255,11 +305,17 @@ class MsliteModel(BackendModel):
             context.ascend.provider = provider
         #: what the build was given: the converter config (None: none) and the options
         self.config_path, self.config_dict = config_path, config_dict
-        self.model = mslite.Model()
-        _call("Model.build_from_file", self.model.build_from_file, path,
-              mslite.ModelType.MINDIR, context, config_path or "", config_dict)
+        #: MindSpore Lite's provider: "ge" (GE graph executor) or "" (the default, ACL)
+        self.provider = provider
+        #: the ModelGroup sharing this model's weights (None: none)
+        self.group: Any = None
+        self._build_args = (path, mslite.ModelType.MINDIR, context, config_path or "",
+                            config_dict)
+        self.model = mslite.Model() if model is None else model
+        _call("Model.build_from_file", self.model.build_from_file, *self._build_args)
         self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
-        spec = self.spec = checked_against_recorded(spec, recorded_spec(self.model, path), path)
+        spec = self.spec = checked_against_recorded(spec, recorded_spec(self.model, path), path,
+                                                    self._static_spec(precision_mode))
         _check_positive_gears(spec)
         #: model input index of each spec input (spec order -> model order)
         self.order = self._match_inputs(spec)
@@ -268,6 +324,15 @@ class MsliteModel(BackendModel):
         with self.lock:
             names, out_dtypes, shapes = self._output_table(spec, dtypes)
         self.info = ModelInfo(spec, dtypes, names, out_dtypes, shapes, hybrid=spec.hybrid)
+
+    def _static_spec(self, precision_mode: str | None) -> GearSpec | None:
+        """The model's inputs as a static spec (one gear ``()``), or None when one has a
+        dynamic axis (then its gears must be given or recorded)."""
+        shapes = [[int(d) for d in t.shape] for t in self.inputs]
+        if not shapes or any(d < 0 for s in shapes for d in s):
+            return None
+        spec = GearSpec.static([str(getattr(t, "name", "")) for t in self.inputs], shapes)
+        return replace(spec, precision_mode=precision_mode) if precision_mode else spec
 
     def _match_inputs(self, spec: GearSpec) -> tuple[int, ...]:
         """By name when every spec input is a model input; else by position when the counts
@@ -347,10 +412,50 @@ class MsliteModel(BackendModel):
                                "Lite >= 2.0 (predict(inputs) -> outputs) is required")
         return list(outputs)
 
-    def create_session(self, layout: Any) -> MsliteSession:
+    def rebuild_in(self, group: Any, model: Any) -> None:
+        """Build this model again as ``model`` (a Model that joined ``group``) and run on it
+        from now on: a ModelGroup shares weights between models built after they joined.
+        Sessions made before go on, on the new build (they reach it through this object)."""
+        _call("Model.build_from_file", model.build_from_file, *self._build_args)
+        with self.lock:
+            if self._closed:
+                raise BackendError(f"mindspore_lite model {self.path!r} is closed")
+            self.model, self.group, self.current_gear = model, group, None
+            self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
+
+    def weights_shareable(self) -> bool:
+        """On the GE provider, not in a group yet (:func:`sharing_refusal`)."""
+        return self.provider == "ge" and self.group is None
+
+    @property
+    def supports_state(self) -> bool:  # type: ignore[override]
+        """Resident state in device tensors: on the default (ACL) provider, which reads and
+        writes a tensor's device memory where it is; the GE provider copies every input from
+        the host (ge_graph_executor.cc) and never reads a device address."""
+        return self.provider != "ge"
+
+    def device_tensor(self, shape: Sequence[int], dtype: np.dtype) -> Any:
+        """A new tensor in this model's device memory (``Tensor(shape=, dtype=,
+        device="ascend:<id>")``: the id given, since create_tensor_by_numpy keeps -1 when
+        none is, which the runtime then refuses). Not zeroed."""
+        mslite = self.mslite
+        name = next(n for n, d in MSLITE_DTYPES.items() if d == np.dtype(dtype))
+        return _call("Tensor(device=)", mslite.Tensor, None, [int(d) for d in shape],
+                     getattr(mslite.DataType, name), f"ascend:{self.device_id}")
+
+    def create_session(self, layout: Any, state: Any = None) -> MsliteSession:
         if self._closed:
             raise BackendError(f"mindspore_lite model {self.path!r} is closed")
-        return MsliteSession(self, layout)
+        if state is not None and not self.supports_state:
+            raise BackendError(str(self.state_refusal()))
+        return MsliteSession(self, layout, state)
+
+    def state_refusal(self) -> str | None:
+        if self.supports_state:
+            return None
+        return (f"state= on mindspore_lite needs the default (ACL) provider: {self.path!r} is "
+                "built with the GE provider (its config has [ge_graph_options]), which copies "
+                "every input from the host, so the state would cross to the device every run")
 
     def close(self) -> None:
         """Drop the Model (MindSpore Lite frees it when collected); idempotent. Waits for a
@@ -362,26 +467,41 @@ class MsliteModel(BackendModel):
 
 
 class MsliteSession(BackendSession):
-    """One executor's staging buffer and its per-gear input views."""
+    """One executor's staging buffer and its per-gear input views; with resident state (or
+    an output given as another executor's device state) the run passes device tensors to
+    ``predict(inputs, outputs)``, which MindSpore Lite reads and writes where they are."""
 
-    def __init__(self, model: MsliteModel, layout: Any) -> None:
+    def __init__(self, model: MsliteModel, layout: Any, state: Any = None) -> None:
+        """``state``: a :class:`~gear_runtime.runtime.state.StatePlan`; its pairs then live
+        in device tensors (:class:`MsliteState`) and ``layout`` covers its other inputs."""
         self._model = model
         info = model.info
         spec = info.spec
-        check_layout_fits(layout, info)
+        staged = list(range(len(spec.input_names))) if state is None else list(state.inputs)
+        check_layout_fits(layout, info, staged)
         expected = info.input_nbytes()
         self.staging = aligned_buffer(int(layout.total_bytes))  # 64-aligned, like pinned memory
-        # Per gear, every input as a view of the staging, in MODEL order (what predict takes).
-        self._views: list[list[np.ndarray]] = []
+        # Per gear, every input as a view of the staging, in MODEL order (what predict
+        # takes); a state input has none (its device tensor is passed instead).
+        self._views: list[list[np.ndarray | None]] = []
         for g in range(spec.gear_count):
-            views = []
-            for i, shape in enumerate(spec.shapes(g).values()):
-                off = int(layout.offset(g, i))
+            views: list[np.ndarray | None] = [None] * len(spec.input_names)
+            for j, (i, shape) in enumerate((i, spec.shapes(g)[spec.input_names[i]])
+                                           for i in staged):
+                off = int(layout.offset(g, j))
                 view = self.staging[off:off + expected[g][i]].view(info.input_dtypes[i])
-                views.append(view.reshape(shape))
+                views[i] = view.reshape(shape)
             self._views.append(model.to_model_order(views))
-        self._outputs = self._output_buffers()
         self._closed = False
+        self._state_in = {} if state is None else {model.order[p.input_index]: j
+                                                   for j, p in enumerate(state.pairs)}
+        self._state_out = {} if state is None else {p.output_index: j
+                                                    for j, p in enumerate(state.pairs)}
+        self._outputs = self._output_buffers()
+        #: per gear, per output: the device tensor a device run writes it to (made on first
+        #: use; None for a state output, whose tensor is the state's)
+        self._device_outputs: list[list[Any] | None] = [None] * spec.gear_count
+        self.state = None if state is None else MsliteState(self, state)
 
     def _output_buffers(self) -> list[list[np.ndarray]]:
         """Per gear, per output: a view of one session buffer per output (sized for the
@@ -406,6 +526,8 @@ class MsliteSession(BackendSession):
         predict, copy the outputs into this session's buffers (valid until its next run)."""
         model = self._model
         model.info.spec.gear_number(gear, "model")
+        if self.state is not None:
+            return self._run_on_device(gear, {})
         with model.lock:
             self._check_open()
             model.select(gear)
@@ -430,6 +552,84 @@ class MsliteSession(BackendSession):
             np.copyto(target, array)
         return list(targets)
 
+    def device_out_refusal(self, buf: DeviceBuffer) -> str | None:
+        """An output is written into a device tensor of this model's device, on the default
+        (ACL) provider: ``predict(inputs, outputs)`` then writes it where it is
+        (model_process.cc CheckAndInitOutput); the GE provider copies outputs to the host."""
+        model = self._model
+        if buf.backend != "mindspore_lite" or buf.device_id != model.device_id:
+            return (f"this executor runs on mindspore_lite device {model.device_id}: it "
+                    f"writes an output into a mindspore_lite device tensor of device "
+                    f"{model.device_id} only; hand it over with set_state(name, output)")
+        if not model.supports_state:
+            return ("this model runs on MindSpore Lite's GE provider, which copies its "
+                    "outputs to the host; hand it over with set_state(name, output)")
+        return None
+
+    def run_gear_into(self, gear: int, out: dict[int, Any]) -> list[Any]:
+        """Outputs given as :class:`DeviceBuffer` are written into their device tensors by
+        predict itself (no host copy); numpy buffers get one copy after the run."""
+        bound = {k: b.handle for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        if not bound and self.state is None:
+            return super().run_gear_into(gear, out)
+        self._model.info.spec.gear_number(gear, "model")
+        outputs = self._run_on_device(gear, bound)
+        for k, buf in out.items():
+            if k not in bound:
+                np.copyto(buf, outputs[k])
+            outputs[k] = buf
+        return outputs
+
+    def _run_on_device(self, gear: int, bound: dict[int, Any]) -> list[Any]:
+        """predict(inputs, outputs) with every output a device tensor: the state's (the
+        buffer its parity's run does not read), ``bound[k]`` (another executor's state), or
+        this session's own for the gear, copied to the host after the run (one copy each,
+        as predict's own host outputs). State inputs are the state's device tensors."""
+        model = self._model
+        parity = 0 if self.state is None else self.state.parity
+        with model.lock:
+            self._check_open()
+            model.select(gear)
+            inputs = []
+            for j, (tensor, view) in enumerate(zip(model.inputs, self._views[gear],
+                                                   strict=True)):
+                if view is None:
+                    inputs.append(self.state.tensors[self._state_in[j]][parity])  # type: ignore[union-attr]
+                    continue
+                _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, view)
+                inputs.append(tensor)
+            outs = list(self._gear_outputs(gear))
+            for k, pair in self._state_out.items():
+                outs[k] = self.state.tensors[pair][1 - parity]  # type: ignore[union-attr]
+            for k, tensor in bound.items():
+                outs[k] = tensor
+            got = _call("Model.predict", model.model.predict, inputs, outs)
+            if got is None or len(got) != len(outs):
+                raise BackendError("mindspore_lite Model.predict(inputs, outputs) returned "
+                                   f"{got!r}: MindSpore Lite >= 2.0 is required")
+            targets = list(self._outputs[gear])
+            for k, tensor in enumerate(outs):
+                if k not in bound and k not in self._state_out:
+                    np.copyto(targets[k], _tensor_data(tensor))
+        return targets
+
+    def _gear_outputs(self, gear: int) -> list[Any]:
+        """This session's device tensors of gear ``gear``'s outputs (exactly the gear's
+        byte size, which predict checks), made on first use."""
+        made = self._device_outputs[gear]
+        if made is None:
+            info = self._model.info
+            made = [None if k in self._state_out else
+                    self._model.device_tensor(info.output_shapes[gear][k], dtype)
+                    for k, dtype in enumerate(info.output_dtypes)]
+            self._device_outputs[gear] = made
+        return made
+
+    def commit_state(self) -> None:
+        """After a successful run: the tensors it wrote are what the next run reads."""
+        if self.state is not None:
+            self.state.parity ^= 1
+
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss: resize to the inputs' own shapes (the model was converted
         with the dynamic-shape graph as well) and predict."""
@@ -444,6 +644,58 @@ class MsliteSession(BackendSession):
             return _copy_out(model.predict(ordered))
 
     def close(self) -> None:
-        self._closed = True
-        self.staging = np.empty(0, dtype=np.uint8)
-        self._views, self._outputs = [], []
+        """Drop the buffers and device tensors (MindSpore Lite frees a tensor's device memory
+        when its last holder goes); under the model's lock: never under a predict."""
+        with self._model.lock:
+            self._closed = True
+            self.staging = np.empty(0, dtype=np.uint8)
+            self._views, self._outputs = [], []
+            self._device_outputs = []
+            if self.state is not None:
+                self.state.tensors = []
+
+
+class MsliteState:
+    """Resident state in device tensors: per pair two (a run reads the one of its parity
+    and writes the other, :meth:`MsliteSession.commit_state` swaps). The Python API has no
+    device-to-device copy and no raw address: ``ex.state[name]`` is a
+    :class:`DeviceBuffer` over the tensor itself, ``.numpy()`` one device-to-host copy,
+    ``set_state`` one host-to-device copy (from another device tensor: through the host)."""
+
+    def __init__(self, session: MsliteSession, plan: Any) -> None:
+        self._session, self.plan, self.parity = session, plan, 0
+        model = session._model
+        self.tensors = [(model.device_tensor(p.shape, p.dtype),
+                         model.device_tensor(p.shape, p.dtype)) for p in plan.pairs]
+        self.zero()
+
+    def read(self, pair: int) -> DeviceBuffer:
+        p = self.plan.pairs[pair]
+        return DeviceBuffer(self, "mindspore_lite", self._session._model.device_id,
+                            self.tensors[pair][self.parity], p.shape, p.dtype)
+
+    def alive(self) -> bool:
+        return not self._session._closed
+
+    def to_host(self, buf: DeviceBuffer) -> np.ndarray:
+        """A host copy of ``buf`` (get_data_to_numpy: one device-to-host copy, into the
+        tensor's host mirror, which the next call overwrites: copied out)."""
+        with self._session._model.lock:
+            return np.array(_tensor_data(buf.handle))
+
+    def set(self, pair: int, value: Any) -> None:
+        """``value`` into the tensor the next run reads: one host-to-device copy."""
+        p = self.plan.pairs[pair]
+        host = np.ascontiguousarray(value.numpy() if isinstance(value, DeviceBuffer)
+                                    else np.asarray(value), dtype=p.dtype).reshape(p.shape)
+        tensor = self.tensors[pair][self.parity]
+        with self._session._model.lock:
+            _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, host)
+
+    def zero(self) -> None:
+        """Both tensors of every pair zeroed (a new device tensor is not)."""
+        with self._session._model.lock:
+            for p, tensors in zip(self.plan.pairs, self.tensors, strict=True):
+                zeros = np.zeros(p.shape, p.dtype)
+                for tensor in tensors:
+                    _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, zeros)

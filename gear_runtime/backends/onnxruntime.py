@@ -426,11 +426,16 @@ class OrtModel(BackendModel, BenchModel):
             return None
         return self.file.dynamic.graph
 
+    def state_refusal(self) -> str | None:
+        if self.supports_state:
+            return None
+        return ("state= on onnxruntime's CUDA provider is not built yet: the state would live "
+                "in host memory and cross to the device on every run; run the stateful model "
+                "on the CPU provider")
+
     def create_session(self, layout: Any, state: Any = None) -> OrtSession:
         if state is not None and not self.supports_state:
-            raise BackendError("state= on onnxruntime's CUDA provider is not built yet: the "
-                               "state would live in host memory and cross to the device on "
-                               "every run; run the stateful model on the CPU provider")
+            raise BackendError(str(self.state_refusal()))
         return OrtSession(self, layout, state)
 
     def close(self) -> None:

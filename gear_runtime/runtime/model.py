@@ -354,9 +354,9 @@ class GearModel:
         if state is not None:
             graph = self._backend.state_graph() if in_place_state is not False else None
             plan = plan_state(self.info, state, in_place_state, graph)
-            if not self._backend.supports_state:
-                raise InputError(f"state= is not supported on the {self.backend!r} backend "
-                                 "here (resident state runs on: onnxruntime on the CPU, null)")
+            why = self._backend.state_refusal()
+            if why is not None:
+                raise InputError(why)
             layout = self._plan_layout(self._fusion, plan.inputs)
         with self._lock:
             if self._closed:

@@ -597,7 +597,8 @@ class StartModel:
                  answered: Sequence[str], options: ServeOptions) -> None:
         import gear_runtime as gr
 
-        share = {"share_weights_with": step} if facts(options.backend).shares_weights else {}
+        shares = facts(options.backend).shares_weights and step.backend_model.weights_shareable()
+        share = {"share_weights_with": step} if shares else {}
         self.model = gr.load(path, backend=options.backend, **options.load_options(), **share)
         try:
             self._check(step, state, answered, path)

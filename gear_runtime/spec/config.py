@@ -172,6 +172,16 @@ def config_fields(path: str | os.PathLike[str], max_gears: int = DEFAULT_MAX_GEA
     return fields._replace(precision_mode=_precision(parser, name))
 
 
+def config_without_gears(path: str | os.PathLike[str]) -> tuple[bool, str | None]:
+    """Whether the config file at ``path`` sets no gear option at all (a static model's
+    runtime config: the seed's decode step has its precision there and no gears), and the
+    precision mode it sets (None: none). GearSpecError for a file it cannot read, or a
+    precision it refuses."""
+    name, parser = _read(path)
+    gears = any(k in _GEAR_KEYS for s in SECTIONS if parser.has_section(s) for k in parser[s])
+    return not gears, _precision(parser, name)
+
+
 def config_sections(path: str | os.PathLike[str]) -> list[str]:
     """The sections of the config file at ``path``, read as :func:`config_fields` reads it
     (GearSpecError for a file it cannot read)."""

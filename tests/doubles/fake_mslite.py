@@ -102,6 +102,14 @@ class FakeMsliteState:
     builds: list[tuple[str, Any, str]] = field(default_factory=list)
     #: call name -> error text: that call raises RuntimeError instead of running
     fail: dict[str, str] = field(default_factory=dict)
+    #: every copy between host and device memory, in order: ("h2d" | "d2h" | "d2d", bytes):
+    #: set_data_from_numpy / get_data_to_numpy on a device tensor, a host input or output
+    #: crossing at predict (model_process.cc copies those), a device tensor of another device
+    copies: list[tuple[str, int]] = field(default_factory=list)
+    #: device tensors created
+    device_tensors: int = 0
+    #: per ModelGroup(SHARE_WEIGHT): the model paths built in it, in order
+    weight_groups: list[list[str]] = field(default_factory=list)
 
     def calls_named(self, name: str) -> list[Any]:
         return [a for n, a in self.calls if n == name]
@@ -123,6 +131,28 @@ class _TensorImpl:
     def __init__(self, name: str, shape: Sequence[int], dtype: np.dtype) -> None:
         self.name, self.shape, self.dtype = name, list(shape), np.dtype(dtype)
         self.data: np.ndarray | None = None
+        #: a device tensor's memory (uint8, its data_size) and device; host tensors: None / ""
+        self.device_data: np.ndarray | None = None
+        self.device, self.device_id = "", -1
+
+    @property
+    def nbytes(self) -> int:
+        return max(int(np.prod(self.shape, dtype=np.int64)), 0) * self.dtype.itemsize
+
+
+def _check_device(device: Any) -> None:
+    """python/api/_checkparam.py check_tensor_input_param: None, "ascend" or "ascend:N"."""
+    if device is None:
+        return
+    if not isinstance(device, str):
+        raise TypeError(f"device must be str, but got {type(device)}.")
+    split = device.split(":")
+    if len(split) > 2:
+        raise TypeError("device must be 'ascend:index', eg: 'ascend:0'")
+    if split[0] != "ascend":
+        raise TypeError("now only support ascend device.")
+    if len(split) == 2 and not split[1].isdigit():
+        raise TypeError("device id should >= 0.")
 
 
 class FakeMslite:
@@ -169,8 +199,57 @@ class FakeMslite:
                 self._target = [t.lower() for t in value]
 
         class Tensor:
-            def __init__(self, impl: _TensorImpl | None = None) -> None:
-                self._impl = impl or _TensorImpl("", [], np.float32)
+            def __init__(self, tensor: Any = None, shape: Any = None, dtype: Any = None,
+                         device: str | None = None) -> None:
+                """python/api/tensor.py Tensor(tensor=None, shape=None, dtype=None,
+                device=None). A device is honoured only with shape AND dtype (create_tensor)
+                or a numpy array (create_tensor_by_numpy, which keeps the device id -1 when
+                none is given: tensor_pybind.cc sets it before resolving it). The double's
+                own wrappers (get_inputs, predict) pass a _TensorImpl."""
+                if isinstance(tensor, _TensorImpl):
+                    self._impl = tensor
+                    return
+                _check_device(device)
+                kind, dev_id = "", -1
+                if device is not None:
+                    parts = device.split(":")
+                    kind, dev_id = parts[0], int(parts[1]) if len(parts) == 2 else -1
+                if tensor is None:
+                    if shape is None or dtype is None:
+                        self._impl = _TensorImpl("", [], np.float32)
+                        return
+                    if not isinstance(dtype, DataType):
+                        raise TypeError(f"dtype must be DataType, but got {type(dtype)}.")
+                    impl = _TensorImpl("", [int(d) for d in shape],
+                                       np.dtype(dtype.name.lower()))
+                    if kind:  # create_tensor resolves -1 to the current device (types.cc)
+                        self._to_device(impl, "ascend", dev_id if dev_id >= 0 else 0)
+                    else:
+                        impl.data = np.zeros(impl.shape, impl.dtype)
+                elif isinstance(tensor, np.ndarray):
+                    impl = _TensorImpl("", tensor.shape, tensor.dtype)
+                    impl.data = tensor
+                    if kind:
+                        self._to_device(impl, "ascend", dev_id)  # -1 kept: the pitfall
+                        impl.device_data[:] = np.frombuffer(
+                            np.ascontiguousarray(tensor).tobytes(), np.uint8)
+                        state.copies.append(("h2d", impl.nbytes))
+                else:
+                    raise TypeError(f"tensor must be numpy.ndarray or Tensor, but got "
+                                    f"{type(tensor)}.")
+                self._impl = impl
+
+            @staticmethod
+            def _to_device(impl: _TensorImpl, kind: str, dev_id: int) -> None:
+                # aclrtMalloc'd and NOT zeroed (types.cc: no memset): garbage until written
+                impl.device_data = np.full(max(impl.nbytes, 1), 0xAB, np.uint8)[:impl.nbytes]
+                impl.device, impl.device_id = kind, dev_id
+                state.device_tensors += 1
+
+            @property
+            def device(self) -> str:
+                """tensor_pybind.cc: device + ":" + id; "None:-1" for a host tensor."""
+                return f"{self._impl.device or 'None'}:{self._impl.device_id}"
 
             @property
             def name(self) -> str:
@@ -200,6 +279,11 @@ class FakeMslite:
                     raise RuntimeError(f"data size not equal! Numpy size: {numpy_obj.nbytes}, "
                                        f"Tensor size: {self.data_size}")
                 state.calls.append(("set_data_from_numpy", numpy_obj))
+                if self._impl.device_data is not None:  # copied into the device memory
+                    self._impl.device_data[:] = np.frombuffer(
+                        np.ascontiguousarray(numpy_obj).tobytes(), np.uint8)
+                    state.copies.append(("h2d", numpy_obj.nbytes))
+                    return
                 # tensor.py makes only arrays that are neither C- nor F-contiguous contiguous
                 # (`if not numpy_obj.flags['FORC']`); SetTensorNumpyData (tensor_pybind.cc)
                 # then refuses a non-C-contiguous one with a log line and returns false, which
@@ -217,9 +301,17 @@ class FakeMslite:
                     # an empty float64 array of shape (0,), whatever the tensor's dtype
                     state.calls.append(("get_data_to_numpy: invalid shape", self._impl.shape))
                     return np.array([], dtype=np.float64)
-                if self._impl.data is None:
+                impl = self._impl
+                if impl.device_data is not None:
+                    # GetPyBufferInfo: a device-to-host copy into the tensor's host mirror,
+                    # returned as a VIEW of it (the next call overwrites it)
+                    if impl.data is None or impl.data.nbytes != impl.nbytes:
+                        impl.data = np.empty(impl.shape, impl.dtype)
+                    impl.data.reshape(-1).view(np.uint8)[:] = impl.device_data
+                    state.copies.append(("d2h", impl.nbytes))
+                if impl.data is None:
                     raise RuntimeError("get_data_to_numpy failed: tensor has no data")
-                return self._impl.data.reshape(self._impl.shape)  # zero-copy view
+                return impl.data.reshape(impl.shape)  # zero-copy view
 
         class Model:
             def __init__(self) -> None:
@@ -232,6 +324,8 @@ class FakeMslite:
                 self._hybrid = False
                 self._model_info: dict[str, str] = {}
                 self.model_path_ = ""
+                self._device_id, self._provider = 0, ""
+                self._group: Any = None  # the ModelGroup it was added to
 
             def _record(self, name: str, args: Any) -> None:
                 state.calls.append((name, args))
@@ -279,6 +373,13 @@ class FakeMslite:
                 self._outputs = [_TensorImpl(n, [-1], np.float32) for n in OUTPUT_NAMES]
                 self._update_outputs(known=self._outputs_known)
                 state.contexts.append(context)
+                if context is not None:
+                    self._device_id = context.ascend.device_id
+                    self._provider = context.ascend.provider
+                # model_group_impl.cc writes group_id into the model's config, which only the
+                # GE executor reads (as its session id): other providers ignore it
+                if self._group is not None and self._provider == "ge":
+                    self._group.built.append(model_path)
                 state.builds.append((config_path, config_dict,
                                      "" if context is None else context.ascend.provider))
                 self.model_path_ = model_path
@@ -366,18 +467,70 @@ class FakeMslite:
                         d > 0 for t in self._inputs for d in t.shape)):
                     raise RuntimeError("predict failed! Error is Shape Conflict: current input "
                                        "shapes are no compiled gear")
-                arrays = []
-                for t in inputs:
-                    if t._impl.data is None:
-                        raise RuntimeError(f"predict failed! Error is input {t.name} has no data")
-                    arrays.append(t._impl.data.reshape(t._impl.shape))
+                arrays = [self._input_array(i, t) for i, t in enumerate(inputs)]
                 results = [arrays[0].astype(np.float32) * 2 + 1,
                            np.concatenate([a.astype(np.float32).ravel() for a in arrays])]
                 self._update_outputs(known=True)
+                if outputs is not None:
+                    return self._into(outputs, results)
                 for k, (t, r) in enumerate(zip(self._outputs, results, strict=True)):
                     t.data = self._output_memory(k, r.size)[:r.size]
                     t.data[:] = r.ravel()
+                    state.copies.append(("d2h", r.nbytes))  # GetOutputs: host outputs
                 return [Tensor(t) for t in self._outputs]
+
+            def _device_check(self, what: str, impl: _TensorImpl) -> None:
+                """A device tensor at predict: the GE provider never reads a device address
+                (ge_graph_executor.cc copies from the host data: the double refuses rather
+                than read garbage); the ACL path takes one of the model's device as it is,
+                copies one of another device (d2d) and refuses id -1 (acl_allocator.cc)."""
+                if self._provider == "ge":
+                    raise RuntimeError(f"predict failed! Error is {what} is a device tensor: "
+                                       "the GE provider reads host data only")
+                if impl.device_id < 0:
+                    raise RuntimeError(f"predict failed! Error is {what}: need set src device "
+                                       "id and dst device id")
+                if impl.device_id != self._device_id:
+                    state.copies.append(("d2d", impl.nbytes))
+
+            def _input_array(self, i: int, t: Any) -> np.ndarray:
+                impl = t._impl
+                if impl.device_data is not None:
+                    self._device_check(f"input {i}", impl)
+                    if impl.nbytes != self._inputs[i].nbytes or \
+                            list(impl.shape) != list(self._inputs[i].shape):
+                        raise RuntimeError(f"predict failed! Error is input {i} size "
+                                           f"{impl.nbytes} != model input size "
+                                           f"{self._inputs[i].nbytes}")
+                    return impl.device_data.view(impl.dtype).reshape(impl.shape).copy()
+                if impl.data is None:
+                    raise RuntimeError(f"predict failed! Error is input {impl.name} has no data")
+                state.copies.append(("h2d", impl.data.nbytes))  # model_process.cc: H2D
+                return impl.data.reshape(impl.shape)
+
+            def _into(self, outputs: Any, results: list[np.ndarray]) -> list[Any]:
+                """predict(inputs, outputs): one tensor per model output, each of the
+                model's dtype and EXACTLY its byte size after this run's resize
+                (single_op_session.cc InitInputOutputData, model_process.cc
+                CheckOutputTensors); a device tensor is written where it is, a host one
+                gets a device-to-host copy; the very tensors given are returned."""
+                if not isinstance(outputs, (list, tuple)) or len(outputs) != len(self._outputs):
+                    raise RuntimeError(f"predict failed! Error is outputs {outputs!r} are not "
+                                       f"one tensor per model output ({len(self._outputs)})")
+                for k, (t, r, meta) in enumerate(zip(outputs, results, self._outputs,
+                                                     strict=True)):
+                    impl = t._impl
+                    if impl.dtype != meta.dtype or impl.nbytes != r.nbytes:
+                        raise RuntimeError(f"predict failed! Error is output {k} is "
+                                           f"{impl.dtype} of {impl.nbytes} bytes, the model's "
+                                           f"is {meta.dtype} of {r.nbytes}")
+                    if impl.device_data is not None:
+                        self._device_check(f"output {k}", impl)
+                        impl.device_data[:] = np.frombuffer(r.tobytes(), np.uint8)
+                    else:
+                        impl.data = r.reshape(impl.shape).copy()
+                        state.copies.append(("d2h", r.nbytes))
+                return list(outputs)
 
             def _output_memory(self, k: int, n: int) -> np.ndarray:
                 """Output ``k``'s memory, reused across predicts (float32, >= n elements)."""
@@ -387,9 +540,47 @@ class FakeMslite:
                     self._out_memory[k] = np.zeros(max(n, 1), np.float32)
                 return self._out_memory[k]
 
+        class ModelGroupFlag(enum.Enum):
+            SHARE_WEIGHT = 1
+            SHARE_WORKSPACE = 2
+            SHARE_WEIGHT_WORKSPACE = 3
+
+        class ModelGroup:
+            """python/api/model.py ModelGroup(flags=SHARE_WORKSPACE): add_model takes paths
+            (workspace sharing) or Model objects, the latter only with SHARE_WEIGHT
+            (model_group_impl.cc AddModel); a model in a group already is refused. Weights
+            are shared by models built AFTER add_model with the GE provider (the group id
+            is the GE session id): the double refuses a model already built (its config
+            would be read by nothing) and records the GE builds in state.weight_groups."""
+
+            def __init__(self, flags: ModelGroupFlag = ModelGroupFlag.SHARE_WORKSPACE) -> None:
+                if not isinstance(flags, ModelGroupFlag):
+                    raise TypeError(f"flags must be ModelGroupFlag, but got {type(flags)}.")
+                self.flags = flags
+                self.built: list[str] = []
+                if flags == ModelGroupFlag.SHARE_WEIGHT:
+                    state.weight_groups.append(self.built)
+
+            def add_model(self, models: Any) -> None:
+                if not isinstance(models, (list, tuple)) or not models:
+                    raise TypeError(f"models must be list/tuple, but got {type(models)}.")
+                if all(isinstance(m, str) for m in models):
+                    return  # workspace sharing by path: nothing the double models
+                if not all(isinstance(m, Model) for m in models):
+                    raise TypeError("models element must be all str or all Model.")
+                if self.flags != ModelGroupFlag.SHARE_WEIGHT:
+                    raise RuntimeError("add model failed! Only SHARE_WEIGHT takes Model objects")
+                for model in models:
+                    if model._group is not None or model.model_path_:
+                        raise RuntimeError("add model failed! model is in a group already or "
+                                           "built already")
+                for model in models:
+                    model._group = self
+
         m = types.ModuleType("mindspore_lite")
         m.__doc__ = "fake MindSpore Lite (tests/doubles/fake_mslite.py)"
         m.Context, m.Model, m.Tensor = Context, Model, Tensor
         m.ModelType, m.DataType, m.TensorMeta = ModelType, DataType, TensorMeta
         m.AscendDeviceInfo = AscendDeviceInfo
+        m.ModelGroup, m.ModelGroupFlag = ModelGroup, ModelGroupFlag
         self.module = m
