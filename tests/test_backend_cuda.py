@@ -151,3 +151,33 @@ def test_graphs_closed_on_their_thread_are_released(tmp_path: Path) -> None:
     feeds = random_inputs(original, spec.shapes(0))
     for a, b in zip(again.execute(feeds), run_model(original, feeds), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_the_seeds_pair_keeps_its_cache_on_the_gpu(tmp_path: Path, cuda_graph: bool) -> None:
+    """The prefill's cache bound into the decode's state OrtValues on the GPU, greedy tokens
+    close to plain ORT CPU's (TF32 is off; kernels may still differ in the last bits, so the
+    logits are compared, not only the tokens)."""
+    from gear_runtime.examples import causal_lm
+    from gear_runtime.tools import generate
+
+    prefill, gear, decode = generate.build_pair(tmp_path, causal_lm.SMALL)
+    dec = gr.load(str(decode), providers=CUDA, cuda_graph=cuda_graph)
+    pre = gr.load(str(gear), providers=CUDA)
+    dex, pex = dec.create_executor(state=causal_lm.STATE), pre.create_executor()
+    ort_pre, ort_dec = generate.ort_sessions(prefill, decode)
+    ids = np.arange(3, 14, dtype=np.int64)[None]
+    g = generate.covering_gear(ids.shape[1], causal_lm.SMALL.seq_gears)
+    logits = pex.execute({"input_ids": ids, "attention_mask": np.ones_like(ids)}, pad=True,
+                         out={"present_kv": dex.state["past_kv"]})[0]
+    want, cache = ort_pre.run(None, generate.padded_feeds(ids, g))
+    np.testing.assert_allclose(logits, want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(dex.state["past_kv"].numpy(), cache, rtol=1e-3, atol=1e-3)
+    token = int(want.argmax())
+    for t in range(4):
+        feeds = {"input_ids": np.array([[token]], np.int64),
+                 "position": np.array([ids.shape[1] + t], np.int64)}
+        (got,) = dex.execute(feeds)
+        want, cache = ort_dec.run(None, {**feeds, "past_kv": cache})
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+        token = int(want.argmax())

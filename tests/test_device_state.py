@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from doubles import fake_acl, fake_mslite
 from onnx import TensorProto, helper
@@ -20,6 +21,8 @@ from onnx import TensorProto, helper
 import gear_runtime as gr
 from gear_runtime.backends.base import DeviceBuffer
 from gear_runtime.errors import ClosedError, InputError
+from gear_runtime.examples import causal_lm
+from gear_runtime.tools import generate
 
 H2D, D2H = fake_acl.ACL_MEMCPY_HOST_TO_DEVICE, fake_acl.ACL_MEMCPY_DEVICE_TO_HOST
 D2D = fake_acl.ACL_MEMCPY_DEVICE_TO_DEVICE
@@ -326,3 +329,141 @@ def test_weight_sharing_on_the_default_provider_is_refused_naming_it(ms, tmp_pat
         gr.load(prefill, backend="mindspore_lite", config=str(tmp_path / "prefill.ini"),
                 share_weights_with=dec)
     assert ms.state.weight_groups == []
+
+
+# ---- ONNX Runtime's CUDA provider: state in OrtValues ----------------------------------------
+# Run on host memory: the device path's real ORT calls with device ("cpu", 0) (the way
+# tests/test_backend_ort_device.py checks the CUDA staging), so OrtValues, ortvalue bindings
+# and the copies are ORT's own; `python -m pytest -m cuda` runs the same flow on a GPU.
+@pytest.fixture(scope="module")
+def lm_pair(tmp_path_factory: pytest.TempPathFactory):
+    return generate.build_pair(tmp_path_factory.mktemp("lm"), causal_lm.SMALL)
+
+
+def on_host_device(model: gr.GearModel) -> gr.GearModel:
+    backend = model.backend_model
+    backend.on_cuda, backend.device, backend.cuda_graph = True, ("cpu", 0), False
+    return model
+
+
+class CopyCounter:
+    """Bytes through OrtValue.update_inplace (host to device) and OrtValue.numpy (device to
+    host): the device path's every transfer."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.h2d: list[int] = []
+        self.d2h: list[int] = []
+        update, numpy = ort.OrtValue.update_inplace, ort.OrtValue.numpy
+
+        def counted_update(value, array):
+            self.h2d.append(int(np.asarray(array).nbytes))
+            return update(value, array)
+
+        def counted_numpy(value):
+            out = numpy(value)
+            self.d2h.append(int(out.nbytes))
+            return out
+
+        monkeypatch.setattr(ort.OrtValue, "update_inplace", counted_update)
+        monkeypatch.setattr(ort.OrtValue, "numpy", counted_numpy)
+
+    def clear(self) -> None:
+        self.h2d.clear()
+        self.d2h.clear()
+
+
+def test_cuda_state_lives_in_ortvalues_and_tokens_equal_plain_ort(lm_pair, monkeypatch):
+    """The seed's pair on the device path: the decode's cache in two OrtValues bound by
+    bind_ortvalue_input / output, the prefill's cache bound straight into it (out=), greedy
+    tokens equal to plain ORT's, and per step only the token and position go in and the
+    logits come out: the cache never crosses."""
+    prefill_path, gear_path, decode_path = lm_pair
+    dec = on_host_device(gr.load(str(decode_path)))
+    pre = on_host_device(gr.load(str(gear_path)))
+    dex = dec.create_executor(state=causal_lm.STATE)
+    pex = pre.create_executor()
+    buf = dex.state["past_kv"]
+    assert isinstance(buf, DeviceBuffer) and buf.backend == "onnxruntime-cpu"
+    counter = CopyCounter(monkeypatch)
+    cache_bytes = int(np.prod(causal_lm.SMALL.cache_shape)) * 4
+    ids = np.arange(3, 3 + 11, dtype=np.int64)[None]
+    gear = generate.covering_gear(ids.shape[1], causal_lm.SMALL.seq_gears)
+    logits = pex.execute({"input_ids": ids, "attention_mask": np.ones_like(ids)}, pad=True,
+                         out={"present_kv": buf})[0]
+    assert cache_bytes not in counter.h2d + counter.d2h  # the handoff: bound, not copied
+    tokens = [int(logits.argmax())]
+    for t in range(5):
+        counter.clear()
+        (logits,) = dex.execute({"input_ids": np.array([[tokens[-1]]], np.int64),
+                                 "position": np.array([ids.shape[1] + t], np.int64)})
+        assert len(counter.h2d) == 1 and sum(counter.h2d) <= 256  # ONE merged copy
+        assert counter.d2h == [logits.nbytes]
+        tokens.append(int(logits.argmax()))
+    want = generate.reference_tokens(*generate.ort_sessions(prefill_path, decode_path), ids,
+                                     gear, 6)
+    assert tokens == want
+
+
+def test_cuda_state_double_buffers_and_a_failed_step_leaves_it(lm_pair, monkeypatch):
+    dec = on_host_device(gr.load(str(lm_pair[2])))
+    dex = dec.create_executor(state=causal_lm.STATE)
+    cache = np.random.default_rng(0).standard_normal(causal_lm.SMALL.cache_shape).astype(
+        np.float32)
+    dex.set_state("past_kv", cache)
+    first = dex.state["past_kv"]
+    dex.execute({"input_ids": np.array([[5]], np.int64), "position": np.array([3], np.int64)})
+    np.testing.assert_array_equal(first.numpy(), cache)  # the run wrote the other buffer
+    after = dex.state["past_kv"].numpy()
+    assert not np.array_equal(after, cache)
+    with pytest.raises(gr.GearRuntimeError):  # a token past the embedding table
+        dex.execute({"input_ids": np.array([[10**6]], np.int64),
+                     "position": np.array([4], np.int64)})
+    np.testing.assert_array_equal(dex.state["past_kv"].numpy(), after)
+    dex.reset_state()
+    assert not dex.state["past_kv"].numpy().any()
+    dex.close()
+    with pytest.raises(ClosedError):
+        first.numpy()
+
+
+def test_cuda_state_refuses_another_devices_buffer(lm_pair):
+    dec = on_host_device(gr.load(str(lm_pair[2])))
+    pre = gr.load(str(lm_pair[1]))  # on the CPU provider: host outputs only
+    dex = dec.create_executor(state=causal_lm.STATE)
+    ids = np.arange(3, 9, dtype=np.int64)[None]
+    with pytest.raises(InputError, match=r"DeviceBuffer\(onnxruntime-cpu.*host memory"):
+        pre.create_executor().execute({"input_ids": ids, "attention_mask": np.ones_like(ids)},
+                                      pad=True, out={"present_kv": dex.state["past_kv"]})
+
+
+def test_cuda_graphs_with_state_capture_each_parity_apart(lm_pair, monkeypatch):
+    """Under CUDA graphs a graph replays the addresses it was captured with: the two
+    parities' bindings are two graphs per gear (ids of their own, both captured at
+    creation, the state zeroed after), steps alternate between them, and the handoff runs
+    with no graph id (-1: not this executor's addresses)."""
+    ids_seen: list[str] = []
+    real = ort.InferenceSession.run_with_iobinding
+
+    def spy(self, binding, run_options=None):
+        ids_seen.append(run_options.get_run_config_entry("gpu_graph_id"))
+        return real(self, binding, run_options)
+
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    dec = gr.load(str(lm_pair[2]))
+    backend = dec.backend_model
+    backend.on_cuda, backend.device, backend.cuda_graph = True, ("cpu", 0), True
+    pre = on_host_device(gr.load(str(lm_pair[1])))
+    dex = dec.create_executor(state=causal_lm.STATE)
+    captured = list(ids_seen)
+    assert len(set(captured)) == 2 and "-1" not in captured  # parity 0 and 1, one gear
+    assert not dex.state["past_kv"].numpy().any()  # zeroed after the captures
+    ids_seen.clear()
+    prompt = np.arange(3, 9, dtype=np.int64)[None]
+    pre.create_executor().execute({"input_ids": prompt, "attention_mask": np.ones_like(prompt)},
+                                  pad=True, out={"present_kv": dex.state["past_kv"]})
+    assert ids_seen == ["-1"]
+    ids_seen.clear()
+    for t in range(4):
+        dex.execute({"input_ids": np.array([[7]], np.int64),
+                     "position": np.array([6 + t], np.int64)})
+    assert ids_seen == [captured[0], captured[1]] * 2

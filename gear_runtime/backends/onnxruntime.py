@@ -44,6 +44,7 @@ from gear_runtime.backends import shared_weights
 from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
+    DeviceBuffer,
     DirectRun,
     HostState,
     aligned_buffer,
@@ -56,6 +57,7 @@ from gear_runtime.backends.onnxruntime_cuda import (
     CUDA,
     GRAPH_ID_KEY,
     DeviceStaging,
+    DeviceState,
     cuda_available,
     cuda_exclusive,
     cuda_shared,
@@ -416,8 +418,9 @@ class OrtModel(BackendModel, BenchModel):
 
     @property
     def supports_state(self) -> bool:  # type: ignore[override]
-        """Resident state on the CPU (host buffers bound in place); not yet on CUDA."""
-        return not self.on_cuda
+        """Resident state on the CPU (host buffers bound in place) and on CUDA (OrtValues in
+        device memory: onnxruntime_cuda.DeviceState); not on a sink file (fed whole)."""
+        return not (self.on_cuda and self.info.sink)
 
     def state_graph(self) -> Any:
         """The source graph ORT runs (CPU, not sink): an in-place pair binds its one buffer
@@ -429,9 +432,7 @@ class OrtModel(BackendModel, BenchModel):
     def state_refusal(self) -> str | None:
         if self.supports_state:
             return None
-        return ("state= on onnxruntime's CUDA provider is not built yet: the state would live "
-                "in host memory and cross to the device on every run; run the stateful model "
-                "on the CPU provider")
+        return "state= needs a model that is not sink (a sink file's runs take every input)"
 
     def create_session(self, layout: Any, state: Any = None) -> OrtSession:
         if state is not None and not self.supports_state:
@@ -481,9 +482,14 @@ class OrtSession(BackendSession, BenchSession):
         self.model = model
         self.layout = layout
         info = model.info
-        #: the resident state (None: none), and which inputs the staging layout covers:
+        on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
+        #: the resident state (None: none): host buffers on the CPU, OrtValues in the
+        #: provider's memory on a device; and which inputs the staging layout covers:
         #: (index in the layout, index in the model) per non-state input
-        self.state = None if state is None else HostState(state)
+        with cuda_exclusive(on_device):  # it allocates on the GPU: never under a capture
+            self.state: HostState | DeviceState | None = (
+                None if state is None else DeviceState(state, model.device) if on_device
+                else HostState(state))
         staged = range(len(info.spec.input_names)) if state is None else state.inputs
         self._staged = list(enumerate(staged))
         self._state_in = {} if state is None else {p.input_index: j
@@ -492,7 +498,6 @@ class OrtSession(BackendSession, BenchSession):
                                                      for j, p in enumerate(state.pairs)}
         self._into: dict[tuple[int, int], tuple[Any, Any, dict[int, int]]] = {}
         gears = range(info.spec.gear_count)
-        on_device = model.on_cuda and not info.sink  # a sink file is fed whole, by ORT
         self._thread = threading.get_ident()
         # the session's names: same order as the model's, passthrough outputs renamed
         # The model's session as it is now, for good: a later share_weights_with rebuilds the
@@ -506,9 +511,13 @@ class OrtSession(BackendSession, BenchSession):
         self._plain_options = ort.RunOptions()
         self._graph_ids: list[int] = []
         self.graphs_left = 0  # graphs close() could not free (see close)
+        # With state, the run options of the other parity: its bindings hold other addresses,
+        # so under CUDA graphs they are other graphs (ids of their own); swapped with them.
+        self._alt_run_options = [] if state is None else [ort.RunOptions() for _ in gears]
         if model.on_cuda:
             self._plain_options.add_run_config_entry(GRAPH_ID_KEY, "-1")
-            for opts in self._run_options:  # a graph holds this executor's addresses: its own id
+            # a graph holds this executor's addresses: its own id (one per parity with state)
+            for opts in self._run_options + self._alt_run_options:
                 if model.cuda_graph:
                     self._graph_ids.append(model.new_graph_id())
                 opts.add_run_config_entry(
@@ -521,7 +530,7 @@ class OrtSession(BackendSession, BenchSession):
             self._outputs: list[list[np.ndarray]] = []
             if on_device:
                 self._device: DeviceStaging | None = DeviceStaging(
-                    info, model.device, layout, self.staging)
+                    info, model.device, layout, self.staging, skip=self._state_out)
             else:
                 self._device = None
                 self._host_outputs()
@@ -543,6 +552,12 @@ class OrtSession(BackendSession, BenchSession):
                                                          for i in range(layout.input_count)))
                 for g in order:  # ORT captures a new id's graph within its first run
                     self._run(g)
+                if self.state is not None:  # the other parity's graphs, then a clean state
+                    self.commit_state()
+                    for g in order:
+                        self._run(g)
+                    self.commit_state()
+                    self.state.zero()
 
     def _host_staging(self, on_device: bool) -> None:
         """The host staging buffer: in the CUDA provider's pinned memory where this ORT offers
@@ -609,8 +624,11 @@ class OrtSession(BackendSession, BenchSession):
         info = self.model.info
         for k, name in enumerate(self._output_names):
             shape, dtype = list(info.output_shapes[g][k]), info.output_dtypes[k]
-            if k in self._state_out:
-                assert self.state is not None
+            if k in self._state_out and isinstance(self.state, DeviceState):
+                binding.bind_ortvalue_output(
+                    name, self.state.value(self._state_out[k], 1 - parity))
+            elif k in self._state_out:
+                assert isinstance(self.state, HostState)
                 buf = self.state.write(self._state_out[k], parity)
                 binding.bind_output(name, "cpu", 0, dtype, shape, buf.ctypes.data)
             elif self._device is not None:
@@ -633,7 +651,10 @@ class OrtSession(BackendSession, BenchSession):
             binding.bind_input(name, device, self.model.device[1], info.input_dtypes[i],
                                list(shapes[name]), ptr)
         for i, pair in self._state_in.items():  # read in place: no copy into staging
-            assert self.state is not None
+            if isinstance(self.state, DeviceState):
+                binding.bind_ortvalue_input(spec.input_names[i], self.state.value(pair, parity))
+                continue
+            assert isinstance(self.state, HostState)
             buf = self.state.buffer(pair, parity)
             binding.bind_input(spec.input_names[i], "cpu", 0, buf.dtype, list(buf.shape),
                                buf.ctypes.data)
@@ -720,17 +741,60 @@ class OrtSession(BackendSession, BenchSession):
         return int(sum(b.nbytes for b in self._out_buffers))
 
     def commit_state(self) -> None:
-        """The written buffers become the read ones: swap the parity and the binding sets."""
+        """The written buffers become the read ones: swap the parity, the binding sets and
+        their run options (graph ids)."""
         if self.state is not None:
             self.state.swap()
             self._bindings, self._alt_bindings = self._alt_bindings, self._bindings
             self._c_bindings, self._alt_c_bindings = self._alt_c_bindings, self._c_bindings
+            self._run_options, self._alt_run_options = self._alt_run_options, self._run_options
+
+    def device_out_refusal(self, buf: DeviceBuffer) -> str | None:
+        """On a device, an output is bound to a state OrtValue of this provider and device
+        (the prefill handoff); on the CPU, outputs are host memory (the base rule)."""
+        if self._device is None:
+            return super().device_out_refusal(buf)
+        backend, device_id = f"onnxruntime-{self.model.device[0]}", self.model.device[1]
+        if buf.backend != backend or buf.device_id != device_id:
+            return (f"this executor runs on {backend} device {device_id}: it writes an output "
+                    f"into that device's memory only; hand it over with set_state(name, "
+                    "output)")
+        return None
+
+    def _run_into_device(self, gear: int, out: dict[int, Any]) -> list[Any]:
+        """A device run with outputs bound to the :class:`DeviceBuffer` values in ``out``
+        (another executor's state OrtValues: no copy through the host), on a binding of
+        its own, made for the call (handoffs are one per sequence) under the capture gate,
+        and run without a graph id (a captured graph replays this executor's own addresses);
+        numpy buffers in ``out`` get one copy after the run."""
+        bound = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        parity = 0 if self.state is None else self.state.parity
+        self._check_thread()
+        with cuda_exclusive(True):
+            binding = self._bind(gear, parity)
+            for k, buf in bound.items():
+                binding.bind_ortvalue_output(self._output_names[k], buf.handle)
+        assert self._device is not None
+        with self.model.run_guard():
+            self._device.to_device(gear)
+            try:
+                self._ort.run_with_iobinding(binding, self._plain_options)
+            except Exception as exc:
+                raise self._failed(gear, exc) from exc
+            outputs = self._device.to_host(gear, binding, kept=bound)
+        for k, buf in out.items():
+            if k not in bound:
+                np.copyto(buf, outputs[k])
+            outputs[k] = buf
+        return outputs
 
     def run_gear_into(self, gear: int, out: dict[int, np.ndarray]) -> list[np.ndarray]:
         """CPU: ORT writes output ``k`` straight into ``out[k]`` (no copy): a binding of its
         own per (parity, gear), an output rebound only when its address changed (the other
         binding keeps the executor's buffers)."""
         if self._device is not None:
+            if any(isinstance(b, DeviceBuffer) for b in out.values()):
+                return self._run_into_device(gear, out)
             return super().run_gear_into(gear, out)
         parity = 0 if self.state is None else self.state.parity
         entry = self._into.get((parity, gear))
@@ -851,7 +915,8 @@ class OrtSession(BackendSession, BenchSession):
             # ORT copies a bound input at BIND time when the node consuming it runs on
             # another device (IOBinding CopyOneInputAcrossDevices): bind again so such an
             # input is this run's data. Under CUDA graphs every node is on the GPU.
-            self._bind_inputs(self._bindings[gear], gear)
+            self._bind_inputs(self._bindings[gear], gear,
+                              0 if self.state is None else self.state.parity)
         self._bare(gear)
         return self._device.to_host(gear, self._bindings[gear])
 
@@ -906,6 +971,8 @@ class OrtSession(BackendSession, BenchSession):
         self._bindings = []
         self._c_bindings = []
         self._alt_bindings, self._alt_c_bindings, self._into = [], [], {}
+        if isinstance(self.state, DeviceState):  # its OrtValues go with the session
+            self.state.closed = True
         if self._device is None:
             self._owned = [None] * len(self._owned)
             self._placed = {}

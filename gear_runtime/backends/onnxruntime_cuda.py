@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from gear_runtime.backends.base import DeviceBuffer
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile.info import ModelInfo
 
@@ -255,7 +256,9 @@ class DeviceStaging:
     """
 
     def __init__(self, info: ModelInfo, device: tuple[str, int], layout: Any,
-                 staging: np.ndarray) -> None:
+                 staging: np.ndarray, skip: Collection[int] = ()) -> None:
+        """``skip``: outputs with no room of their own (a state output, bound to the state's
+        OrtValues): neither allocated nor copied to the host."""
         self.layout, self.staging, self.device = layout, staging, device
         gears = range(info.spec.gear_count)
         self.inputs = _Arena(int(layout.total_bytes), device)
@@ -264,7 +267,8 @@ class DeviceStaging:
         self.separate = [{i: self.inputs.region(layout.offset(g, i), layout.nbytes(g, i))
                           for i in range(layout.input_count)
                           if not layout.fused(i) and layout.nbytes(g, i)} for g in gears]
-        room = [max(info.output_size(g, k) for g in gears) for k in range(len(info.output_names))]
+        room = [0 if k in skip else max(info.output_size(g, k) for g in gears)
+                for k in range(len(info.output_names))]
         self.output_offsets = [sum(_aligned(max(r, 1)) for r in room[:k])
                                for k in range(len(room))]
         self.output_bytes = sum(_aligned(max(r, 1)) for r in room)
@@ -273,6 +277,7 @@ class DeviceStaging:
         # per gear, per output: (shape, dtype), and whether it has any element to copy
         self._outs = [[(tuple(s), d, int(np.prod(s)) > 0) for s, d in zip(
             info.output_shapes[g], info.output_dtypes, strict=True)] for g in gears]
+        self._skip = frozenset(skip)
 
     def _span(self, g: int) -> ort.OrtValue | None:
         start, end = self.layout.merged_span(g)
@@ -307,11 +312,68 @@ class DeviceStaging:
             off = self.layout.offset(g, i)
             dev.update_inplace(self.staging[off:off + self.layout.nbytes(g, i)])
 
-    def to_host(self, g: int, binding: Any) -> list[np.ndarray]:
-        """Gear g's outputs as fresh host arrays: one blocking device-to-host copy each."""
+    def to_host(self, g: int, binding: Any, kept: Collection[int] = ()) -> list[Any]:
+        """Gear g's outputs as fresh host arrays: one blocking device-to-host copy each; a
+        skipped output (the state's) or one in ``kept`` (written into a device buffer the
+        caller gave) is not copied: its place holds an empty array."""
         values = binding.get_outputs()
-        return [v.numpy() if filled else np.empty(shape, dtype)
-                for v, (shape, dtype, filled) in zip(values, self._outs[g], strict=True)]
+        return [np.empty(0, dtype) if k in self._skip or k in kept else
+                v.numpy() if filled else np.empty(shape, dtype)
+                for k, (v, (shape, dtype, filled)) in enumerate(zip(values, self._outs[g],
+                                                                   strict=True))]
+
+
+class DeviceState:
+    """Resident state in the provider's device memory (CUDA): per pair two OrtValues of the
+    state's shape and dtype; a run's binding reads the one of its parity and writes the other
+    (``bind_ortvalue_input`` / ``bind_ortvalue_output``), swapped after a successful run. A
+    decode step then copies its other inputs in and other outputs out, never the cache.
+
+    ``ex.state[name]`` is a :class:`DeviceBuffer` over the OrtValue: ``out=`` of an executor
+    of this provider and device binds it as its output; ``.numpy()`` is one device-to-host
+    copy, ``set_state`` one host-to-device copy (``OrtValue.update_inplace``; from another
+    device buffer through the host: ORT's Python API has no device-to-device copy). ``device``
+    is ("cuda", id), or ("cpu", 0) in the CPU tests, as :class:`DeviceStaging`'s."""
+
+    def __init__(self, plan: Any, device: tuple[str, int]) -> None:
+        self.plan, self.device, self.parity = plan, device, 0
+        self.backend = f"onnxruntime-{device[0]}"
+        self.closed = False
+        self.values = [tuple(ort.OrtValue.ortvalue_from_shape_and_type(
+            list(p.shape), p.dtype, *device) for _ in range(2)) for p in plan.pairs]
+        self.zero()
+
+    def value(self, pair: int, parity: int) -> ort.OrtValue:
+        """The OrtValue a run at ``parity`` reads (``1 - parity``: the one it writes)."""
+        return self.values[pair][parity]
+
+    def read(self, pair: int) -> DeviceBuffer:
+        p = self.plan.pairs[pair]
+        return DeviceBuffer(self, self.backend, self.device[1], self.values[pair][self.parity],
+                            p.shape, p.dtype)
+
+    def alive(self) -> bool:
+        return not self.closed
+
+    def to_host(self, buf: DeviceBuffer) -> np.ndarray:
+        """One device-to-host copy (``OrtValue.numpy()``; copied again off a CPU value, which
+        it views)."""
+        return np.array(buf.handle.numpy())
+
+    def set(self, pair: int, value: Any) -> None:
+        p = self.plan.pairs[pair]
+        host = value.numpy() if isinstance(value, DeviceBuffer) else np.asarray(value)
+        self.values[pair][self.parity].update_inplace(
+            np.ascontiguousarray(host, dtype=p.dtype).reshape(p.shape))
+
+    def swap(self) -> None:
+        self.parity ^= 1
+
+    def zero(self) -> None:
+        for p, values in zip(self.plan.pairs, self.values, strict=True):
+            zeros = np.zeros(p.shape, p.dtype)
+            for v in values:
+                v.update_inplace(zeros)
 
 
 def pinned_staging(nbytes: int, device_id: int) -> tuple[np.ndarray, Any] | None:
@@ -356,6 +418,6 @@ def gpu_present() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
-__all__ = ["CUDA", "CUDA_GATE", "GRAPH_ID_KEY", "DeviceStaging", "cuda_available",
+__all__ = ["CUDA", "CUDA_GATE", "GRAPH_ID_KEY", "DeviceStaging", "DeviceState", "cuda_available",
            "cuda_exclusive", "cuda_shared", "gpu_present", "is_capture_refusal", "pinned_staging",
            "provider_list"]
