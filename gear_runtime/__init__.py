@@ -30,6 +30,7 @@ from gear_runtime.errors import (
 from gear_runtime.spec import GearSpec
 
 if TYPE_CHECKING:
+    from gear_runtime.backends.base import DeviceBuffer
     from gear_runtime.runtime.executor import Executor
     from gear_runtime.runtime.model import GearModel
 
@@ -41,6 +42,7 @@ __all__ = [
     "BackendUnavailableError",
     "ClosedError",
     "CompileError",
+    "DeviceBuffer",
     "DynamicInputLengthError",
     "ExecutorBusyError",
     "Executor",
@@ -82,6 +84,10 @@ def __getattr__(name: str) -> Any:  # lazy re-exports keep `import gear_runtime`
         from gear_runtime.runtime.executor import Executor
 
         return Executor
+    if name == "DeviceBuffer":
+        from gear_runtime.backends.base import DeviceBuffer
+
+        return DeviceBuffer
     if name == "check_padding":
         from gear_runtime.tools.check.padding import check_padding
 

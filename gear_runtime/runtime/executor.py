@@ -299,8 +299,12 @@ class Executor:
         for that output (else InputError naming it, the value and what was expected): the
         output is written into it (bound in place on ONNX Runtime's CPU: no copy; one copy
         on other backends) and that array is returned in its place (a trimmed view of it
-        after a padded run). No state output can be given (its buffers are the state's).
-        Not on hybrid or sink models.
+        after a padded run). Or a :class:`~gear_runtime.backends.base.DeviceBuffer` (another
+        executor's ``state[name]`` on a device backend) of the gear's shape and dtype, on
+        this executor's backend and device: the output is written into it on the device (no
+        host copy) and it is returned, whole, in its place; anything else is refused before
+        the run. No state output can be given (its buffers are the state's). Not on hybrid
+        or sink models.
 
         An executor with resident state (``create_executor(state=...)``) takes only the
         NON-state inputs and returns the NON-state outputs, in model order; the state
@@ -439,9 +443,11 @@ class Executor:
         CPU backends; empty without state). That run leaves it as it is (it writes the other
         buffer); the run after it writes into it. A pair run in place (:attr:`state_modes`)
         has one buffer, which every run writes. Give it as ``out=`` of another executor to
-        hand a prefill's output over with no copy. On a device backend (acl) the state lives
-        in device memory: this reads a host COPY (one device-to-host copy); write it with
-        :meth:`set_state` (one host-to-device copy)."""
+        hand a prefill's output over with no copy. On a device backend (acl, mindspore_lite,
+        ONNX Runtime's CUDA provider) the state lives in device memory and this is a
+        :class:`~gear_runtime.backends.base.DeviceBuffer` over it: ``out=`` of an executor
+        on the same device writes into it there, ``.numpy()`` / ``np.asarray`` is a host
+        copy, :meth:`set_state` writes it (one host-to-device copy)."""
         return _StateView(self)
 
     @property
@@ -460,7 +466,9 @@ class Executor:
         return self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
 
     def set_state(self, name: str, value: Any) -> None:
-        """Copy ``value`` (its exact shape and dtype) once into state ``name``'s buffer."""
+        """Copy ``value`` (its exact shape and dtype) once into state ``name``'s buffer: an
+        array (or nested lists), or a :class:`~gear_runtime.backends.base.DeviceBuffer`
+        (copied on the device where the backend can: acl; else through the host)."""
         owner = self._enter("set_state")
         try:
             if self._plan is None:
