@@ -280,3 +280,94 @@ def test_what_waits_goes_as_soon_as_an_executor_is_free(wait_when_idle: bool) ->
         assert took >= 0.25  # the delay (from the first waiting request's arrival) waited out
     else:
         assert took < 0.5  # not the minute-long delay
+
+
+# ---- a worker runner: the worker takes the next batch itself ----------------------------------
+class Workers:
+    """A WorkerRunner on one real thread: counts the batches handed over through the loop
+    (``calls``) and the batches run (``batches``: each request's first value); the first
+    batch blocks until ``release`` is set, so requests can pile up behind it; a request whose
+    value is in ``bad`` fails (its batch, then itself alone)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(1)
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.calls = 0
+        self.batches: list[list[float]] = []
+        self.bad: set[float] = set()
+        self.refuse = refuse
+
+    async def call(self, fn):
+        self.calls += 1
+        if self.refuse:
+            raise gr.ClosedError("the pool refuses: past its drain deadline")
+        return await asyncio.wrap_future(self.pool.submit(fn, "the worker's executor"))
+
+    def run_on(self, worker, requests):
+        assert worker == "the worker's executor"
+        values = [float(r[0][0, 0]) for r in requests]
+        self.batches.append(values)
+        if len(self.batches) == 1:
+            self.started.set()
+            self.release.wait(5)
+        if self.bad & set(values):
+            raise ValueError(f"bad request among {values}")
+        return len(self.batches), [[r[0] * 2] for r in requests]
+
+
+def test_a_worker_takes_the_waiting_batch_itself_when_its_run_ends() -> None:
+    """Requests that arrive while a batch runs go as the next batch from the worker's own
+    thread: one hand-over through the loop for two batches, every answer right."""
+    workers = Workers()
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
+        await asyncio.to_thread(workers.started.wait, 5)
+        later = [asyncio.ensure_future(batcher.submit(rows(2, v))) for v in (2.0, 3.0)]
+        await asyncio.sleep(0.05)  # both waiting behind the running batch
+        workers.release.set()
+        return await asyncio.gather(first, *later)
+
+    answers = run(main, batcher)
+    assert workers.batches == [[1.0], [2.0, 3.0]] and workers.calls == 1
+    for (_, (out,)), value, n in zip(answers, (1.0, 2.0, 3.0), (1, 2, 2), strict=True):
+        np.testing.assert_array_equal(out, np.full((n, 3), 2 * value, np.float32))
+
+
+def test_a_chained_batch_that_fails_runs_each_request_alone() -> None:
+    workers = Workers()
+    workers.bad.add(3.0)
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> list[Any]:
+        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
+        await asyncio.to_thread(workers.started.wait, 5)
+        later = [asyncio.ensure_future(batcher.submit(rows(1, v))) for v in (2.0, 3.0)]
+        await asyncio.sleep(0.05)
+        workers.release.set()
+        return await asyncio.gather(first, *later, return_exceptions=True)
+
+    first, good, bad = run(main, batcher)
+    assert workers.batches == [[1.0], [2.0, 3.0], [2.0], [3.0]]
+    np.testing.assert_array_equal(good[1][0], np.full((1, 3), 4.0, np.float32))
+    assert isinstance(bad, ValueError) and not isinstance(first, Exception)
+
+
+def test_a_refused_hand_over_fails_its_requests_and_wait_when_idle_chains_nothing() -> None:
+    refused = Batcher(plan(), Workers(refuse=True), max_delay_s=FOREVER_S, slots=1)
+    with pytest.raises(gr.ClosedError, match="drain deadline"):
+        run(lambda: refused.submit(rows(1)), refused)
+    workers = Workers()
+    workers.release.set()
+    waiting = Batcher(plan(), workers, max_delay_s=0.01, slots=1, wait_when_idle=True)
+
+    async def main() -> list[Any]:
+        return [await waiting.submit(rows(1, v)) for v in (1.0, 2.0)]
+
+    run(main, waiting)
+    assert workers.calls == 2  # Triton's rule: every batch waits out its delay, via the loop

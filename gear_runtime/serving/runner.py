@@ -232,6 +232,22 @@ class ExecutorPool:
         self._threads.shutdown(wait=True, cancel_futures=True)
 
 
+class PoolBatches:
+    """The batcher's :class:`~gear_runtime.serving.batcher.WorkerRunner` over an executor
+    pool: a batch runs on a pool thread's executor, and that thread takes the next waiting
+    batch itself when it is done."""
+
+    def __init__(self, pool: ExecutorPool,
+                 run: Callable[[list[list[np.ndarray]], Any], tuple[Any, Any]]) -> None:
+        self._pool, self._run = pool, run
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        return await self._pool.call(fn)
+
+    def run_on(self, worker: Any, requests: list[list[np.ndarray]]) -> tuple[Any, Any]:
+        return self._run(requests, worker)
+
+
 class _Waiting:
     """One task's place in :attr:`ExecutorPool.waiting`: taken when made, given back once."""
 
@@ -289,7 +305,7 @@ class ServedModel:
         self.batcher: Batcher | None = None
         self.no_batching_reason = "batching is off" if self.plan else why
         if options.batching and self.plan is not None and not state:
-            self.batcher = Batcher(self.plan, self._run_batch,
+            self.batcher = Batcher(self.plan, PoolBatches(self.pool, self._timed_batch),
                                    max_delay_s=options.max_batch_delay_ms / 1000,
                                    slots=options.executors, on_batch=self._count_batch,
                                    wait_when_idle=options.batch_wait_when_idle)
@@ -534,10 +550,6 @@ class ServedModel:
             self.metrics.padded(self.name, self.gear_label(ex.last_gear),
                                 math.prod(request) / max(1, math.prod(gear)))
         return outputs
-
-    async def _run_batch(self, requests: list[list[np.ndarray]]
-                         ) -> tuple[RunTiming, list[list[np.ndarray]]]:
-        return await self.pool.call(partial(self._timed_batch, requests))
 
     def _timed_batch(self, requests: list[list[np.ndarray]],
                      ex: Any) -> tuple[RunTiming, list[list[np.ndarray]]]:
