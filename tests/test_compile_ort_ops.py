@@ -24,7 +24,7 @@ def rms_model() -> onnx.ModelProto:
     node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y"],
                             axis=-1, epsilon=1e-6, stash_type=1)
     graph = helper.make_graph([node], "rms", [x], [y], [scale])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def test_a_source_with_ort_default_domain_kernels_compiles_and_runs(tmp_path) -> None:

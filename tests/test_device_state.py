@@ -53,7 +53,8 @@ def static_cpu_model(tmp_path) -> str:
     graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "g", [x], [y],
                               [one])
     path = tmp_path / "static.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=10), path)
     return str(path)
 
 
