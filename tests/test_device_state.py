@@ -134,9 +134,27 @@ def test_set_state_from_a_device_buffer_is_one_device_copy(fake, tmp_path):
     _, copies = copies_during(fake, lambda: b.set_state("x", a.state["x"]))
     assert [(c.kind, c.count) for c in copies] == [(D2D, x0.nbytes)]
     np.testing.assert_array_equal(b.state["x"].numpy(), x0)
-    with pytest.raises(InputError, match=r"set_state\('x'\): got DeviceBuffer"):
+    with pytest.raises(InputError, match=r"set_state\('x'\)'s value is DeviceBuffer.*no "
+                                         r"device buffer gear_runtime handed out"):
         a.set_state("x", DeviceBuffer(a.state["x"]._owner, "acl", 0, a.state["x"].handle,
                                       (24,), np.float32))
+
+
+def test_a_device_buffer_made_by_hand_is_refused_before_any_run(fake, tmp_path):
+    """A DeviceBuffer is only what an executor handed out: one made by hand (another address
+    in the state's block, or the right address at another shape) would have the run write
+    anywhere on the device; refused, nothing ran, nothing copied."""
+    dec, pre = pair(tmp_path, PREFILL_FIXED)
+    dex, pex = dec.create_executor(state={"x": "y"}), pre.create_executor()
+    real = dex.state["x"]
+    feeds = {"kv": np.zeros((2, 3, 4), np.float32), "ids": np.zeros((2, 2), np.int64)}
+    runs, copies = len(fake.state.executions), len(fake.state.memcpys)
+    for forged in (DeviceBuffer(real._owner, "acl", 0, real.handle + 64, (2, 3, 4), np.float32),
+                   DeviceBuffer(object(), "acl", 0, real.handle, (2, 3, 4), np.float32)):
+        with pytest.raises(InputError, match="no device buffer gear_runtime handed out"):
+            pex.execute(feeds, out={"y": forged})
+    assert len(fake.state.executions) == runs
+    assert len(fake.state.memcpys) == copies  # refused before anything crossed
 
 
 def test_device_memory_of_another_device_or_a_host_executor_is_refused(fake, tmp_path):

@@ -169,7 +169,20 @@ class DeviceBuffer:
     @property
     def alive(self) -> bool:
         """Whether the memory is still allocated (its executor not closed)."""
-        return bool(self._owner.alive())
+        alive = getattr(self._owner, "alive", None)
+        return bool(alive()) if callable(alive) else False
+
+    def check_genuine(self, what: str) -> None:
+        """InputError unless this is a buffer gear_runtime handed out, as it was handed out
+        (its owner holds that memory at this shape and dtype): a buffer made by hand could
+        point anywhere on the device, and a run would write there. ClosedError once freed."""
+        holds = getattr(self._owner, "holds", None)
+        if holds is not None:
+            self.handle  # noqa: B018 - ClosedError once freed
+        if holds is None or not holds(self._handle, self.shape, self.dtype):
+            raise InputError(f"{what} is {self!r}, which is no device buffer gear_runtime "
+                             "handed out (ex.state[name] of a device executor) at that shape "
+                             "and dtype")
 
     @property
     def handle(self) -> Any:

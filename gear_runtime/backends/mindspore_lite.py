@@ -677,6 +677,11 @@ class MsliteState:
     def alive(self) -> bool:
         return not self._session._closed
 
+    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+        """Whether ``handle`` is one of these tensors, of its pair's shape and dtype."""
+        return any(any(handle is t for t in tensors) and p.shape == shape and p.dtype == dtype
+                   for p, tensors in zip(self.plan.pairs, self.tensors, strict=True))
+
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
         """A host copy of ``buf`` (get_data_to_numpy: one device-to-host copy, into the
         tensor's host mirror, which the next call overwrites: copied out)."""

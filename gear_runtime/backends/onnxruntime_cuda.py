@@ -355,6 +355,11 @@ class DeviceState:
     def alive(self) -> bool:
         return not self.closed
 
+    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+        """Whether ``handle`` is one of these OrtValues, of its pair's shape and dtype."""
+        return any(any(handle is v for v in values) and p.shape == shape and p.dtype == dtype
+                   for p, values in zip(self.plan.pairs, self.values, strict=True))
+
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
         """One device-to-host copy (``OrtValue.numpy()``; copied again off a CPU value, which
         it views)."""

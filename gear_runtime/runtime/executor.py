@@ -426,7 +426,7 @@ class Executor:
                              f"of gear {gear} {self._gear_values[gear]} is {np.dtype(dtype)} "
                              f"{list(shape)}")
         if isinstance(buf, DeviceBuffer):
-            buf.handle  # noqa: B018 - ClosedError once its executor freed it
+            buf.check_genuine(f"out[{name!r}]")
             why = self._session.device_out_refusal(buf)
             if why is not None:
                 raise InputError(f"out[{name!r}] is {buf!r}: {why}")
@@ -476,6 +476,7 @@ class Executor:
                                  "model.create_executor(state={input: output})")
             pair = self._plan.pair(name)
             if isinstance(value, DeviceBuffer):  # device memory: copied where it lives
+                value.check_genuine(f"set_state({name!r})'s value")
                 if value.shape != pair.shape or value.dtype != pair.dtype:
                     raise InputError(f"set_state({name!r}): got {value!r}, the state is "
                                      f"{pair.dtype} {list(pair.shape)}")

@@ -363,6 +363,11 @@ class DeviceState:
         self._copy(pair, parity, ACL_MEMCPY_DEVICE_TO_HOST)
         return self._host_view(pair).copy()
 
+    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+        """Whether ``handle`` is one of these buffers, of its pair's shape and dtype."""
+        return any(handle in bufs and p.shape == shape and p.dtype == dtype
+                   for p, bufs in zip(self.plan.pairs, self.buffers, strict=True))
+
     def _find(self, buf: DeviceBuffer) -> tuple[int, int]:
         for pair, bufs in enumerate(self.buffers):
             if buf.handle in bufs:
