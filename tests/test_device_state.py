@@ -157,6 +157,29 @@ def test_a_device_buffer_made_by_hand_is_refused_before_any_run(fake, tmp_path):
     assert len(fake.state.memcpys) == copies  # refused before anything crossed
 
 
+def test_an_executors_own_state_is_no_output_of_its_run(tmp_path):
+    """An executor writing an output into the state its own run reads would read and write
+    one buffer in one run: refused before the run (ORT's device path over host memory; a
+    model whose other output has the state's shape)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    t = helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("y", "w")]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "t"], ["y"]),
+                               helper.make_node("Mul", ["x", "t"], ["w"])], "g", [x, t], outs)
+    path = tmp_path / "twin.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=10), path)
+    ex = on_host_device(gr.load(str(path))).create_executor(state={"x": "y"})
+    feeds = {"t": np.ones((2, 3), np.float32)}
+    with pytest.raises(InputError, match=r"out\['w'\] is this executor's own state"):
+        ex.execute(feeds, out={"w": ex.state["x"]})
+    other = on_host_device(gr.load(str(path))).create_executor(state={"x": "y"})
+    ex.set_state("x", np.full((2, 3), 3, np.float32))
+    (w,) = ex.execute(feeds, out={"w": other.state["x"]})  # another executor's: bound there
+    np.testing.assert_array_equal(other.state["x"].numpy(), np.full((2, 3), 3, np.float32))
+    assert w is not None
+
+
 def test_device_memory_of_another_device_or_a_host_executor_is_refused(fake, tmp_path):
     """An output lands only in memory of the device its executor runs on: another NPU's
     buffer (no peer access) or a host backend's executor is refused before the run, naming

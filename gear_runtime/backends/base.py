@@ -172,6 +172,10 @@ class DeviceBuffer:
         alive = getattr(self._owner, "alive", None)
         return bool(alive()) if callable(alive) else False
 
+    def owned_by(self, state: Any) -> bool:
+        """Whether this is memory of ``state`` (a session's resident state)."""
+        return state is not None and self._owner is state
+
     def check_genuine(self, what: str) -> None:
         """InputError unless this is a buffer gear_runtime handed out, as it was handed out
         (its owner holds that memory at this shape and dtype): a buffer made by hand could

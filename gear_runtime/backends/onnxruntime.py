@@ -645,7 +645,7 @@ class OrtSession(BackendSession, BenchSession):
         for j, i in self._staged:
             name = spec.input_names[i]
             if self._device is not None:
-                device, ptr = self._device.input_ptr(g, i)
+                device, ptr = self._device.input_ptr(g, j)  # layout index: staged inputs
             else:
                 device, ptr = "cpu", self.staging.ctypes.data + self.layout.offset(g, j)
             binding.bind_input(name, device, self.model.device[1], info.input_dtypes[i],

@@ -427,6 +427,9 @@ class Executor:
                              f"{list(shape)}")
         if isinstance(buf, DeviceBuffer):
             buf.check_genuine(f"out[{name!r}]")
+            if buf.owned_by(getattr(self._session, "state", None)):
+                raise InputError(f"out[{name!r}] is this executor's own state: its run reads "
+                                 "that memory; give another executor's state")
             why = self._session.device_out_refusal(buf)
             if why is not None:
                 raise InputError(f"out[{name!r}] is {buf!r}: {why}")
