@@ -296,6 +296,8 @@ class Workers:
         self.pool = ThreadPoolExecutor(1)
         self.release = threading.Event()
         self.started = threading.Event()
+        #: the second batch blocks until this is set (None: it does not block)
+        self.release_second: threading.Event | None = None
         self.calls = 0
         self.batches: list[list[float]] = []
         self.bad: set[float] = set()
@@ -314,6 +316,8 @@ class Workers:
         if len(self.batches) == 1:
             self.started.set()
             self.release.wait(5)
+        if len(self.batches) == 2 and self.release_second is not None:
+            self.release_second.wait(5)
         if self.bad & set(values):
             raise ValueError(f"bad request among {values}")
         return len(self.batches), [[r[0] * 2] for r in requests]
@@ -337,6 +341,31 @@ def test_a_worker_takes_the_waiting_batch_itself_when_its_run_ends() -> None:
     assert workers.batches == [[1.0], [2.0, 3.0]] and workers.calls == 1
     for (_, (out,)), value, n in zip(answers, (1.0, 2.0, 3.0), (1, 2, 2), strict=True):
         np.testing.assert_array_equal(out, np.full((n, 3), 2 * value, np.float32))
+
+
+def test_a_request_is_answered_when_its_batch_is_done_not_when_the_chain_ends() -> None:
+    """The first request (run at once, the batcher idle) is answered while the worker runs
+    the batch it chained after it: its client waits for its own rows only."""
+    import threading
+
+    workers = Workers()
+    workers.release_second = threading.Event()
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> bool:
+        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
+        await asyncio.to_thread(workers.started.wait, 5)
+        second = asyncio.ensure_future(batcher.submit(rows(1, 2.0)))
+        await asyncio.sleep(0.05)
+        workers.release.set()
+        await asyncio.wait_for(asyncio.shield(first), 1.0)  # while the second is held
+        held = not second.done()
+        workers.release_second.set()
+        await second
+        return held
+
+    assert run(main, batcher) is True
+    assert workers.batches == [[1.0], [2.0]] and workers.calls == 1
 
 
 def test_a_chained_batch_that_fails_runs_each_request_alone() -> None:

@@ -242,12 +242,14 @@ class Batcher:
         await self._slots.acquire()  # free: nothing runs
         self._busy += 1
         if self._worker is not None:
-            item = _Item(inputs, inputs[0].shape[0], 0.0,
-                         asyncio.get_running_loop().create_future())
-            try:
-                await self._on_worker([item])
-            finally:
-                self._ran()
+            # the run goes on as a task of its own: the worker may chain the requests that
+            # arrive meanwhile, and this request is answered when ITS batch is done, not
+            # when the chain ends
+            loop = asyncio.get_running_loop()
+            item = _Item(inputs, inputs[0].shape[0], 0.0, loop.create_future())
+            task = loop.create_task(self._dispatch([item]))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
             return await item.future
         try:
             run, outputs = await self._run([inputs])
