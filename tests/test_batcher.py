@@ -284,83 +284,89 @@ def test_what_waits_goes_as_soon_as_an_executor_is_free(wait_when_idle: bool) ->
 
 # ---- a worker runner: the worker takes the next batch itself ----------------------------------
 class Workers:
-    """A WorkerRunner on one real thread: counts the batches handed over through the loop
-    (``calls``) and the batches run (``batches``: each request's first value); the first
-    batch blocks until ``release`` is set, so requests can pile up behind it; a request whose
-    value is in ``bad`` fails (its batch, then itself alone)."""
+    """A WorkerRunner on one real thread: counts the hand-overs through the loop (``calls``)
+    and the batches run (``batches``: each request's first value). Batch ``i`` (from 0)
+    blocks until ``gates[i]`` is set, when there is one, so requests can pile up behind it;
+    ``started[i]`` says it began. A request whose value is in ``bad`` fails (its batch, then
+    itself alone). ``refuse``: every hand-over fails with ClosedError, as the pool past its
+    drain deadline."""
 
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, gates: int = 0, refuse: bool = False) -> None:
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
         self.pool = ThreadPoolExecutor(1)
-        self.release = threading.Event()
-        self.started = threading.Event()
-        #: the second batch blocks until this is set (None: it does not block)
-        self.release_second: threading.Event | None = None
+        self.gates = [threading.Event() for _ in range(gates)]
+        self.started = [threading.Event() for _ in range(gates)]
         self.calls = 0
         self.batches: list[list[float]] = []
         self.bad: set[float] = set()
         self.refuse = refuse
 
-    async def call(self, fn):
+    def submit(self, fn):
+        from concurrent.futures import Future
+
         self.calls += 1
         if self.refuse:
-            raise gr.ClosedError("the pool refuses: past its drain deadline")
-        return await asyncio.wrap_future(self.pool.submit(fn, "the worker's executor"))
+            refused: Future = Future()
+            refused.set_exception(gr.ClosedError("the pool refuses: past its drain deadline"))
+            return refused
+        return self.pool.submit(fn, "the worker's executor")
 
     def run_on(self, worker, requests):
         assert worker == "the worker's executor"
         values = [float(r[0][0, 0]) for r in requests]
+        i = len(self.batches)
         self.batches.append(values)
-        if len(self.batches) == 1:
-            self.started.set()
-            self.release.wait(5)
-        if len(self.batches) == 2 and self.release_second is not None:
-            self.release_second.wait(5)
+        if i < len(self.gates):
+            self.started[i].set()
+            self.gates[i].wait(5)
         if self.bad & set(values):
             raise ValueError(f"bad request among {values}")
         return len(self.batches), [[r[0] * 2] for r in requests]
 
+    async def wait_started(self, i: int) -> None:
+        await asyncio.to_thread(self.started[i].wait, 5)
+
+
+async def pile_up(batcher: Batcher, workers: Workers, later: tuple[float, ...]) -> list[Any]:
+    """Request 1.0 runs alone (the batcher idle) and holds; ``later`` arrive meanwhile; then
+    its gate opens. The futures, in order."""
+    first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
+    await workers.wait_started(0)
+    rest = [asyncio.ensure_future(batcher.submit(rows(1, v))) for v in later]
+    await asyncio.sleep(0.05)  # all waiting behind the running batch
+    workers.gates[0].set()
+    return [first, *rest]
+
 
 def test_a_worker_takes_the_waiting_batch_itself_when_its_run_ends() -> None:
     """Requests that arrive while a batch runs go as the next batch from the worker's own
-    thread: one hand-over through the loop for two batches, every answer right."""
-    workers = Workers()
+    thread: two batches, ONE hand-over through the loop, every answer right."""
+    workers = Workers(gates=1)
     batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
 
     async def main() -> list[Any]:
-        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
-        await asyncio.to_thread(workers.started.wait, 5)
-        later = [asyncio.ensure_future(batcher.submit(rows(2, v))) for v in (2.0, 3.0)]
-        await asyncio.sleep(0.05)  # both waiting behind the running batch
-        workers.release.set()
-        return await asyncio.gather(first, *later)
+        return await asyncio.gather(*await pile_up(batcher, workers, (2.0, 3.0)))
 
     answers = run(main, batcher)
     assert workers.batches == [[1.0], [2.0, 3.0]] and workers.calls == 1
-    for (_, (out,)), value, n in zip(answers, (1.0, 2.0, 3.0), (1, 2, 2), strict=True):
-        np.testing.assert_array_equal(out, np.full((n, 3), 2 * value, np.float32))
+    for (_, (out,)), value in zip(answers, (1.0, 2.0, 3.0), strict=True):
+        np.testing.assert_array_equal(out, np.full((1, 3), 2 * value, np.float32))
 
 
 def test_a_request_is_answered_when_its_batch_is_done_not_when_the_chain_ends() -> None:
-    """The first request (run at once, the batcher idle) is answered while the worker runs
-    the batch it chained after it: its client waits for its own rows only."""
-    import threading
-
-    workers = Workers()
-    workers.release_second = threading.Event()
+    """The lone request is answered while the worker runs the batch it chained after it:
+    its client waits for its own rows only."""
+    workers = Workers(gates=2)
     batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
 
     async def main() -> bool:
-        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
-        await asyncio.to_thread(workers.started.wait, 5)
-        second = asyncio.ensure_future(batcher.submit(rows(1, 2.0)))
-        await asyncio.sleep(0.05)
-        workers.release.set()
-        await asyncio.wait_for(asyncio.shield(first), 1.0)  # while the second is held
+        first, second = await pile_up(batcher, workers, (2.0,))
+        await workers.wait_started(1)  # the chained batch holds
+        await asyncio.wait_for(asyncio.shield(first), 1.0)
         held = not second.done()
-        workers.release_second.set()
+        workers.gates[1].set()
         await second
         return held
 
@@ -369,17 +375,13 @@ def test_a_request_is_answered_when_its_batch_is_done_not_when_the_chain_ends() 
 
 
 def test_a_chained_batch_that_fails_runs_each_request_alone() -> None:
-    workers = Workers()
+    workers = Workers(gates=1)
     workers.bad.add(3.0)
     batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
 
     async def main() -> list[Any]:
-        first = asyncio.ensure_future(batcher.submit(rows(1, 1.0)))
-        await asyncio.to_thread(workers.started.wait, 5)
-        later = [asyncio.ensure_future(batcher.submit(rows(1, v))) for v in (2.0, 3.0)]
-        await asyncio.sleep(0.05)
-        workers.release.set()
-        return await asyncio.gather(first, *later, return_exceptions=True)
+        futures = await pile_up(batcher, workers, (2.0, 3.0))
+        return await asyncio.gather(*futures, return_exceptions=True)
 
     first, good, bad = run(main, batcher)
     assert workers.batches == [[1.0], [2.0, 3.0], [2.0], [3.0]]
@@ -389,10 +391,13 @@ def test_a_chained_batch_that_fails_runs_each_request_alone() -> None:
 
 def test_a_refused_hand_over_fails_its_requests_and_wait_when_idle_chains_nothing() -> None:
     refused = Batcher(plan(), Workers(refuse=True), max_delay_s=FOREVER_S, slots=1)
-    with pytest.raises(gr.ClosedError, match="drain deadline"):
+    with pytest.raises(gr.ClosedError, match="drain deadline"):  # a lone request
         run(lambda: refused.submit(rows(1)), refused)
+    gathered = Batcher(plan(), Workers(refuse=True), max_delay_s=0.0, slots=1,
+                       wait_when_idle=True)
+    with pytest.raises(gr.ClosedError, match="drain deadline"):  # a gathered batch
+        run(lambda: gathered.submit(rows(1)), gathered)
     workers = Workers()
-    workers.release.set()
     waiting = Batcher(plan(), workers, max_delay_s=0.01, slots=1, wait_when_idle=True)
 
     async def main() -> list[Any]:

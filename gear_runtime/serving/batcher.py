@@ -26,6 +26,7 @@ clients. Results go back to the loop as they are made; the loop keeps gathering 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections import deque
@@ -176,12 +177,13 @@ T = TypeVar("T")
 class WorkerRunner(Protocol):
     """Runs batches on worker threads that may take the next batch themselves.
 
-    ``call(fn)``: ``fn(worker)`` on a free worker thread (its executor), awaited; a
-    :class:`~gear_runtime.errors.ClosedError` raised before ``fn`` starts means it never ran.
+    ``submit(fn)``: ``fn(worker)`` on a free worker thread (its executor), as a
+    ``concurrent.futures.Future``; one that fails with
+    :class:`~gear_runtime.errors.ClosedError` before ``fn`` starts never ran it.
     ``run_on(worker, requests)``: one batch, on that worker's thread, as a
     :data:`BatchRunner` would return it."""
 
-    async def call(self, fn: Callable[[Any], T]) -> T: ...
+    def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]: ...
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]
                ) -> tuple[Any, list[list[np.ndarray]]]: ...
@@ -242,15 +244,7 @@ class Batcher:
         await self._slots.acquire()  # free: nothing runs
         self._busy += 1
         if self._worker is not None:
-            # the run goes on as a task of its own: the worker may chain the requests that
-            # arrive meanwhile, and this request is answered when ITS batch is done, not
-            # when the chain ends
-            loop = asyncio.get_running_loop()
-            item = _Item(inputs, inputs[0].shape[0], 0.0, loop.create_future())
-            task = loop.create_task(self._dispatch([item]))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            return await item.future
+            return await self._alone_on_worker(inputs)
         try:
             run, outputs = await self._run([inputs])
             self._on_batch(run, inputs[0].shape[0])
@@ -353,6 +347,37 @@ class Batcher:
             self._ran()
 
     # ---- a worker runner: the worker takes the next batch itself ---------------------------
+    async def _alone_on_worker(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+        """A lone request on a worker, which goes on with whatever arrived meanwhile
+        (:meth:`_chain`). This request is answered when ITS batch is done, not when the
+        chain ends; the chain's end frees the slot (:meth:`_chain_ended`). No task of its
+        own: a lone request costs what an unbatched one does (one wake-up of the loop)."""
+        assert self._worker is not None
+        loop = asyncio.get_running_loop()
+        item = _Item(inputs, inputs[0].shape[0], 0.0, loop.create_future())
+        try:
+            future = self._worker.submit(partial(self._chain, [item], loop))
+        except BaseException:
+            self._ran()
+            raise
+        future.add_done_callback(
+            lambda f: loop.call_soon_threadsafe(self._chain_ended, [item], f))
+        return await item.future  # (run, this request's outputs): _settle's answer
+
+    def _chain_ended(self, items: list[_Item], future: concurrent.futures.Future) -> None:
+        """On the loop, when a lone request's chain is over: its answers if nothing followed
+        it (they ride on this wake-up), its failure if the worker never ran it; the slot
+        freed."""
+        try:
+            exc = None if future.cancelled() else future.exception()
+            if future.cancelled() or exc is not None:
+                self._fail(items, exc or ClosedError("the run was cancelled"))
+                return
+            for fn, *args in future.result():
+                fn(*args)
+        finally:
+            self._ran()
+
     async def _on_worker(self, items: list[_Item]) -> None:
         """Run ``items`` on a free worker, which goes on with whatever waits when they are
         done (:meth:`_chain`). Every request taken is answered; a refusal before the worker
@@ -360,40 +385,55 @@ class Batcher:
         assert self._worker is not None
         loop = asyncio.get_running_loop()
         try:
-            await self._worker.call(partial(self._chain, items, loop))
+            held = await asyncio.wrap_future(
+                self._worker.submit(partial(self._chain, items, loop)))
         except Exception as exc:  # the worker never started: nothing of items ran
             self._fail(items, exc)
+            return
+        for fn, *args in held:  # a lone batch's answers ride on the call's own wake-up
+            fn(*args)
 
-    def _chain(self, items: list[_Item], loop: asyncio.AbstractEventLoop, worker: Any) -> None:
-        """On the worker's thread: run ``items``, hand the results to the loop, then take
-        the next batch of waiting requests (unless the delay must be waited out) and run it,
-        until none waits."""
+    def _chain(self, items: list[_Item], loop: asyncio.AbstractEventLoop,
+               worker: Any) -> list[tuple[Any, ...]]:
+        """On the worker's thread: run ``items``, then take the next batch of waiting
+        requests (unless the delay must be waited out) and run it, until none waits. Each
+        batch's answers go to the loop as soon as it is done; the first batch's are returned
+        instead when nothing followed it (no second wake-up of the loop for a lone batch)."""
+        held: list[tuple[Any, ...]] = []
+        deliver = held.append
         while items:
             try:
-                self._run_items(items, loop, worker)
+                self._run_items(items, worker, deliver)
             except BaseException as exc:  # never leave a taken request unanswered
-                loop.call_soon_threadsafe(self._fail, items, exc)
+                deliver((self._fail, items, exc))
                 raise
-            if self._wait_when_idle:
-                return
-            items = self._take()
+            following = [] if self._wait_when_idle else self._take()
+            if following and held:  # answer the first batch now, not after the chain
+                for call in held:
+                    loop.call_soon_threadsafe(*call)
+                held = []
+            if following:
+                def deliver(call: tuple[Any, ...]) -> None:
+                    loop.call_soon_threadsafe(*call)
+            items = following
+        return held
 
-    def _run_items(self, items: list[_Item], loop: asyncio.AbstractEventLoop,
-                   worker: Any) -> None:
-        """One batch on this worker; each request answered through the loop. A failed batch
-        of several runs each request alone (only the ones at fault fail, with their own
-        error), as :meth:`_run_each`; a ClosedError fails them all."""
+    def _run_items(self, items: list[_Item], worker: Any,
+                   deliver: Callable[[tuple[Any, ...]], None]) -> None:
+        """One batch on this worker; each request's answer handed to ``deliver`` as a call
+        for the loop. A failed batch of several runs each request alone (only the ones at
+        fault fail, with their own error), as :meth:`_run_each`; a ClosedError fails all."""
         assert self._worker is not None
         try:
             run, outputs = self._worker.run_on(worker, [it.inputs for it in items])
         except Exception as exc:
             if len(items) == 1 or isinstance(exc, ClosedError):
-                loop.call_soon_threadsafe(self._fail, items, exc)
+                deliver((self._fail, items, exc))
                 return
             for item in items:
-                self._run_items([item], loop, worker)
+                self._run_items([item], worker, deliver)
             return
-        loop.call_soon_threadsafe(self._settle, items, run, outputs)
+        deliver((self._settle, items, run, outputs))
 
     def _settle(self, items: list[_Item], run: Any, outputs: list[list[np.ndarray]]) -> None:
         """On the loop: a batch's results to its requests (those still waiting)."""

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -208,9 +208,14 @@ class ExecutorPool:
         return ex
 
     async def call(self, fn: Callable[[Any], T]) -> T:
-        """``fn(executor)`` on a free worker thread, awaited. The task counts as waiting until
-        it starts or, cancelled before it started (the client hung up, a gRPC cancel or
-        timeout), until the cancel: whatever ends the wait ends the count, exactly once."""
+        """``fn(executor)`` on a free worker thread, awaited (:meth:`submit`)."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[Any], T]) -> Future[T]:
+        """``fn(executor)`` on a free worker thread, as a future. The task counts as waiting
+        until it starts or, cancelled before it started (the client hung up, a gRPC cancel
+        or timeout), until the cancel: whatever ends the wait ends the count, exactly once.
+        Past the drain deadline the future fails with ClosedError before ``fn`` runs."""
         waiting = _Waiting(self)
         try:
             future = self._threads.submit(self._run, fn, waiting)
@@ -218,7 +223,7 @@ class ExecutorPool:
             waiting.end()
             raise
         future.add_done_callback(lambda f: waiting.end())  # a cancelled task never starts
-        return await asyncio.wrap_future(future)
+        return future
 
     def _run(self, fn: Callable[[Any], T], waiting: _Waiting) -> T:
         waiting.end()
@@ -241,8 +246,8 @@ class PoolBatches:
                  run: Callable[[list[list[np.ndarray]], Any], tuple[Any, Any]]) -> None:
         self._pool, self._run = pool, run
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        return await self._pool.call(fn)
+    def submit(self, fn: Callable[[Any], T]) -> Future[T]:
+        return self._pool.submit(fn)
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]) -> tuple[Any, Any]:
         return self._run(requests, worker)
