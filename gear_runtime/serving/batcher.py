@@ -269,10 +269,14 @@ class Batcher:
                 logger.exception("batcher: unexpected error while gathering")
 
     async def _gather_one(self) -> None:
-        while not self._pending:
-            self._arrived.clear()
+        while True:  # the first waiting request, read under the lock: a worker may take it
+            with self._lock:
+                first = self._pending[0] if self._pending else None
+            if first is not None:
+                break
+            self._arrived.clear()  # no await since the check: no arrival is missed
             await self._arrived.wait()
-        deadline = self._pending[0].arrived + self._delay
+        deadline = first.arrived + self._delay
         loop = asyncio.get_running_loop()
         # an executor free: send what waits now (a run ending wakes this loop up)
         while self._pending_rows < self.plan.max_rows and loop.time() < deadline \
