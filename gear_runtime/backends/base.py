@@ -168,11 +168,13 @@ class BackendSession(ABC):
 
 class DeviceBuffer:
     """One buffer of a backend's device memory that gear_runtime hands out: a device
-    backend's resident state (``ex.state[name]`` on acl). What a user does with it:
+    backend's resident state (``ex.state[name]`` on acl, mindspore_lite and ONNX Runtime's
+    CUDA provider). What a user does with it:
 
     - ``out={name: buf}`` of an executor on the same backend and device: the output is
       written straight into it on the device (no host copy): the prefill -> decode handoff;
-    - ``set_state(name, buf)``: one device-to-device copy;
+    - ``set_state(name, buf)``: one device-to-device copy on acl, through the host where
+      the runtime's Python API has no device copy;
     - ``buf.numpy()`` / ``np.asarray(buf)``: a host COPY (one device-to-host copy).
 
     ``owner`` is the session state whose memory it is: ``owner.alive()`` says whether the
@@ -233,6 +235,52 @@ class DeviceBuffer:
         state = "" if self.alive else ", freed"
         return (f"DeviceBuffer({self.backend} device {self.device_id}, {self.dtype} "
                 f"{list(self.shape)}{state})")
+
+
+class DeviceStateBase(ABC):
+    """What the device backends' resident states share: per pair two device buffers (the
+    backend's handles: addresses on acl, runtime objects elsewhere), the parity the next run
+    reads, and the :class:`DeviceBuffer` each hands out (:meth:`read`) and recognises
+    (:meth:`holds`). A subclass sets ``plan``, ``parity``, ``backend`` and ``device_id``."""
+
+    plan: Any
+    parity: int
+    backend: str
+    device_id: int
+
+    @abstractmethod
+    def handles(self, pair: int) -> Sequence[Any]:
+        """Pair ``pair``'s two buffers, by parity."""
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether the buffers are still allocated (the session not closed)."""
+
+    @abstractmethod
+    def to_host(self, buf: DeviceBuffer) -> np.ndarray:
+        """A host copy of ``buf`` (one of these buffers): one device-to-host copy."""
+
+    def read(self, pair: int) -> DeviceBuffer:
+        """The buffer the next run reads, as a :class:`DeviceBuffer` (no copy)."""
+        p = self.plan.pairs[pair]
+        return DeviceBuffer(self, self.backend, self.device_id,
+                            self.handles(pair)[self.parity], p.shape, p.dtype)
+
+    def find(self, handle: Any) -> tuple[int, int] | None:
+        """(pair, parity) of the buffer ``handle``; None when it is none of these."""
+        for pair in range(len(self.plan.pairs)):
+            for parity, own in enumerate(self.handles(pair)):
+                if own is handle or (isinstance(own, int) and own == handle):  # an address
+                    return pair, parity
+        return None
+
+    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+        """Whether ``handle`` is one of these buffers, at its pair's shape and dtype."""
+        found = self.find(handle)
+        if found is None:
+            return False
+        p = self.plan.pairs[found[0]]
+        return p.shape == tuple(shape) and p.dtype == dtype
 
 
 class HostState:

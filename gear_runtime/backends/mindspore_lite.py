@@ -42,6 +42,7 @@ from gear_runtime.backends.base import (
     BackendModel,
     BackendSession,
     DeviceBuffer,
+    DeviceStateBase,
     aligned_buffer,
     check_device_id,
     check_layout_fits,
@@ -424,8 +425,8 @@ class MsliteModel(BackendModel):
             self.inputs = list(_call("Model.get_inputs", self.model.get_inputs))
 
     def weights_shareable(self) -> bool:
-        """On the GE provider, not in a group yet (:func:`sharing_refusal`)."""
-        return self.provider == "ge" and self.group is None
+        """Whether :func:`sharing_refusal` lets a model on this one's provider share it."""
+        return sharing_refusal(self, self.provider, self.path) is None
 
     @property
     def supports_state(self) -> bool:  # type: ignore[override]
@@ -655,7 +656,7 @@ class MsliteSession(BackendSession):
                 self.state.tensors = []
 
 
-class MsliteState:
+class MsliteState(DeviceStateBase):
     """Resident state in device tensors: per pair two (a run reads the one of its parity
     and writes the other, :meth:`MsliteSession.commit_state` swaps). The Python API has no
     device-to-device copy and no raw address: ``ex.state[name]`` is a
@@ -665,22 +666,16 @@ class MsliteState:
     def __init__(self, session: MsliteSession, plan: Any) -> None:
         self._session, self.plan, self.parity = session, plan, 0
         model = session._model
+        self.backend, self.device_id = "mindspore_lite", model.device_id
         self.tensors = [(model.device_tensor(p.shape, p.dtype),
                          model.device_tensor(p.shape, p.dtype)) for p in plan.pairs]
         self.zero()
 
-    def read(self, pair: int) -> DeviceBuffer:
-        p = self.plan.pairs[pair]
-        return DeviceBuffer(self, "mindspore_lite", self._session._model.device_id,
-                            self.tensors[pair][self.parity], p.shape, p.dtype)
+    def handles(self, pair: int) -> tuple[Any, Any]:
+        return self.tensors[pair]
 
     def alive(self) -> bool:
         return not self._session._closed
-
-    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
-        """Whether ``handle`` is one of these tensors, of its pair's shape and dtype."""
-        return any(any(handle is t for t in tensors) and p.shape == shape and p.dtype == dtype
-                   for p, tensors in zip(self.plan.pairs, self.tensors, strict=True))
 
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
         """A host copy of ``buf`` (get_data_to_numpy: one device-to-host copy, into the

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gear_runtime.backends.base import DeviceBuffer
+from gear_runtime.backends.base import DeviceBuffer, DeviceStateBase
 from gear_runtime.errors import BackendError
 from gear_runtime.gearfile.info import ModelInfo
 
@@ -323,7 +323,7 @@ class DeviceStaging:
                                                                    strict=True))]
 
 
-class DeviceState:
+class DeviceState(DeviceStateBase):
     """Resident state in the provider's device memory (CUDA): per pair two OrtValues of the
     state's shape and dtype; a run's binding reads the one of its parity and writes the other
     (``bind_ortvalue_input`` / ``bind_ortvalue_output``), swapped after a successful run. A
@@ -337,7 +337,7 @@ class DeviceState:
 
     def __init__(self, plan: Any, device: tuple[str, int]) -> None:
         self.plan, self.device, self.parity = plan, device, 0
-        self.backend = f"onnxruntime-{device[0]}"
+        self.backend, self.device_id = f"onnxruntime-{device[0]}", device[1]
         self.closed = False
         self.values = [tuple(ort.OrtValue.ortvalue_from_shape_and_type(
             list(p.shape), p.dtype, *device) for _ in range(2)) for p in plan.pairs]
@@ -347,23 +347,17 @@ class DeviceState:
         """The OrtValue a run at ``parity`` reads (``1 - parity``: the one it writes)."""
         return self.values[pair][parity]
 
-    def read(self, pair: int) -> DeviceBuffer:
-        p = self.plan.pairs[pair]
-        return DeviceBuffer(self, self.backend, self.device[1], self.values[pair][self.parity],
-                            p.shape, p.dtype)
+    def handles(self, pair: int) -> tuple[ort.OrtValue, ...]:
+        return self.values[pair]
 
     def alive(self) -> bool:
         return not self.closed
 
-    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
-        """Whether ``handle`` is one of these OrtValues, of its pair's shape and dtype."""
-        return any(any(handle is v for v in values) and p.shape == shape and p.dtype == dtype
-                   for p, values in zip(self.plan.pairs, self.values, strict=True))
-
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
-        """One device-to-host copy (``OrtValue.numpy()``; copied again off a CPU value, which
-        it views)."""
-        return np.array(buf.handle.numpy())
+        """One device-to-host copy (``OrtValue.numpy()``); a CPU value's ``numpy()`` is a
+        view of it instead, copied once (the tests' host-memory device)."""
+        out = buf.handle.numpy()
+        return out.copy() if self.device[0] == "cpu" else out
 
     def set(self, pair: int, value: Any) -> None:
         p = self.plan.pairs[pair]

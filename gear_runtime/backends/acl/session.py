@@ -18,7 +18,12 @@ from gear_runtime.backends.acl.calls import (
     check,
     host_array,
 )
-from gear_runtime.backends.base import BackendSession, DeviceBuffer, check_layout_fits
+from gear_runtime.backends.base import (
+    BackendSession,
+    DeviceBuffer,
+    DeviceStateBase,
+    check_layout_fits,
+)
 from gear_runtime.errors import BackendError
 
 
@@ -315,7 +320,7 @@ class AclSession(BackendSession):
             self._mem.release(strict=True)
 
 
-class DeviceState:
+class DeviceState(DeviceStateBase):
     """Resident state in NPU memory: per pair two device buffers (a run reads the one of its
     parity and writes the other), and a pinned host buffer for the rare transfers
     (:meth:`read`, :meth:`set`, :meth:`zero`). A decode step then copies only its other
@@ -323,6 +328,7 @@ class DeviceState:
 
     def __init__(self, session: AclSession, plan: Any) -> None:
         self._session, self.plan, self.parity = session, plan, 0
+        self.backend, self.device_id = "acl", session._model.device_id
         mem = session._mem
         self.buffers = [(mem.device(max(p.nbytes, 1)), mem.device(max(p.nbytes, 1)))
                         for p in plan.pairs]
@@ -346,39 +352,25 @@ class DeviceState:
             else:
                 session._memcpy(host, p.nbytes, dev, p.nbytes, kind, "state, device to host")
 
-    def read(self, pair: int) -> DeviceBuffer:
-        """The buffer the next run reads, as a :class:`DeviceBuffer` (no copy): ``out=`` of
-        another executor on this device writes into it, ``.numpy()`` copies it out."""
-        p = self.plan.pairs[pair]
-        return DeviceBuffer(self, "acl", self._session._model.device_id,
-                            self.buffers[pair][self.parity], p.shape, p.dtype)
+    def handles(self, pair: int) -> tuple[int, int]:
+        return self.buffers[pair]
 
     def alive(self) -> bool:
-        """Whether the buffers are still allocated (the session not closed)."""
         return not self._session._closed
 
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
-        """A host copy of ``buf`` (one of these buffers): one device-to-host copy."""
-        pair, parity = self._find(buf)
+        found = self.find(buf.handle)
+        if found is None:
+            raise BackendError(f"{buf!r} is no buffer of this acl state")
+        pair, parity = found
         self._copy(pair, parity, ACL_MEMCPY_DEVICE_TO_HOST)
         return self._host_view(pair).copy()
-
-    def holds(self, handle: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
-        """Whether ``handle`` is one of these buffers, of its pair's shape and dtype."""
-        return any(handle in bufs and p.shape == shape and p.dtype == dtype
-                   for p, bufs in zip(self.plan.pairs, self.buffers, strict=True))
-
-    def _find(self, buf: DeviceBuffer) -> tuple[int, int]:
-        for pair, bufs in enumerate(self.buffers):
-            if buf.handle in bufs:
-                return pair, bufs.index(buf.handle)
-        raise BackendError(f"{buf!r} is no buffer of this acl state")
 
     def set(self, pair: int, value: np.ndarray | DeviceBuffer) -> None:
         """``value`` into the buffer the next run reads: one host-to-device copy, or one
         device-to-device copy from a :class:`DeviceBuffer` on this device."""
-        if isinstance(value, DeviceBuffer) and value.backend == "acl" and \
-                value.device_id == self._session._model.device_id:
+        if isinstance(value, DeviceBuffer) and value.backend == self.backend and \
+                value.device_id == self.device_id:
             p, session = self.plan.pairs[pair], self._session
             if p.nbytes:
                 with session._model.lock:
