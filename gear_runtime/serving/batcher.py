@@ -292,6 +292,9 @@ class Batcher:
             self._slots.release()
             return
         self._busy += 1  # from now: a batch is on its way, later arrivals gather
+        if self._worker is not None:
+            self._hand_over(items, loop)
+            return
         task = loop.create_task(self._dispatch(items))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -328,12 +331,6 @@ class Batcher:
         return items[:keep]
 
     async def _dispatch(self, items: list[_Item]) -> None:
-        if self._worker is not None:
-            try:
-                await self._on_worker(items)
-            finally:
-                self._ran()
-            return
         try:
             run, outputs = await self._run([it.inputs for it in items])
             self._on_batch(run, sum(it.rows for it in items))
@@ -352,24 +349,30 @@ class Batcher:
 
     # ---- a worker runner: the worker takes the next batch itself ---------------------------
     async def _alone_on_worker(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
-        """A lone request on a worker, which goes on with whatever arrived meanwhile
-        (:meth:`_chain`). This request is answered when ITS batch is done, not when the
-        chain ends; the chain's end frees the slot (:meth:`_chain_ended`). No task of its
-        own: a lone request costs what an unbatched one does (one wake-up of the loop)."""
-        assert self._worker is not None
+        """A lone request handed to a worker (:meth:`_hand_over`), answered when ITS batch
+        is done, not when the worker's chain ends. No task of its own: a lone request costs
+        what an unbatched one does (one wake-up of the loop)."""
         loop = asyncio.get_running_loop()
         item = _Item(inputs, inputs[0].shape[0], 0.0, loop.create_future())
-        try:
-            future = self._worker.submit(partial(self._chain, [item], loop))
-        except BaseException:
-            self._ran()
-            raise
-        future.add_done_callback(
-            lambda f: loop.call_soon_threadsafe(self._chain_ended, [item], f))
+        self._hand_over([item], loop)
         return await item.future  # (run, this request's outputs): _settle's answer
 
+    def _hand_over(self, items: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``items`` on a free worker, which goes on with whatever waits when they are
+        done (:meth:`_chain`); the slot they hold is freed when the chain ends
+        (:meth:`_chain_ended`). Every request taken is answered, a refused hand-over (the
+        pool past its drain deadline) with its error."""
+        assert self._worker is not None
+        try:
+            future = self._worker.submit(partial(self._chain, items, loop))
+        except Exception as exc:
+            self._fail(items, exc)
+            self._ran()
+            return
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._chain_ended, items, f))
+
     def _chain_ended(self, items: list[_Item], future: concurrent.futures.Future) -> None:
-        """On the loop, when a lone request's chain is over: its answers if nothing followed
+        """On the loop, when a chain is over: its first batch's answers if nothing followed
         it (they ride on this wake-up), its failure if the worker never ran it; the slot
         freed."""
         try:
@@ -381,21 +384,6 @@ class Batcher:
                 fn(*args)
         finally:
             self._ran()
-
-    async def _on_worker(self, items: list[_Item]) -> None:
-        """Run ``items`` on a free worker, which goes on with whatever waits when they are
-        done (:meth:`_chain`). Every request taken is answered; a refusal before the worker
-        started (the pool past its drain deadline) fails ``items``."""
-        assert self._worker is not None
-        loop = asyncio.get_running_loop()
-        try:
-            held = await asyncio.wrap_future(
-                self._worker.submit(partial(self._chain, items, loop)))
-        except Exception as exc:  # the worker never started: nothing of items ran
-            self._fail(items, exc)
-            return
-        for fn, *args in held:  # a lone batch's answers ride on the call's own wake-up
-            fn(*args)
 
     def _chain(self, items: list[_Item], loop: asyncio.AbstractEventLoop,
                worker: Any) -> list[tuple[Any, ...]]:
