@@ -463,8 +463,9 @@ class Batcher:
         self._fail(waiting, exc)
 
     async def close(self) -> None:
-        """Stop gathering; batches already running finish; requests still waiting (none
-        after a graceful drain) are cancelled."""
+        """Stop gathering; batches already running finish (those handed to a worker on the
+        pool's threads, whose close waits for them); requests still waiting (none after a
+        graceful drain) are cancelled."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

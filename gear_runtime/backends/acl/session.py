@@ -269,14 +269,27 @@ class AclSession(BackendSession):
                 self._memcpy(self._device + start, self._total - start, self._host + start,
                              end - start, h2d, "separate input, host to device")
         parity = 0 if self.state is None else self.state.parity
-        if not bound:
+        bound = bound or {}
+        bindable = {k: ptr for k, ptr in bound.items() if self._out_bindable(k, gear)}
+        scratch, out_ds = None, self._out_datasets[parity]
+        if bindable:  # an output dataset for this run alone, pointing at the caller's buffers
+            scratch = Scratch(self._acl)
+            out_ds = self._bound_dataset(bindable, scratch)
+        try:
             check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
-                                         self._out_datasets[parity]),
-                   "acl.mdl.execute", self._labels[gear])
-            for _, host, cap, dev, nbytes in self._out_copies[gear]:
-                if nbytes:
-                    self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
-            return list(self._out_views[gear])
+                                         out_ds), "acl.mdl.execute", self._labels[gear])
+        finally:
+            if scratch is not None:
+                scratch.release(strict=False)
+        for k, host, cap, dev, nbytes in self._out_copies[gear]:
+            if k in bindable or not nbytes:
+                continue
+            if k in bound:  # its buffer is smaller than the model's size: copied on the device
+                self._memcpy(bound[k], nbytes, dev, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
+                             "output, device to device")
+            else:
+                self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
+        return list(self._out_views[gear])
         bindable = {k: ptr for k, ptr in bound.items() if self._out_bindable(k, gear)}
         scratch = Scratch(self._acl)
         try:
