@@ -290,23 +290,6 @@ class AclSession(BackendSession):
             else:
                 self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
         return list(self._out_views[gear])
-        bindable = {k: ptr for k, ptr in bound.items() if self._out_bindable(k, gear)}
-        scratch = Scratch(self._acl)
-        try:
-            check(self._acl.mdl.execute(self._model.model_id, self._in_datasets[parity][gear],
-                                         self._bound_dataset(bindable, scratch)),
-                   "acl.mdl.execute", self._labels[gear])
-        finally:
-            scratch.release(strict=False)
-        for k, host, cap, dev, nbytes in self._out_copies[gear]:
-            if k in bindable or not nbytes:
-                continue
-            if k in bound:  # its buffer is smaller than the model's size: copied on the device
-                self._memcpy(bound[k], nbytes, dev, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
-                             "output, device to device")
-            else:
-                self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
-        return list(self._out_views[gear])
 
     def _out_bindable(self, k: int, gear: int) -> bool:
         """Whether a caller's buffer of output ``k`` at gear ``gear`` (exactly the gear's
