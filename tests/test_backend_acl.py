@@ -613,6 +613,31 @@ def test_the_double_rejects_what_acl_rejects(fake, tmp_path):
     assert acl.rt.memcpy(host, 8, host, 8, 0) == fake_acl.ACL_ERROR_RT_CONTEXT_NULL  # unbound
 
 
+def test_the_double_copies_to_pageable_memory_only_where_it_is_mapped(fake):
+    """The synchronous aclrtMemcpy takes pageable host memory (no condition on the page;
+    CANN's aclnn samples copy results into a std::vector): the double copies into memory
+    mapped writable in this process, records that it was not pinned, and refuses an
+    unmapped address and a read-only mapping as a destination."""
+    import mmap
+    acl = fake.module
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    dev, _ = acl.rt.malloc(64, 0)
+    pinned, _ = acl.rt.malloc_host(64)
+    src = np.arange(16, dtype=np.float32)
+    assert acl.rt.memcpy(dev, 64, src.ctypes.data, 64, 1) == 0  # pageable source
+    got = np.zeros(16, np.float32)
+    assert acl.rt.memcpy(got.ctypes.data, 64, dev, 64, 2) == 0  # pageable destination
+    np.testing.assert_array_equal(got, src)
+    assert acl.rt.memcpy(pinned, 64, dev, 64, 2) == 0
+    assert [c.pinned for c in fake.state.memcpys[-3:]] == [False, False, True]
+    with mmap.mmap(-1, 4096, prot=mmap.PROT_READ) as ro:
+        address = np.frombuffer(ro, np.uint8).ctypes.data
+        assert acl.rt.memcpy(address, 64, dev, 64, 2) == fake_acl.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.memcpy(dev, 64, address, 64, 1) == 0  # readable: a source
+    assert acl.rt.memcpy(0x10, 64, dev, 64, 2) == fake_acl.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.free(dev) == 0 and acl.rt.free_host(pinned) == 0
+
+
 def test_the_double_parses_the_dims_dict_as_pyacl_does(fake, tmp_path):
     """pyACL's C extension takes a dict whose 'dims' is a list (PyList_Check) of Python ints
     (PyLong type check): a tuple, numpy integers or floats raise before any ACL call."""
@@ -941,16 +966,21 @@ def test_a_failed_step_leaves_the_device_state_as_it_was(fake, tmp_path):
 
 
 def test_large_outputs_kept_by_the_caller_land_in_recycled_memory(fake, tmp_path):
-    """execute(copy=True) of a large output (>= 64 KiB) copies it out of the pinned output
-    buffer into memory the session's OutputPool recycles once the caller dropped the last
-    array: the same block serves the next call (no fresh pages to fault in), never while
-    an array of it is alive."""
+    """execute(copy=True) of a large output (>= 64 KiB) copies it from the device straight
+    into memory the session's OutputPool recycles once the caller dropped the last array
+    (one device-to-host memcpy, not one into the pinned buffer and another out of it): the
+    same block serves the next call (no fresh pages to fault in), never while an array of
+    it is alive."""
     path = fake_acl.write_om(tmp_path / "big.om", [("x", [-1, 8192], "float32")], "batch",
                              [(1,), (4,)])
     ex = gr.load(path, backend="acl").create_executor()
     x = np.random.default_rng(0).standard_normal((4, 8192)).astype(np.float32)
+    before = len(fake.state.memcpys)
     y, cat = ex.execute({"x": x})
     np.testing.assert_array_equal(y, x * 2 + 1)
+    d2h = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_DEVICE_TO_HOST]
+    assert sorted(c.dst for c in d2h) == sorted([y.ctypes.data, cat.ctypes.data])
+    assert [c.pinned for c in d2h] == [False, False]
     kept, address = y, y.ctypes.data
     y2, _ = ex.execute({"x": x + 1})
     second = y2.ctypes.data
@@ -961,3 +991,22 @@ def test_large_outputs_kept_by_the_caller_land_in_recycled_memory(fake, tmp_path
     pool = ex.session._owned_pool  # counted: malloc may hand a freed address back too
     assert (pool.allocated, pool.reused) == (4, 2)  # y and cat of two calls held, then reused
     np.testing.assert_array_equal(y3, x * 2 + 1)
+
+
+def test_an_output_given_as_a_numpy_buffer_is_copied_from_the_device_into_it(fake, tmp_path):
+    """out= with a host array: the output's one device-to-host memcpy lands in the caller's
+    array (pageable memory, as aclrtMemcpy allows), not in the pinned buffer and then again
+    into the caller's; the other output goes to the pinned buffer as before."""
+    path = fake_acl.write_om(tmp_path / "m.om", [("x", [-1, 16], "float32")], "batch",
+                             [(1,), (4,)])
+    ex = gr.load(path, backend="acl").create_executor()
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)
+    mine = np.full((4, 16), -1, np.float32)
+    before = len(fake.state.memcpys)
+    y, cat = ex.execute({"x": x}, out={"y": mine})
+    assert y is mine
+    np.testing.assert_array_equal(mine, x * 2 + 1)
+    np.testing.assert_array_equal(cat, x.ravel())
+    d2h = [c for c in fake.state.memcpys[before:] if c.kind == fake_acl.ACL_MEMCPY_DEVICE_TO_HOST]
+    assert [(c.dst == mine.ctypes.data, c.pinned) for c in d2h] == [(True, False),
+                                                                     (False, True)]

@@ -461,3 +461,29 @@ def test_what_a_model_records_must_parse_and_may_be_missing(fake, tmp_path, monk
     monkeypatch.delattr(fake.module.Model, "get_model_info")
     with pytest.raises(GearSpecError, match="the model records none"):
         ms_backend.open_model(write(tmp_path, recorded=RECORDED))
+
+
+def test_kept_and_given_outputs_are_copied_once_out_of_the_models_memory(fake, tmp_path):
+    """execute(copy=True) of a large output copies it from the Model's output memory
+    straight into a pooled array the caller keeps, and out= with a numpy buffer straight
+    into that buffer: the session's own output buffers are never written on the way (one
+    host copy, not two)."""
+    path = fake_mslite.write_mindir(tmp_path / "big.mindir", [("x", [-1, 8192], "float32")],
+                                    [[[1, 8192]], [[4, 8192]]])
+    model = gr.load(path, backend="mindspore_lite",
+                    spec=gr.GearSpec.from_atc("x:-1,8192", dynamic_batch_size="1,4"))
+    ex = model.create_executor()
+    own_y, own_cat = ex.session._outputs[1]  # the session's buffers of gear 1
+    x = np.arange(4 * 8192, dtype=np.float32).reshape(4, 8192)
+    y, cat = ex.execute({"x": x})
+    np.testing.assert_array_equal(y, x * 2 + 1)
+    np.testing.assert_array_equal(cat, x.ravel())
+    assert ex.session._owned_pool.allocated == 2  # y and cat
+    assert not own_y.any() and not own_cat.any()  # nothing went through them
+    mine = np.zeros((4, 8192), np.float32)
+    y2, cat2 = ex.execute({"x": x}, out={"y": mine}, copy=False)
+    assert y2 is mine and cat2 is own_cat
+    np.testing.assert_array_equal(mine, x * 2 + 1)
+    np.testing.assert_array_equal(own_cat, x.ravel())
+    assert not own_y.any()
+    model.close()

@@ -296,6 +296,13 @@ def test_mindspore_lite_state_lives_in_device_tensors(ms, tmp_path):
         assert copies == [("h2d", ids.nbytes), ("d2h", cat.nbytes)]
         want = want * 2 + 1
     np.testing.assert_array_equal(ex.state["x"].numpy(), want)
+    mine, own = np.zeros(28, np.float32), ex.session._outputs[0][1]
+    own.fill(-1)  # out= a host array: the step's one d2h lands there, not in the session's
+    (cat,), copies = ms_copies(ms, lambda: ex.execute({"ids": ids}, out={"cat": mine}))
+    assert cat is mine and copies == [("h2d", ids.nbytes), ("d2h", cat.nbytes)]
+    np.testing.assert_array_equal(mine, np.concatenate([want.ravel(), ids.ravel()]))
+    assert (own == -1).all()
+    want = want * 2 + 1
     ex.reset_state()
     np.testing.assert_array_equal(np.asarray(ex.state["x"]), np.zeros_like(x0))
 

@@ -89,14 +89,12 @@ class BackendSession(ABC):
         into memory recycled from this session's :class:`OutputPool` once the caller drops
         it, not a fresh ``np.empty`` whose every page faults and is zeroed by the kernel on
         the run's path (311 MB: ~0.8 s, output_pool.py). Backends that can run straight
-        into the caller's arrays override this to save the copy."""
+        into the caller's arrays override this to save the copy (:meth:`run_owned_into`)."""
         outputs = self.run_gear(gear)
         big = sum(o.nbytes for o in outputs if o.nbytes >= FRESH_OUTPUT_MIN_BYTES)
         if not big:
             return [o.copy() for o in outputs]
-        pool = getattr(self, "_owned_pool", None)
-        if pool is None or pool.budget < POOL_BUDGET_FACTOR * big:  # sized by what it held
-            pool = self._owned_pool = OutputPool(POOL_BUDGET_FACTOR * big)
+        pool = self._owned_pool_for(big)
         owned = []
         for o in outputs:
             if o.nbytes < FRESH_OUTPUT_MIN_BYTES:
@@ -106,6 +104,33 @@ class BackendSession(ABC):
             np.copyto(target, o)
             owned.append(target)
         return owned
+
+    def run_owned_into(self, gear: int, info: ModelInfo,
+                       skip: Collection[int] = ()) -> list[np.ndarray]:
+        """:meth:`run_gear_owned` for a backend whose :meth:`run_gear_into` writes a numpy
+        buffer with the ONE copy out of the runtime's memory (ACL: the device-to-host memcpy
+        lands in it; MindSpore Lite: the output tensor's data is copied into it): each large
+        output is a pooled array given as ``out=``, so it is copied once, not into the
+        session's buffer and again into the caller's. ``skip``: outputs the run hands back
+        empty (a state output)."""
+        sizes = [0 if k in skip else info.output_size(gear, k)
+                 for k in range(len(info.output_dtypes))]
+        big = sum(n for n in sizes if n >= FRESH_OUTPUT_MIN_BYTES)
+        if not big:
+            return [o.copy() for o in self.run_gear(gear)]
+        pool = self._owned_pool_for(big)
+        targets = {k: pool.array(info.output_shapes[gear][k], info.output_dtypes[k], n)[0]
+                   for k, n in enumerate(sizes) if n >= FRESH_OUTPUT_MIN_BYTES}
+        outputs = self.run_gear_into(gear, targets)
+        return [o if k in targets else o.copy() for k, o in enumerate(outputs)]
+
+    def _owned_pool_for(self, big: int) -> OutputPool:
+        """This session's pool of kept outputs, room for twice ``big`` bytes (a call's large
+        outputs): made on first use, made anew when a larger gear needs more."""
+        pool = getattr(self, "_owned_pool", None)
+        if pool is None or pool.budget < POOL_BUDGET_FACTOR * big:  # sized by what it held
+            pool = self._owned_pool = OutputPool(POOL_BUDGET_FACTOR * big)
+        return pool
 
     def direct_runs(self) -> list[DirectRun] | None:
         """Optional: per gear, the run as ONE call the C++ core makes itself right after

@@ -525,22 +525,35 @@ class MsliteSession(BackendSession):
     def run_gear(self, gear: int) -> list[np.ndarray]:
         """Resize if the model is on another gear, hand the staged inputs over (zero-copy),
         predict, copy the outputs into this session's buffers (valid until its next run)."""
+        return self._run(gear, {}, {})
+
+    def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        """Large outputs are copied from the Model's output memory straight into pooled
+        arrays the caller keeps (one copy each, base :meth:`run_owned_into`)."""
+        return self.run_owned_into(gear, self._model.info, self._state_out)
+
+    def _run(self, gear: int, bound: dict[int, Any], host: dict[int, np.ndarray]
+             ) -> list[Any]:
+        """One run: on the device (:meth:`_run_on_device`) with resident state or outputs
+        ``bound`` to device tensors, else predict(inputs); output ``k`` copied into
+        ``host[k]`` where given, else into this session's buffer."""
         model = self._model
         model.info.spec.gear_number(gear, "model")
-        if self.state is not None:
-            return self._run_on_device(gear, {})
+        if self.state is not None or bound:
+            return self._run_on_device(gear, bound, host)
         with model.lock:
             self._check_open()
             model.select(gear)
             outputs = model.predict(self._views[gear])
             # copied before the lock is released: the next predict reuses that memory
-            return self._copy_outputs(gear, outputs)
+            return self._copy_outputs(gear, outputs, host)
 
-    def _copy_outputs(self, gear: int, outputs: Sequence[Any]) -> list[np.ndarray]:
-        """Copy gear ``gear``'s output tensors into this session's buffers, after checking
-        them against the gear map (BackendError naming the output otherwise)."""
+    def _copy_outputs(self, gear: int, outputs: Sequence[Any],
+                      host: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """Copy gear ``gear``'s output tensors into ``host[k]`` or this session's buffers,
+        after checking them against the gear map (BackendError naming the output)."""
         info = self._model.info
-        targets = self._outputs[gear]
+        targets = [host.get(k, t) for k, t in enumerate(self._outputs[gear])]
         if len(outputs) != len(targets):
             raise BackendError(f"gear {gear} gave {len(outputs)} outputs, the model has "
                                f"{len(targets)}")
@@ -551,7 +564,7 @@ class MsliteSession(BackendSession):
                     f"output {info.output_names[k]!r} of gear {gear} is {array.dtype} "
                     f"{tuple(array.shape)}, the gear map says {target.dtype} {target.shape}")
             np.copyto(target, array)
-        return list(targets)
+        return targets
 
     def device_out_refusal(self, buf: DeviceBuffer) -> str | None:
         """An output is written into a device tensor of this model's device, on the default
@@ -569,23 +582,22 @@ class MsliteSession(BackendSession):
 
     def run_gear_into(self, gear: int, out: dict[int, Any]) -> list[Any]:
         """Outputs given as :class:`DeviceBuffer` are written into their device tensors by
-        predict itself (no host copy); numpy buffers get one copy after the run."""
+        predict itself (no host copy); a numpy buffer receives the output's one copy out of
+        MindSpore Lite's memory (not this session's buffer and then again the caller's)."""
         bound = {k: b.handle for k, b in out.items() if isinstance(b, DeviceBuffer)}
-        if not bound and self.state is None:
-            return super().run_gear_into(gear, out)
-        self._model.info.spec.gear_number(gear, "model")
-        outputs = self._run_on_device(gear, bound)
+        host = {k: b for k, b in out.items() if not isinstance(b, DeviceBuffer)}
+        outputs = self._run(gear, bound, host)
         for k, buf in out.items():
-            if k not in bound:
-                np.copyto(buf, outputs[k])
             outputs[k] = buf
         return outputs
 
-    def _run_on_device(self, gear: int, bound: dict[int, Any]) -> list[Any]:
+    def _run_on_device(self, gear: int, bound: dict[int, Any],
+                       host: dict[int, np.ndarray]) -> list[Any]:
         """predict(inputs, outputs) with every output a device tensor: the state's (the
         buffer its parity's run does not read), ``bound[k]`` (another executor's state), or
-        this session's own for the gear, copied to the host after the run (one copy each,
-        as predict's own host outputs). State inputs are the state's device tensors."""
+        this session's own for the gear, copied after the run into ``host[k]`` or this
+        session's buffer (one copy each, as predict's own host outputs). State inputs are
+        the state's device tensors."""
         model = self._model
         parity = 0 if self.state is None else self.state.parity
         with model.lock:
@@ -608,7 +620,7 @@ class MsliteSession(BackendSession):
             if got is None or len(got) != len(outs):
                 raise BackendError("mindspore_lite Model.predict(inputs, outputs) returned "
                                    f"{got!r}: MindSpore Lite >= 2.0 is required")
-            targets = list(self._outputs[gear])
+            targets = [host.get(k, t) for k, t in enumerate(self._outputs[gear])]
             for k, tensor in enumerate(outs):
                 if k not in bound and k not in self._state_out:
                     np.copyto(targets[k], _tensor_data(tensor))

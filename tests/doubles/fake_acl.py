@@ -27,7 +27,11 @@ What is faithful (CANN pyACL reference, "aclpythondevg" pages on hiascend.com; C
   does not match where the pointers live, ``count > dest_max``, use after free;
 * memory: pinned host memory (``malloc_host``) is real memory, 64-byte aligned as the docs
   promise, so callers can wrap it as numpy arrays; device memory lives in bytearrays behind
-  fake pointers that do not point at host memory;
+  fake pointers that do not point at host memory; the synchronous ``memcpy`` also takes
+  pageable host memory (the aclrtMemcpy page sets no condition on it, and CANN's own aclnn
+  samples copy device results into a ``std::vector``), which must be mapped in this process
+  (readable as a source, writable as a destination: ``/proc/self/maps``), and each copy
+  records whether its host end was pinned;
 * GE's dynamic gears: the dims input ``ascend_mbatch_shape_data`` is the model's LAST input;
   ``set_*`` writes the gear's dynamic values into that input's device buffer, and ``execute``
   reads them back from device memory to choose the branch (MapIndex + Case);
@@ -226,6 +230,26 @@ OUTPUT_NAMES = ("y", "cat")
 
 
 # ---- the double ------------------------------------------------------------------------------
+def _mapped(ptr: int, count: int, perm: str) -> bool:
+    """Whether ``[ptr, ptr + count)`` is mapped in this process with permission ``perm``
+    ("r" or "w") throughout (adjacent mappings joined), from ``/proc/self/maps``."""
+    if ptr <= 0 or count < 0:
+        return False
+    end, reached = ptr + max(count, 1), ptr
+    with open("/proc/self/maps", encoding="ascii") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if hi <= reached or perm not in perms:
+                continue
+            if lo > reached:
+                return False  # maps are sorted: a gap before the range's next byte
+            reached = hi
+            if reached >= end:
+                return True
+    return False
+
+
 @dataclass
 class Memcpy:
     dst: int
@@ -233,6 +257,9 @@ class Memcpy:
     src: int
     count: int
     kind: int
+    #: whether the host end (source of a H2D, destination of a D2H) was ``malloc_host``
+    #: memory; None for a copy with no host end or two
+    pinned: bool | None = None
 
 
 @dataclass
@@ -482,11 +509,17 @@ class FakeAcl:
         off = ptr - base
         return (mem, off) if off >= 0 and off + count <= len(mem) else None
 
-    def _find_host(self, ptr: int, count: int) -> bool:
+    def _pinned(self, ptr: int, count: int) -> bool:
+        """Whether ``[ptr, ptr + count)`` lies in one live ``malloc_host`` block."""
         for block in self.state.host.values():
             if block.addr <= ptr and ptr + count <= block.addr + block.size:
                 return True
         return False
+
+    def _find_host(self, ptr: int, count: int, write: bool) -> bool:
+        """Host memory a synchronous copy may use: pinned, or pageable memory mapped in this
+        process with the access the copy needs (anything else would fault in the driver)."""
+        return self._pinned(ptr, count) or _mapped(ptr, count, "w" if write else "r")
 
     def _rt_memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
         if count > dest_max or count < 0 or kind not in range(5):
@@ -494,7 +527,8 @@ class FakeAcl:
         if self.current_context() is None:
             return ACL_ERROR_RT_CONTEXT_NULL
         src_dev, dst_dev = self._find_device(src, count), self._find_device(dst, count)
-        src_host, dst_host = self._find_host(src, count), self._find_host(dst, count)
+        src_host = src_dev is None and self._find_host(src, count, write=False)
+        dst_host = dst_dev is None and self._find_host(dst, count, write=True)
         where = {ACL_MEMCPY_HOST_TO_HOST: (src_host, dst_host),
                  ACL_MEMCPY_HOST_TO_DEVICE: (src_host, dst_dev is not None),
                  ACL_MEMCPY_DEVICE_TO_HOST: (src_dev is not None, dst_host),
@@ -513,7 +547,9 @@ class FakeAcl:
             dst_dev[0][dst_dev[1]:dst_dev[1] + count] = data
         else:
             ctypes.memmove(dst, data, count)
-        self.state.memcpys.append(Memcpy(dst, dest_max, src, count, kind))
+        host = [p for p, on_host in ((src, src_host), (dst, dst_host)) if on_host]
+        pinned = self._pinned(host[0], count) if len(host) == 1 else None
+        self.state.memcpys.append(Memcpy(dst, dest_max, src, count, kind, pinned))
         return ACL_SUCCESS
 
     # ---- acl.mdl: model and description ------------------------------------------------------

@@ -226,24 +226,29 @@ class AclSession(BackendSession):
                     "(through the host)")
         return None
 
+    def run_gear_owned(self, gear: int) -> list[np.ndarray]:
+        """Large outputs are copied from the device straight into pooled arrays the caller
+        keeps (one device-to-host memcpy each, base :meth:`run_owned_into`)."""
+        skip = () if self._plan is None else [p.output_index for p in self._plan.pairs]
+        return self.run_owned_into(gear, self._model.info, skip)
+
     def run_gear_into(self, gear: int, out: dict[int, Any]) -> list[Any]:
         """Outputs given as :class:`DeviceBuffer` (another executor's device state on this
         device) are written on the device, never copied to the host: the output dataset of
         this run points at that buffer where it holds the model's output size (ACL checks a
         buffer against the model's size, the largest gear's), else the output is copied into
-        it device to device after the run. Numpy buffers: one copy after the run (base)."""
-        bound = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
-        if not bound:
-            return super().run_gear_into(gear, out)
+        it device to device after the run. A numpy buffer (C-contiguous, the gear's shape:
+        the executor checked) is the destination of the output's one device-to-host copy
+        (aclrtMemcpy takes pageable host memory), not the session's pinned buffer."""
         self._model.info.spec.gear_number(gear, "model")
+        bound = {k: b.handle for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        host = {k: b for k, b in out.items() if not isinstance(b, DeviceBuffer)}
         with self._model.lock:
             if self._closed:
                 raise BackendError("this acl session is closed")
             self._model.activate()
-            outputs = self._run_locked(gear, {k: b.handle for k, b in bound.items()})
+            outputs = self._run_locked(gear, bound, {k: b.ctypes.data for k, b in host.items()})
         for k, buf in out.items():
-            if k not in bound:
-                np.copyto(buf, outputs[k])
             outputs[k] = buf
         return outputs
 
@@ -256,9 +261,12 @@ class AclSession(BackendSession):
             scratch.add(ds, bound.get(k, ptr), size)
         return ds
 
-    def _run_locked(self, gear: int, bound: dict[int, int] | None = None) -> list[np.ndarray]:
+    def _run_locked(self, gear: int, bound: dict[int, int] | None = None,
+                    host: dict[int, int] | None = None) -> list[np.ndarray]:
         """The run under the model's lock. ``bound``: output index -> a device address it is
-        written to instead of being copied to the host (:meth:`run_gear_into`)."""
+        written to instead of being copied to the host (:meth:`run_gear_into`); ``host``:
+        output index -> a host address of the gear's output bytes it is copied to instead of
+        the session's pinned buffer."""
         h2d, d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
         start, end = self._merged[gear]
         if end > start:
@@ -269,7 +277,7 @@ class AclSession(BackendSession):
                 self._memcpy(self._device + start, self._total - start, self._host + start,
                              end - start, h2d, "separate input, host to device")
         parity = 0 if self.state is None else self.state.parity
-        bound = bound or {}
+        bound, host = bound or {}, host or {}
         bindable = {k: ptr for k, ptr in bound.items() if self._out_bindable(k, gear)}
         scratch, out_ds = None, self._out_datasets[parity]
         if bindable:  # an output dataset for this run alone, pointing at the caller's buffers
@@ -281,14 +289,16 @@ class AclSession(BackendSession):
         finally:
             if scratch is not None:
                 scratch.release(strict=False)
-        for k, host, cap, dev, nbytes in self._out_copies[gear]:
+        for k, pinned, cap, dev, nbytes in self._out_copies[gear]:
             if k in bindable or not nbytes:
                 continue
             if k in bound:  # its buffer is smaller than the model's size: copied on the device
                 self._memcpy(bound[k], nbytes, dev, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
                              "output, device to device")
+            elif k in host:
+                self._memcpy(host[k], nbytes, dev, nbytes, d2h, "output, device to host")
             else:
-                self._memcpy(host, cap, dev, nbytes, d2h, "output, device to host")
+                self._memcpy(pinned, cap, dev, nbytes, d2h, "output, device to host")
         return list(self._out_views[gear])
 
     def _out_bindable(self, k: int, gear: int) -> bool:
