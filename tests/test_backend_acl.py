@@ -188,6 +188,7 @@ def test_every_gear_runs_with_one_merged_memcpy(fake, tmp_path, mode):
         assert len(h2d) == 1 and h2d[0].count == end - start > 0
         d2h = [c for c in copies if c.kind == fake_acl.ACL_MEMCPY_DEVICE_TO_HOST]
         assert len(d2h) == 2  # one per output
+        assert all(c.pinned for c in h2d + d2h)  # from the pinned staging, to pinned outputs
         assert fake.state.executions[-1] == (model.model_id, g)
     session.close()
     model.close()
