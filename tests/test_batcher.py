@@ -25,7 +25,7 @@ import pytest
 
 import gear_runtime as gr
 from gear_runtime.runtime.dispatch import GearDispatcher
-from gear_runtime.serving.batcher import Batcher, BatchPlan, _Item
+from gear_runtime.serving.batcher import Batcher, BatchPlan, LearnedCosts, _Item
 
 GEARS = (1, 2, 4, 8)
 #: A delay no test may wait out: a batch that waits for it fails the test's timeout instead.
@@ -173,6 +173,85 @@ def test_measured_costs_choose_how_many_waiting_requests_one_batch_takes(
     for (_, (out,)), (x,) in run(main, batcher):
         np.testing.assert_array_equal(out, x * 2)
     assert seen == batches
+
+
+def test_learned_costs_count_a_gear_from_its_second_batch_and_scale_the_unmeasured():
+    """The first batch of a gear is not counted (allocations); later ones move an average.
+    A gear not measured yet is estimated from the nearest measured one as if cost were
+    proportional to rows; every REFRESH-th batch the estimates stand aside."""
+    costs = LearnedCosts(GEARS)
+    assert not costs.ready() and costs.estimate(0) is None
+    costs.record(0, 9.0)  # gear 1's first batch
+    assert not costs.ready()
+    costs.record(0, 1.0)
+    assert costs.ready() and costs.estimate(0) == 1.0
+    assert costs.estimate(3) == 8.0  # gear 8 from gear 1, by rows
+    costs.record(3, 99.0)
+    costs.record(3, 16.0)
+    assert costs.estimate(2) == 4.0  # gear 4: gear 1 is nearer (3 rows) than gear 8 (4)
+    assert costs.estimate(1) == 2.0
+    costs.record(3, 26.0)
+    assert costs.estimate(3) == pytest.approx(16.0 + LearnedCosts.ALPHA * 10.0)
+    costs.REFRESH = 3  # batches so far: 5; the 6th of every 3 takes all that fits
+    assert not costs.ready()
+    costs.record(0, 1.0)
+    assert costs.ready()
+
+
+def take_all(batcher: Batcher, sizes: tuple[int, ...]) -> list[list[int]]:
+    """``_take`` until nothing waits (no loop running): the batches it forms."""
+    loop = asyncio.new_event_loop()
+    try:
+        for n in sizes:
+            batcher._pending.append(_Item(rows(n), n, 0.0, loop.create_future()))
+            batcher._pending_rows += n
+        taken = []
+        while batcher._pending:
+            taken.append([it.rows for it in batcher._take()])
+        return taken
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("seconds, batches", [
+    # a CPU: gear 8 costs more per row than gear 1; gears 2 and 4 unmeasured tie with gear
+    # 1 (by rows), so the longest of them is tried: 4 of the 8 waiting requests
+    ({0: 1.0, 3: 12.0}, [[1, 1, 1, 1], [1, 1, 1, 1]]),
+    # gear 4 then measured at 1.5 per row: the unmeasured gear 2 ties with gear 1
+    ({0: 1.0, 2: 6.0, 3: 12.0}, [[1, 1], [1, 1], [1, 1], [1, 1]]),
+    ({0: 1.0, 1: 2.5, 2: 6.0, 3: 12.0}, [[1]] * 8),  # every gear measured: one at a time
+    ({0: 1.0, 3: 1.3}, [[1] * 8]),  # a device: gear 8 costs what gear 1 does, all at once
+    ({}, [[1] * 8]),  # nothing measured yet: all that fits, as with no profile
+])
+def test_without_a_profile_the_batch_follows_what_the_gears_took_here(seconds, batches):
+    """No profile: ``_take`` weighs the gears by what batches of them took on this server
+    (LearnedCosts), so a backend whose cost grows faster than its rows stops padding
+    requests into slower batches, and one that gains from batching keeps all that fits."""
+    batcher = Batcher(plan(), recorder()[0], max_delay_s=0.0, slots=1)
+    for gear, value in seconds.items():
+        batcher.learned.record(gear, value)  # the first: not counted
+        batcher.learned.record(gear, value)
+    assert take_all(batcher, (1,) * 8) == batches
+
+
+def test_the_batcher_times_every_batch_it_runs_unless_a_profile_decides():
+    """Each batch run is recorded under its gear (the rows it ran: 3 rows are gear 4); with
+    a profile attached there is nothing to learn."""
+    runner, _ = recorder()
+    batcher = Batcher(plan(), runner, max_delay_s=0.05, slots=1, wait_when_idle=True)
+
+    async def main() -> None:
+        for n in (1, 1, 3, 3, 8):
+            await batcher.submit(rows(n))
+        await batcher.close()
+
+    run(main, batcher)
+    assert batcher.learned._seen == [2, 0, 2, 1]
+    assert batcher.learned.seconds[0] is not None and batcher.learned.seconds[3] is None
+    spec = gr.GearSpec.from_atc("x:-1,3", dynamic_batch_size=",".join(map(str, GEARS)))
+    measured, _ = BatchPlan.for_model(GearDispatcher(spec, (1.0, 2.0, 4.0, 8.0)),
+                                      [((b, 3),) for b in GEARS])
+    assert Batcher(measured, runner, max_delay_s=0.0, slots=1).learned is None
 
 
 # ---- the queue delay --------------------------------------------------------------------------
@@ -351,6 +430,7 @@ def test_a_worker_takes_the_waiting_batch_itself_when_its_run_ends() -> None:
 
     answers = run(main, batcher)
     assert workers.batches == [[1.0], [2.0, 3.0]] and workers.calls == 1
+    assert batcher.learned._seen == [1, 1, 0, 0]  # each batch timed on the worker
     for (_, (out,)), value in zip(answers, (1.0, 2.0, 3.0), strict=True):
         np.testing.assert_array_equal(out, np.full((1, 3), 2 * value, np.float32))
 
@@ -385,6 +465,7 @@ def test_a_chained_batch_that_fails_runs_each_request_alone() -> None:
 
     first, good, bad = run(main, batcher)
     assert workers.batches == [[1.0], [2.0, 3.0], [2.0], [3.0]]
+    assert batcher.learned._seen == [2, 0, 0, 0]  # failed runs are no measure of a gear
     np.testing.assert_array_equal(good[1][0], np.full((1, 3), 4.0, np.float32))
     assert isinstance(bad, ValueError) and not isinstance(first, Exception)
 

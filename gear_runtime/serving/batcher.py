@@ -16,6 +16,12 @@ so a row's outputs do not depend on the other rows, nor on padding rows.
 While every executor is busy the batcher keeps gathering, so batches fill up under load
 instead of queueing small ones (Triton's dynamic batcher does the same).
 
+How many of the waiting requests one batch takes: all that fit the largest gear, unless the
+gears' costs are known, then the prefix that runs the most rows per second. Known from an
+attached profile (``serve --profile``), else learned from the batches this batcher runs
+(:class:`LearnedCosts`): on a CPU, where a gear of 8 rows costs 8 gears of one or more,
+padding requests into large batches loses; on a device it pays.
+
 With a :class:`WorkerRunner` (the server's executor pool), a batch's worker thread takes the
 next batch itself as soon as its run ends, when requests are waiting: the executor does not
 idle through a round trip of the event loop (wake the gathering task, start a dispatch,
@@ -29,6 +35,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,19 +78,27 @@ class BatchPlan:
         --profile``), not input elements."""
         return self.dispatcher.cost_source == "profile"
 
-    def best_count(self, rows: Sequence[int]) -> int:
+    def best_count(self, rows: Sequence[int],
+                   learned: LearnedCosts | None = None) -> int:
         """How many of the waiting requests (``rows``: theirs, first come first; their sum
         fits the largest gear) one batch should take: all of them, unless the gears' costs
-        are measured and a shorter prefix runs more rows per second (fewer padding rows on
-        a backend whose cost grows with the rows, as a CPU's). Ties: the longer prefix."""
-        if not self.measured or len(rows) < 2:
+        are measured (an attached profile, else what ``learned`` saw batches take here) and
+        a shorter prefix runs more rows per second (fewer padding rows, or a gear that costs
+        more per row, on a backend whose cost grows with the rows, as a CPU's). Ties: the
+        longer prefix."""
+        if len(rows) < 2:
             return len(rows)
-        costs = self.dispatcher.costs
+        if self.measured:
+            cost_of: Callable[[int], float | None] = self.dispatcher.costs.__getitem__
+        elif learned is not None and learned.ready():
+            cost_of = learned.estimate
+        else:
+            return len(rows)
         best, best_rate, total = len(rows), -1.0, 0
         for k, n in enumerate(rows, 1):
             total += n
-            cost = costs[self.gear_for(total)]
-            rate = total / cost if cost > 0 else float("inf")
+            cost = cost_of(self.gear_for(total))
+            rate = total / cost if cost else float("inf")
             if rate >= best_rate * (1 - 1e-9):  # a tie: the longer prefix
                 best, best_rate = k, rate
         return best
@@ -125,6 +140,65 @@ def _batch_axis(shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> int | 
                                                                          strict=True)):
             return axis
     return None
+
+
+class LearnedCosts:
+    """What a batch of each gear takes on this server, learned from the batches it runs:
+    the gear costs :meth:`BatchPlan.best_count` weighs when no profile is attached.
+
+    A backend whose cost grows with the rows (a CPU: BERT 4x768, batch 8 costs more than
+    eight batches of 1) then stops padding requests into batches that run fewer rows per
+    second than smaller ones, while one that gains from batching (an NPU, a convnet here)
+    keeps taking all that fits. The first batch of a gear is not counted (a first run
+    allocates); later ones update a moving average. A gear not measured yet is estimated
+    from the nearest measured gear as if cost were proportional to rows: it ties with that
+    gear, so the longer prefix is tried and measured in turn. Every ``REFRESH``-th batch
+    takes all that fits whatever the estimates say, so a gear judged on a slow moment is
+    measured again. Thread-safe: workers record, the loop and workers read."""
+
+    #: weight of a new measurement in a gear's moving average
+    ALPHA = 0.2
+    #: every this many batches, one takes all that fits (a gear's estimate is refreshed)
+    REFRESH = 64
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sizes)
+        self.seconds: list[float | None] = [None] * len(self.sizes)
+        self._seen = [0] * len(self.sizes)
+        self._batches = 0
+        self._lock = threading.Lock()
+
+    def record(self, gear: int, seconds: float) -> None:
+        """A batch of gear ``gear`` took ``seconds`` (run on an executor, inputs to outputs)."""
+        with self._lock:
+            self._batches += 1
+            self._seen[gear] += 1
+            if self._seen[gear] == 1:  # a first run: allocations, not the gear's cost
+                return
+            old = self.seconds[gear]
+            self.seconds[gear] = seconds if old is None else old + self.ALPHA * (seconds - old)
+
+    def ready(self) -> bool:
+        """Whether the estimates should decide this batch: a gear is measured, and this is
+        not a refreshing batch."""
+        with self._lock:
+            return any(s is not None for s in self.seconds) and \
+                self._batches % self.REFRESH != self.REFRESH - 1
+
+    def estimate(self, gear: int) -> float | None:
+        """Gear ``gear``'s measured seconds, else those of the measured gear nearest in
+        rows scaled by rows (the smaller one on a tie); None when none is measured."""
+        with self._lock:
+            own = self.seconds[gear]
+            if own is not None:
+                return own
+            size = self.sizes[gear]
+            known = [(abs(b - size), b, s) for b, s in zip(self.sizes, self.seconds,
+                                                           strict=True) if s is not None]
+        if not known:
+            return None
+        _, b, s = min(known)
+        return s * size / b
 
 
 def run_batch(execute: Callable[[list[np.ndarray]], list[np.ndarray]], plan: BatchPlan,
@@ -218,6 +292,8 @@ class Batcher:
         self._running: set[asyncio.Task] = set()
         #: batches running now (dispatched ones and lone requests run at once)
         self._busy = 0
+        #: the gears' costs as this server's batches take them (none with a profile)
+        self.learned = None if plan.measured else LearnedCosts(plan.sizes)
 
     def __len__(self) -> int:
         """Requests waiting to be batched."""
@@ -246,7 +322,9 @@ class Batcher:
         if self._worker is not None:
             return await self._alone_on_worker(inputs)
         try:
+            started = time.perf_counter()
             run, outputs = await self._run([inputs])
+            self._timed(inputs[0].shape[0], started)
             self._on_batch(run, inputs[0].shape[0])
             return run, outputs[0]
         finally:
@@ -299,6 +377,11 @@ class Batcher:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
+    def _timed(self, rows: int, started: float) -> None:
+        """A batch of ``rows`` rows ran from ``started`` (perf_counter) until now."""
+        if self.learned is not None:
+            self.learned.record(self.plan.gear_for(rows), time.perf_counter() - started)
+
     def _executor_free(self) -> bool:
         """Whether a batch sent now would run at once (and the batcher may send it)."""
         return not self._wait_when_idle and self._busy < self._slot_count
@@ -324,7 +407,7 @@ class Batcher:
                     continue
                 items.append(item)
                 rows += item.rows
-            keep = self.plan.best_count([it.rows for it in items])
+            keep = self.plan.best_count([it.rows for it in items], self.learned)
             for item in reversed(items[keep:]):
                 self._pending.appendleft(item)
                 self._pending_rows += item.rows
@@ -332,7 +415,9 @@ class Batcher:
 
     async def _dispatch(self, items: list[_Item]) -> None:
         try:
+            started = time.perf_counter()
             run, outputs = await self._run([it.inputs for it in items])
+            self._timed(sum(it.rows for it in items), started)
             self._on_batch(run, sum(it.rows for it in items))
             for item, out in zip(items, outputs, strict=True):
                 if not item.future.done():
@@ -417,7 +502,9 @@ class Batcher:
         fault fail, with their own error), as :meth:`_run_each`; a ClosedError fails all."""
         assert self._worker is not None
         try:
+            started = time.perf_counter()
             run, outputs = self._worker.run_on(worker, [it.inputs for it in items])
+            self._timed(sum(it.rows for it in items), started)
         except Exception as exc:
             if len(items) == 1 or isinstance(exc, ClosedError):
                 deliver((self._fail, items, exc))
