@@ -31,6 +31,7 @@ from models import (
     run_model,
 )
 from onnx import TensorProto, helper
+from ort_device_support import graph_ids, on_host_device
 
 import gear_runtime as gr
 from gear_runtime.backends import onnxruntime as ortb
@@ -213,13 +214,6 @@ def test_a_clean_model_keeps_its_graphs(tmp_path: Path, fake_cuda) -> None:
 
 
 # ---- items 4-6: the device staging, on host memory --------------------------------------------
-def _on_host_device(model: gr.GearModel, graphs: bool = False) -> None:
-    """Run ``model``'s device path on the CPU: the executor takes DeviceStaging and the public
-    run API as on CUDA, with device ("cpu", 0) in every ORT call."""
-    backend = model.backend_model
-    backend.on_cuda, backend.device, backend.cuda_graph = True, ("cpu", 0), graphs
-
-
 def _heavy(tmp_path: Path) -> tuple[onnx.ModelProto, gr.GearSpec, str]:
     original = heavy_model(width=64, layers=2)
     spec = gr.GearSpec.from_atc(input_shape="x:-1,64",
@@ -230,7 +224,7 @@ def _heavy(tmp_path: Path) -> tuple[onnx.ModelProto, gr.GearSpec, str]:
 def test_one_arena_per_executor_sized_to_its_largest_gear(tmp_path: Path, monkeypatch) -> None:
     original, spec, path = _heavy(tmp_path)
     model = gr.load(path)
-    _on_host_device(model)
+    on_host_device(model)
     allocated: list[int] = []
     real = ort.OrtValue.ortvalue_from_shape_and_type
 
@@ -257,7 +251,7 @@ def test_one_arena_per_executor_sized_to_its_largest_gear(tmp_path: Path, monkey
 def test_every_gear_runs_right_over_the_shared_arena(tmp_path: Path, monkeypatch) -> None:
     original, spec, path = _heavy(tmp_path)
     model = gr.load(path)
-    _on_host_device(model)
+    on_host_device(model)
     ex = model.create_executor()
     reads: list[int] = []
     real_numpy = ort.OrtValue.numpy
@@ -301,10 +295,10 @@ def test_executor_teardown_is_clean_under_the_debug_allocator(tmp_path: Path) ->
 import gc, sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
 import gear_runtime as gr
-from test_backend_ort_device import _on_host_device
+from ort_device_support import on_host_device
 for order in range(3):
     model = gr.load({path!r})
-    _on_host_device(model)
+    on_host_device(model)
     ex = [model.create_executor() for _ in range(2)]
     if order == 0:
         ex[0].close(); del ex
@@ -323,16 +317,9 @@ print("clean")
 
 def test_the_device_path_runs_through_the_public_run_api(tmp_path: Path, monkeypatch) -> None:
     original, spec, path = _heavy(tmp_path)
-    calls: list[object] = []
-    real = ort.InferenceSession.run_with_iobinding
-
-    def spy(self, iobinding, run_options=None):
-        calls.append(run_options.get_run_config_entry("gpu_graph_id"))
-        return real(self, iobinding, run_options)
-
-    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    calls = graph_ids(monkeypatch)
     model = gr.load(path)
-    _on_host_device(model)
+    on_host_device(model)
     ex = model.create_executor()
     ex.execute(random_inputs(original, spec.shapes(0)))
     assert calls == ["-1"]  # named: the public wrapper's lookup of a missing key is slow
@@ -341,7 +328,7 @@ def test_the_device_path_runs_through_the_public_run_api(tmp_path: Path, monkeyp
 def test_graph_executor_bare_run_keeps_the_thread_rule(tmp_path: Path) -> None:
     original, spec, path = _heavy(tmp_path)
     model = gr.load(path)
-    _on_host_device(model, graphs=True)
+    on_host_device(model, graphs=True)
     ex = model.create_executor()
     ex.session.run_bound(0)  # the creating thread may
     errors: list[BaseException] = []
@@ -362,7 +349,7 @@ def _overlap(path: str, graphs: bool, monkeypatch) -> int:
     """The most runs in flight at once on one model's session, two executors each running on
     its own thread (the thread that made it, as graphs need), plus the naive run."""
     model = gr.load(path)
-    _on_host_device(model, graphs=graphs)
+    on_host_device(model, graphs=graphs)
     original = heavy_model(width=64, layers=2)
     spec = model.backend_model.info.spec
     in_flight, most, lock = [0], [0], threading.Lock()
@@ -423,7 +410,7 @@ def test_graphs_are_released_only_on_their_thread(tmp_path: Path, monkeypatch) -
     monkeypatch.setattr(ort.InferenceSession, "release_captured_graph",
                         lambda self, graph_id=0: released.append(graph_id), raising=False)
     model = gr.load(path)
-    _on_host_device(model, graphs=True)
+    on_host_device(model, graphs=True)
     mine, theirs = model.create_executor(), model.create_executor()
     ids = list(mine.session._graph_ids)
     mine.close()

@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 from doubles import fake_acl, fake_mslite
 from onnx import TensorProto, helper
+from ort_device_support import graph_ids, on_host_device
 
 import gear_runtime as gr
 from gear_runtime.backends.base import DeviceBuffer
@@ -389,12 +390,6 @@ def lm_pair(tmp_path_factory: pytest.TempPathFactory):
     return generate.build_pair(tmp_path_factory.mktemp("lm"), causal_lm.SMALL)
 
 
-def on_host_device(model: gr.GearModel) -> gr.GearModel:
-    backend = model.backend_model
-    backend.on_cuda, backend.device, backend.cuda_graph = True, ("cpu", 0), False
-    return model
-
-
 class CopyCounter:
     """Bytes through OrtValue.update_inplace (host to device) and OrtValue.numpy (device to
     host): the device path's every transfer."""
@@ -490,14 +485,7 @@ def test_cuda_graphs_with_state_capture_each_parity_apart(lm_pair, monkeypatch):
     parities' bindings are two graphs per gear (ids of their own, both captured at
     creation, the state zeroed after), steps alternate between them, and the handoff runs
     with no graph id (-1: not this executor's addresses)."""
-    ids_seen: list[str] = []
-    real = ort.InferenceSession.run_with_iobinding
-
-    def spy(self, binding, run_options=None):
-        ids_seen.append(run_options.get_run_config_entry("gpu_graph_id"))
-        return real(self, binding, run_options)
-
-    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    ids_seen = graph_ids(monkeypatch)
     dec = gr.load(str(lm_pair[2]))
     backend = dec.backend_model
     backend.on_cuda, backend.device, backend.cuda_graph = True, ("cpu", 0), True
