@@ -486,3 +486,41 @@ def test_a_refused_hand_over_fails_its_requests_and_wait_when_idle_chains_nothin
 
     run(main, waiting)
     assert workers.calls == 2  # Triton's rule: every batch waits out its delay, via the loop
+
+
+class HereWorkers(Workers):
+    """Workers that also run a lone request on the caller's thread when asked (run_here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.here = 0
+
+    def run_here(self, requests):
+        self.here += 1
+        return "here", [[r[0] * 2] for r in requests]
+
+
+@pytest.mark.parametrize("seconds, here", [
+    ({}, 31),  # nothing beyond gear 1 known: every 32nd lone request goes to a worker
+    ({0: 1.0, 3: 8.0}, 32),  # gear 8 no faster per row (a CPU): every one runs here
+    ({0: 1.0, 3: 1.5}, 0),  # gear 8 five times faster per row: batches must gather
+])
+def test_a_lone_request_runs_on_the_loop_unless_batching_pays_here(seconds, here) -> None:
+    """The batcher asks its runner to run a lone request on the loop's thread (no hop to a
+    worker), except where batching pays by the learned costs: a loop busy running gathers
+    nothing, so there every lone request goes to a worker and the next ones batch behind
+    it. While no larger gear is measured, one lone request in PROBE_EVERY goes anyway."""
+    workers = HereWorkers()
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+    for gear, value in seconds.items():
+        batcher.learned.record(gear, value)
+        batcher.learned.record(gear, value)
+    batcher.learned.ALPHA = 0.0  # the stub's own runs (microseconds) move nothing
+
+    async def main() -> list[Any]:
+        return [await batcher.submit(rows(1, float(i))) for i in range(32)]
+
+    answers = run(main, batcher)
+    assert workers.here == here and len(workers.batches) == 32 - here
+    for i, (_, (out,)) in enumerate(answers):
+        np.testing.assert_array_equal(out, np.full((1, 3), 2.0 * i, np.float32))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
+from gear_runtime.serving.batcher import NOT_HERE
 from gear_runtime.serving.runner import ExecutorPool
 
 
@@ -84,3 +86,93 @@ def test_readiness_says_not_ready_while_every_queue_is_full(tmp_path) -> None:
         await server.close()
 
     asyncio.run(main())
+
+
+class _Counted:
+    """A model whose executors are numbered as they are made."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def create_executor(self) -> int:
+        self.made += 1
+        return self.made
+
+
+def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -> None:
+    """run_here: not before a run was timed; then, while the pool's recent runs are short,
+    on the calling thread with the pool's one executor (no second one made); never while a
+    task runs or waits, past the drain deadline, on a pool of two, nor for ~110 runs after
+    a slow one (the peak decays)."""
+    model = _Counted()
+    pool = ExecutorPool(model, 1, "m")
+    here = threading.current_thread()
+    where = lambda ex: (threading.current_thread() is here, ex)  # noqa: E731
+    assert pool.run_here(where) is NOT_HERE  # nothing timed yet
+
+    async def main() -> None:
+        assert await pool.call(where) == (False, 1)  # on the worker
+        assert pool.run_here(where) == (True, 1)  # here, the same executor
+        release = threading.Event()
+        busy = asyncio.ensure_future(pool.call(lambda ex: release.wait(30)))
+        await asyncio.sleep(0.05)
+        assert pool.run_here(where) is NOT_HERE  # a task runs
+        waiting = asyncio.ensure_future(pool.call(lambda ex: 1))
+        await asyncio.sleep(0.05)
+        assert pool.run_here(where) is NOT_HERE  # a task runs and one waits
+        release.set()
+        await asyncio.gather(busy, waiting)
+        # the 0.05+ s run above is the peak now: runs go to the worker until it decays
+        assert pool.peak_seconds >= 0.05 and pool.run_here(where) is NOT_HERE
+        while pool.peak_seconds >= pool.RUN_HERE_BELOW_S:
+            await pool.call(lambda ex: None)
+        assert pool.run_here(where) == (True, 1)
+        pool.refusing = True
+        assert pool.run_here(where) is NOT_HERE
+
+    asyncio.run(main())
+    assert model.made == 1
+    pool.close()
+    two = ExecutorPool(_Counted(), 2, "m")
+    asyncio.run(two.call(lambda ex: None))
+    assert two.run_here(where) is NOT_HERE  # a run here would keep the loop off the other
+    two.close()
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path, batching):
+    """The server's requests go through the pool's run_here, batched (a lone request with
+    the batcher idle) or not: after the first runs are timed on the worker, requests run on
+    the event loop's thread with the pool's one executor, and the answers are right."""
+    from serving_support import compile_models, conv_input
+
+    from gear_runtime.serving import build_server
+    from gear_runtime.serving.protocol import InferRequest
+    from gear_runtime.serving.runner import ServeOptions
+
+    path = compile_models(tmp_path)["conv"]
+    server = build_server([str(path)], options=ServeOptions(executors=1, batching=batching))
+    model = next(iter(server.models.values()))
+    model.pool.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
+    threads: list[bool] = []
+    loop_thread = threading.current_thread()
+    execute = type(model.pool._free[0]).execute
+
+    def spy(ex, *args, **kw):
+        threads.append(threading.current_thread() is loop_thread)
+        return execute(ex, *args, **kw)
+
+    async def main() -> None:
+        x = conv_input(1, 0)
+        want = None
+        for _ in range(5):
+            request = InferRequest({model._names[0]: x}, {model._names[0]: "FP32"})
+            _, outputs = await model.infer(request)
+            want = outputs[0] if want is None else want
+            np.testing.assert_array_equal(outputs[0], want)
+        await server.close()
+
+    import unittest.mock
+    with unittest.mock.patch.object(type(model.pool._free[0]), "execute", spy):
+        asyncio.run(main())
+    assert threads == [False, True, True, True, True]
