@@ -343,6 +343,9 @@ def test_graph_executor_bare_run_keeps_the_thread_rule(tmp_path: Path) -> None:
     t.start()
     t.join()
     assert len(errors) == 1 and "thread that created it" in str(errors[0])
+    assert ex.session.thread_bound  # what the server reads before lending it (run_here)
+    model.backend_model.cuda_graph = False
+    assert not ex.session.thread_bound
 
 
 def _overlap(path: str, graphs: bool, monkeypatch) -> int:

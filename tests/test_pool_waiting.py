@@ -139,6 +139,23 @@ def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -
     two.close()
 
 
+def test_an_executor_bound_to_its_thread_is_never_lent() -> None:
+    """A session that runs only on the thread that made it (ORT with CUDA graphs:
+    thread_bound) stays on its worker: run_here declines."""
+    class Bound:
+        session = type("S", (), {"thread_bound": True})()
+
+    class Model:
+        def create_executor(self) -> Bound:
+            return Bound()
+
+    pool = ExecutorPool(Model(), 1, "m")
+    asyncio.run(pool.call(lambda ex: None))
+    assert pool.peak_seconds < pool.RUN_HERE_BELOW_S
+    assert pool.run_here(lambda ex: 1) is NOT_HERE
+    pool.close()
+
+
 @pytest.mark.parametrize("batching", [True, False])
 def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path, batching):
     """The server's requests go through the pool's run_here, batched (a lone request with
@@ -156,7 +173,7 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
     model.pool.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
     threads: list[bool] = []
     loop_thread = threading.current_thread()
-    execute = type(model.pool._free[0]).execute
+    execute = type(model.pool._executors[0]).execute
 
     def spy(ex, *args, **kw):
         threads.append(threading.current_thread() is loop_thread)
@@ -173,6 +190,6 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
         await server.close()
 
     import unittest.mock
-    with unittest.mock.patch.object(type(model.pool._free[0]), "execute", spy):
+    with unittest.mock.patch.object(type(model.pool._executors[0]), "execute", spy):
         asyncio.run(main())
     assert threads == [False, True, True, True, True]

@@ -55,6 +55,11 @@ class BackendSession(ABC):
     #: the backend offers pinned memory. The C++ core writes inputs and dims into it.
     staging: np.ndarray
 
+    #: Whether the session runs only on the thread that created it (ORT's CUDA EP keeps a
+    #: session's CUDA graphs per thread): the server then never lends its executor to
+    #: another thread.
+    thread_bound: bool = False
+
     #: Inputs of at least this many bytes that a request does not pad are read where the
     #: caller has them instead of being staged (:meth:`run_gear_in_place`); 0: every input is
     #: staged (the merged copy is the point on a device).

@@ -676,6 +676,11 @@ class OrtSession(BackendSession, BenchSession):
         except Exception as exc:
             raise self._failed(gear, exc) from exc
 
+    @property
+    def thread_bound(self) -> bool:  # type: ignore[override]
+        """With CUDA graphs the session runs on its creating thread alone (_check_thread)."""
+        return bool(self.model.cuda_graph)
+
     def _check_thread(self) -> None:
         if self.model.cuda_graph and threading.get_ident() != self._thread:
             # ORT's CUDA EP keeps graphs per thread: another thread would capture anew.

@@ -164,19 +164,19 @@ def model_name(path: str | os.PathLike[str]) -> str:
 
 
 class ExecutorPool:
-    """``size`` worker threads and ``size`` executors of ``model``: a task runs on a worker
-    thread with an executor no other task holds (made on first use, or all at once by
-    :meth:`warm_up`).
+    """``size`` worker threads, each owning one executor of ``model`` for its whole life
+    (made on the thread that runs it: a CUDA-graph session runs only there).
 
-    A one-executor pool whose runs are short may run a task on the caller's thread instead
-    (:meth:`run_here`): the server's event loop, when nothing else runs or waits. The hop to
-    a worker thread and back (two wake-ups, two GIL hand-overs) cost the 0.3 ms convnet a
-    sixth of its throughput at one client (gRPC 817-942 vs 976-1,100 rows/s); KServe's
-    ModelServer runs every predict on its loop. Only short runs: a long one would hold up
-    everything the loop does meanwhile (reading the next requests, health checks)."""
+    A one-executor pool whose runs are short may lend its executor to the caller's thread
+    instead (:meth:`run_here`): the server's event loop, when nothing else runs or waits. The
+    hop to a worker thread and back (two wake-ups, two GIL hand-overs) cost the 0.3 ms
+    convnet a sixth of its throughput at one client (docs/serving.md: HTTP binary 1,195-1,456
+    vs 1,475-1,596 rows/s unbatched); KServe's ModelServer runs every predict on its loop.
+    Only short runs: a long one would hold up everything the loop does meanwhile (reading
+    the next requests, health checks)."""
 
-    #: :meth:`run_here` runs a task on the caller's thread only while the pool's recent
-    #: peak run time (:attr:`peak_seconds`) is below this (seconds)
+    #: :meth:`run_here` lends the executor only while the pool's recent peak run time
+    #: (:attr:`peak_seconds`) is below this (seconds)
     RUN_HERE_BELOW_S = 0.001
     #: the peak decays by this factor per run: a 30 ms outlier keeps tasks off the caller's
     #: thread for the next ~110 runs
@@ -184,14 +184,15 @@ class ExecutorPool:
 
     def __init__(self, model: Any, size: int, name: str) -> None:
         self._model = model
+        self._local = threading.local()
         self._threads = ThreadPoolExecutor(size, thread_name_prefix=f"gear-{name}")
         self.size = size
         self._waiting = 0
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
-        self._free: list[Any] = []  # executors no task holds
-        self._made = 0
+        self._returned = threading.Condition(self._lock)  # the lent executor is back
         self._running = 0
+        self._lent = False
+        self._executors: list[Any] = []  # every thread's, in the order made
         #: the recent peak of the pool's run times (seconds; None before the first run):
         #: each run's time, or the last peak decayed by PEAK_DECAY where that is longer
         self.peak_seconds: float | None = None
@@ -204,70 +205,70 @@ class ExecutorPool:
         return self._waiting
 
     def warm_up(self) -> None:
-        """Create every executor now (not on the first requests)."""
-        made = [self._take() for _ in range(self.size)]
-        for ex in made:
-            self._give(ex, None)
+        """Create every thread's executor now (not on the first requests): N tasks meet at a
+        barrier, so each runs on a thread of its own."""
+        barrier = threading.Barrier(self.size)
+        futures = [self._threads.submit(self._create_and_wait, barrier)
+                   for _ in range(self.size)]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError | None)),
+                     next((e for e in errors if e is not None), None))
+        if first is not None:
+            raise first
 
-    def _take(self) -> Any:
-        """An executor no task holds, marked running: a free one, else a new one while
-        fewer than ``size`` exist, else the first one freed."""
-        with self._freed:
-            while not self._free and self._made >= self.size:
-                self._freed.wait()
-            ex = self._free.pop() if self._free else None
-            if ex is None:
-                self._made += 1
-            self._running += 1
+    def _create_and_wait(self, barrier: threading.Barrier) -> None:
+        try:
+            self._executor()
+        except BaseException:
+            barrier.abort()  # the other threads stop waiting: the error is reported at once
+            raise
+        barrier.wait(timeout=120)
+
+    def _executor(self) -> Any:
+        ex = getattr(self._local, "executor", None)
         if ex is None:
-            try:
-                ex = self._model.create_executor()
-            except BaseException:
-                with self._freed:
-                    self._made -= 1
-                    self._running -= 1
-                    self._freed.notify()
-                raise
+            ex = self._local.executor = self._model.create_executor()
+            with self._lock:
+                self._executors.append(ex)
         return ex
 
-    def _give(self, ex: Any, seconds: float | None) -> None:
-        """``ex`` free again after a run of ``seconds`` (None: no run)."""
-        with self._freed:
-            self._free.append(ex)
-            self._running -= 1
-            if seconds is not None:
-                old = self.peak_seconds
-                self.peak_seconds = seconds if old is None else \
-                    max(seconds, old * self.PEAK_DECAY)
-            self._freed.notify()
-
-    def _run_with(self, fn: Callable[[Any], T]) -> T:
-        ex = self._take()
+    def _timed(self, fn: Callable[[Any], T], ex: Any) -> T:
+        """``fn(ex)``, its time taken into :attr:`peak_seconds`; the run is over after."""
         started = time.perf_counter()
         try:
             return fn(ex)
         finally:
-            self._give(ex, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            with self._lock:
+                old = self.peak_seconds
+                self.peak_seconds = seconds if old is None else \
+                    max(seconds, old * self.PEAK_DECAY)
+                self._running -= 1
 
     def run_here(self, fn: Callable[[Any], T]) -> T | object:
-        """``fn(executor)`` on this thread, now, where the pool has one executor, its recent
-        runs all took less than :attr:`RUN_HERE_BELOW_S` and no task runs or waits (so
-        nothing waits behind it: the caller, the event loop, submits every task); else
-        :data:`NOT_HERE`, and nothing ran. One executor only: with more, a run here would
-        keep the loop from handing the others work."""
+        """``fn(executor)`` on this thread, now, with the executor of a one-executor pool
+        whose recent runs all took less than :attr:`RUN_HERE_BELOW_S`, while no task runs
+        or waits (the caller, the event loop, submits every task: nothing queues behind it)
+        and where the executor may run on another thread than its own (not a CUDA-graph
+        session); else :data:`NOT_HERE`, and nothing ran. One executor only: with more, a
+        run here would keep the loop from handing the others work."""
         peak = self.peak_seconds
         if self.size != 1 or peak is None or peak >= self.RUN_HERE_BELOW_S:
             return NOT_HERE
         with self._lock:
-            if self._running or self._waiting or not self._free or self.refusing:
+            if self._running or self._waiting or self.refusing or not self._executors:
                 return NOT_HERE
-            ex = self._free.pop()
+            ex = self._executors[0]
+            if getattr(getattr(ex, "session", None), "thread_bound", False):
+                return NOT_HERE
             self._running += 1
-        started = time.perf_counter()
+            self._lent = True
         try:
-            return fn(ex)
+            return self._timed(fn, ex)
         finally:
-            self._give(ex, time.perf_counter() - started)
+            with self._lock:
+                self._lent = False
+                self._returned.notify_all()
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """``fn(executor)`` on a free worker thread, awaited (:meth:`submit`)."""
@@ -288,11 +289,21 @@ class ExecutorPool:
         return future
 
     def _run(self, fn: Callable[[Any], T], waiting: _Waiting) -> T:
-        waiting.end()
-        if self.refusing:
-            raise ClosedError("the server is shutting down (past its drain deadline): "
-                              "retry on another replica")
-        return self._run_with(fn)
+        with self._lock:  # no longer waiting, and running, at once: run_here sees either
+            waiting.end_locked()
+            while self._lent:  # the one executor is lent to the loop: back in < 1 ms
+                self._returned.wait()
+            self._running += 1
+        try:
+            if self.refusing:
+                raise ClosedError("the server is shutting down (past its drain deadline): "
+                                  "retry on another replica")
+            ex = self._executor()
+        except BaseException:
+            with self._lock:
+                self._running -= 1
+            raise
+        return self._timed(fn, ex)
 
     def close(self) -> None:
         """Wait for running tasks, stop the threads (the model's close closes executors)."""
@@ -330,9 +341,13 @@ class _Waiting:
 
     def end(self) -> None:
         with self._pool._lock:
-            if not self._ended:
-                self._ended = True
-                self._pool._waiting -= 1
+            self.end_locked()
+
+    def end_locked(self) -> None:
+        """:meth:`end` with the pool's lock held."""
+        if not self._ended:
+            self._ended = True
+            self._pool._waiting -= 1
 
 
 class ServedModel:
