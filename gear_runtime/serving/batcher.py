@@ -148,8 +148,8 @@ class LearnedCosts:
 
     A backend whose cost grows with the rows (a CPU: BERT 4x768, batch 8 costs more than
     eight batches of 1) then stops padding requests into batches that run fewer rows per
-    second than smaller ones, while one that gains from batching (an NPU, a convnet here)
-    keeps taking all that fits. The first batch of a gear is not counted (a first run
+    second than smaller ones, while one that gains from batching (an NPU, or a CPU with
+    threads to spare) keeps taking all that fits. The first batch of a gear is not counted (a first run
     allocates); later ones update a moving average. A gear not measured yet is estimated
     from the nearest measured gear as if cost were proportional to rows: it ties with that
     gear, so the longer prefix is tried and measured in turn. Every ``REFRESH``-th batch
