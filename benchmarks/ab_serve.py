@@ -7,7 +7,8 @@
 Each round starts ``gear-runtime serve`` from each checkout in turn (``PYTHONPATH`` at it; the
 order reversed every other round), drives it with ``--clients`` tritonclient gRPC clients,
 then HTTP binary ones, in closed loops (bench_serve.py's servers, models and clients: 1
-executor, 1 intra-op thread), and prints rows/s, p50 and server CPU per request per round.
+executor, 1 intra-op thread), and prints rows/s, p50 and server CPU per request, each as
+its range over the rounds.
 """
 
 from __future__ import annotations
@@ -61,13 +62,10 @@ def main() -> int:
                 finally:
                     server.close()
     print(f"{args.model}, {args.clients} client(s), serve {' '.join(flags) or '(defaults)'}, "
-          f"{args.seconds:g} s x {args.rounds} rounds")
-    print("| checkout | transport | rows/s | p50 ms | server CPU ms/request |")
-    print("|---|---|---|---|---|")
-    for (tree, way), cells in got.items():
-        print(f"| {tree} | {way} | {', '.join(f'{c[0]:.0f}' for c in cells)} | "
-              f"{', '.join(f'{c[1]:.2f}' for c in cells)} | "
-              f"{', '.join(f'{c[2]:.2f}' for c in cells)} |")
+          f"{args.seconds:g} s x {args.rounds} rounds (ranges over rounds)")
+    print(bs.round_table(["checkout", "transport"], got,
+                         [("rows/s", "%.0f"), ("p50 ms", "%.2f"),
+                          ("server CPU ms/request", "%.2f")]))
     return 0
 
 

@@ -62,12 +62,9 @@ def main() -> int:
         print(f"{args.model} ({weights:.1f} MB of weights), "
               f"{args.clients} HTTP binary clients, 1 executor, {args.threads} thread(s), "
               f"{args.seconds:g} s x {args.rounds} rounds (ranges over rounds)")
-        print("| server | rows/s | p50 ms | server CPU ms/request |")
-        print("|---|---|---|---|")
-        for way, got in cells.items():
-            print(f"| {way} | {bs.rng_text([g[0] for g in got], '%.2f')} | "
-                  f"{bs.rng_text([g[1] for g in got], '%.0f')} | "
-                  f"{bs.rng_text([g[2] for g in got], '%.1f')} |")
+        print(bs.round_table(["server"], {(way,): got for way, got in cells.items()},
+                             [("rows/s", "%.2f"), ("p50 ms", "%.0f"),
+                              ("server CPU ms/request", "%.1f")]))
     return 0
 
 

@@ -395,6 +395,18 @@ def rng_text(values: list[float], fmt: str) -> str:
     return (fmt % lo) if fmt % lo == fmt % hi else f"{fmt % lo}-{fmt % hi}"
 
 
+def round_table(labels: list[str], rows: dict[tuple[str, ...], list[tuple[float, ...]]],
+                fields: list[tuple[str, str]]) -> str:
+    """A markdown table: per row its labels, then per field (name, format) the range of
+    that field over the row's rounds (``rows``: labels -> one tuple per round)."""
+    lines = ["| " + " | ".join([*labels, *(name for name, _ in fields)]) + " |",
+             "|" + "---|" * (len(labels) + len(fields))]
+    for key, cells in rows.items():
+        ranges = [rng_text([c[i] for c in cells], fmt) for i, (_, fmt) in enumerate(fields)]
+        lines.append("| " + " | ".join([*key, *ranges]) + " |")
+    return "\n".join(lines)
+
+
 def run_model(kind: str, args: argparse.Namespace, directory: Path) -> None:
     bench = build(directory, kind, args.bert)
     size_mb = sum(t.nbytes for t in bench_weights(bench)) / 1e6
