@@ -127,6 +127,13 @@ def test_a_request_that_does_not_fit_the_rest_of_the_gear_waits_for_the_next_bat
     assert batches == [[5], [4]]
 
 
+def waiting(batcher: Batcher, sizes: tuple[int, ...], loop: asyncio.AbstractEventLoop) -> None:
+    """Requests of ``sizes`` rows put in ``batcher``'s queue directly (no loop running)."""
+    for n in sizes:
+        batcher._pending.append(_Item(rows(n), n, 0.0, loop.create_future()))
+        batcher._pending_rows += n
+
+
 def test_take_takes_up_to_the_largest_gear_inclusive() -> None:
     """``_take`` itself (no event loop running, so a wrong bound fails at once rather than
     spinning): the first waiting requests whose rows fit in max_rows, equal included."""
@@ -135,9 +142,7 @@ def test_take_takes_up_to_the_largest_gear_inclusive() -> None:
         for sizes, taken in [((8,), [8]), ((8, 1), [8]), ((4, 4, 1), [4, 4]),
                              ((5, 4), [5]), ((1, 2, 4, 1), [1, 2, 4, 1]), ((3, 6), [3])]:
             batcher = Batcher(plan(), recorder()[0], max_delay_s=0.0, slots=1)
-            for n in sizes:
-                batcher._pending.append(_Item(rows(n), n, 0.0, loop.create_future()))
-                batcher._pending_rows += n
+            waiting(batcher, sizes, loop)
             assert [it.rows for it in batcher._take()] == taken, sizes
             left = list(sizes[len(taken):])
             assert [it.rows for it in batcher._pending] == left
@@ -202,9 +207,7 @@ def take_all(batcher: Batcher, sizes: tuple[int, ...]) -> list[list[int]]:
     """``_take`` until nothing waits (no loop running): the batches it forms."""
     loop = asyncio.new_event_loop()
     try:
-        for n in sizes:
-            batcher._pending.append(_Item(rows(n), n, 0.0, loop.create_future()))
-            batcher._pending_rows += n
+        waiting(batcher, sizes, loop)
         taken = []
         while batcher._pending:
             taken.append([it.rows for it in batcher._take()])
