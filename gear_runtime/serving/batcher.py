@@ -86,13 +86,8 @@ class BatchPlan:
         a shorter prefix runs more rows per second (fewer padding rows, or a gear that costs
         more per row, on a backend whose cost grows with the rows, as a CPU's). Ties: the
         longer prefix."""
-        if len(rows) < 2:
-            return len(rows)
-        if self.measured:
-            cost_of: Callable[[int], float | None] = self.dispatcher.costs.__getitem__
-        elif learned is not None and learned.ready():
-            cost_of = learned.estimate
-        else:
+        cost_of = self._cost_of(learned)
+        if len(rows) < 2 or cost_of is None:
             return len(rows)
         best, best_rate, total = len(rows), -1.0, 0
         for k, n in enumerate(rows, 1):
@@ -102,6 +97,22 @@ class BatchPlan:
             if rate >= best_rate * (1 - 1e-9):  # a tie: the longer prefix
                 best, best_rate = k, rate
         return best
+
+    def _cost_of(self, learned: LearnedCosts | None) -> Callable[[int], float | None] | None:
+        """What a gear costs: the attached profile's latency, else ``learned``'s estimate
+        once it may decide; None: unknown (take all that fits)."""
+        if self.measured:
+            return self.dispatcher.costs.__getitem__
+        if learned is not None and learned.ready():
+            return learned.estimate
+        return None
+
+    def batching_gain(self, learned: LearnedCosts | None) -> float | None:
+        """:func:`batching_gain` by the attached profile, else by the gears ``learned``
+        has timed; None while unknown."""
+        if self.measured:
+            return batching_gain(self.sizes, self.dispatcher.costs)
+        return None if learned is None else learned.batching_gain()
 
     def gear_for(self, rows: int) -> int:
         """The dispatcher's batch gear for ``rows`` rows (1 <= rows <= max_rows): the
@@ -149,10 +160,10 @@ class LearnedCosts:
     A backend whose cost grows with the rows (a CPU: BERT 4x768, batch 8 costs more than
     eight batches of 1) then stops padding requests into batches that run fewer rows per
     second than smaller ones, while one that gains from batching (an NPU, or a CPU with
-    threads to spare) keeps taking all that fits. The first batch of a gear is not counted (a first run
-    allocates); later ones update a moving average. A gear not measured yet is estimated
-    from the nearest measured gear as if cost were proportional to rows: it ties with that
-    gear, so the longer prefix is tried and measured in turn. Every ``REFRESH``-th batch
+    threads to spare) keeps taking all that fits. The first batch of a gear is not counted
+    (a first run allocates); later ones update a moving average. A gear not measured yet is
+    estimated from the nearest measured gear as if cost were proportional to rows: it ties
+    with that gear, so the longer prefix is tried and measured in turn. Every ``REFRESH``-th batch
     takes all that fits whatever the estimates say, so a gear judged on a slow moment is
     measured again. Thread-safe: workers record, the loop and workers read."""
 
@@ -500,10 +511,7 @@ class Batcher:
         anyway: under load, requests then gather behind it and their batch is measured."""
         if self._run_here is None:
             return False
-        if self.plan.measured:
-            gain = batching_gain(self.plan.sizes, self.plan.dispatcher.costs)
-        else:
-            gain = self.learned.batching_gain() if self.learned is not None else None
+        gain = self.plan.batching_gain(self.learned)
         if gain is not None:
             return gain < self.BATCHING_PAYS
         self._lone += 1
