@@ -10,8 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from gear_runtime.serving.batcher import NOT_HERE
-from gear_runtime.serving.runner import ExecutorPool
+from gear_runtime.serving.runner import NOT_HERE, ExecutorPool
 
 
 class _Model:
@@ -156,11 +155,11 @@ def test_an_executor_bound_to_its_thread_is_never_lent() -> None:
     pool.close()
 
 
-@pytest.mark.parametrize("batching", [True, False])
-def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path, batching):
-    """The server's requests go through the pool's run_here, batched (a lone request with
-    the batcher idle) or not: after the first runs are timed on the worker, requests run on
-    the event loop's thread with the pool's one executor, and the answers are right."""
+def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path):
+    """An unbatched model's requests go through the pool's run_here: after the first run is
+    timed on the worker, requests run on the event loop's thread with the pool's one
+    executor, and the answers are right. (Batched requests stay on the workers: a loop busy
+    running gathers no batches.)"""
     from serving_support import compile_models, conv_input
 
     from gear_runtime.serving import build_server
@@ -168,7 +167,7 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
     from gear_runtime.serving.runner import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
-    server = build_server([str(path)], options=ServeOptions(executors=1, batching=batching))
+    server = build_server([str(path)], options=ServeOptions(executors=1, batching=False))
     model = next(iter(server.models.values()))
     model.pool.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
     threads: list[bool] = []

@@ -107,13 +107,6 @@ class BatchPlan:
             return learned.estimate
         return None
 
-    def batching_gain(self, learned: LearnedCosts | None) -> float | None:
-        """:func:`batching_gain` by the attached profile, else by the gears ``learned``
-        has timed; None while unknown."""
-        if self.measured:
-            return batching_gain(self.sizes, self.dispatcher.costs)
-        return None if learned is None else learned.batching_gain()
-
     def gear_for(self, rows: int) -> int:
         """The dispatcher's batch gear for ``rows`` rows (1 <= rows <= max_rows): the
         smallest holding them, or by an attached profile the fastest."""
@@ -196,11 +189,6 @@ class LearnedCosts:
             return any(s is not None for s in self.seconds) and \
                 self._batches % self.REFRESH != self.REFRESH - 1
 
-    def batching_gain(self) -> float | None:
-        """:func:`batching_gain` of the gears measured so far."""
-        with self._lock:
-            return batching_gain(self.sizes, self.seconds)
-
     def estimate(self, gear: int) -> float | None:
         """Gear ``gear``'s measured seconds, else those of the measured gear nearest in
         rows scaled by rows (the smaller one on a tie); None when none is measured."""
@@ -215,21 +203,6 @@ class LearnedCosts:
             return None
         _, b, s = min(known)
         return s * size / b
-
-
-def batching_gain(sizes: Sequence[int], seconds: Sequence[float | None]) -> float | None:
-    """How many times faster per row the best of the larger gears runs than the smallest
-    gear, by ``seconds`` per gear (None: not measured); None until the smallest gear and a
-    larger one are measured."""
-    small = min(range(len(sizes)), key=sizes.__getitem__)
-    if not seconds[small]:
-        return None
-    per_row = [s / b for b, s in zip(sizes, seconds, strict=True)
-               if s is not None and b > sizes[small]]
-    if not per_row:
-        return None
-    best = min(per_row)
-    return float("inf") if best <= 0 else seconds[small] / sizes[small] / best
 
 
 def run_batch(execute: Callable[[list[np.ndarray]], list[np.ndarray]], plan: BatchPlan,
@@ -278,10 +251,6 @@ BatchRunner = Callable[[list[list[np.ndarray]]], Awaitable[tuple[Any, list[list[
 T = TypeVar("T")
 
 
-#: What :meth:`WorkerRunner.run_here` returns when it did not run the batch.
-NOT_HERE = object()
-
-
 @runtime_checkable
 class WorkerRunner(Protocol):
     """Runs batches on worker threads that may take the next batch themselves.
@@ -290,10 +259,7 @@ class WorkerRunner(Protocol):
     ``concurrent.futures.Future``; one that fails with
     :class:`~gear_runtime.errors.ClosedError` before ``fn`` starts never ran it.
     ``run_on(worker, requests)``: one batch, on that worker's thread, as a
-    :data:`BatchRunner` would return it. Optional, ``run_here(requests)``: a lone request's
-    batch on the calling thread (the event loop's) where the runner finds that cheaper than
-    a hop to a worker (every worker idle, the runs short), else :data:`NOT_HERE` and
-    nothing ran."""
+    :data:`BatchRunner` would return it."""
 
     def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]: ...
 
@@ -309,21 +275,12 @@ class Batcher:
     the runner reported). Lives on the event loop of its first request.
     """
 
-    #: a larger gear running rows this many times faster than the smallest: batching pays,
-    #: and lone requests go to a worker so that batches can gather behind them
-    BATCHING_PAYS = 1.25
-    #: while that is unknown, every this many lone requests one goes to a worker anyway
-    PROBE_EVERY = 32
-
     def __init__(self, plan: BatchPlan, run: BatchRunner | WorkerRunner, *, max_delay_s: float,
                  slots: int, on_batch: Callable[[Any, int], None] = lambda run, rows: None,
                  wait_when_idle: bool = False) -> None:
         self.plan = plan
         #: a WorkerRunner: each batch's worker takes the next one itself (module docstring)
         self._worker = run if isinstance(run, WorkerRunner) else None
-        #: the worker runner's optional run on this thread (WorkerRunner's docstring)
-        self._run_here = getattr(self._worker, "run_here", None)
-        self._lone = 0  # lone requests asked to run here while the gain is unknown
         self._run = run  # called only without a worker runner
         #: guards the waiting requests: the loop adds them, a worker may take them
         self._lock = threading.Lock()
@@ -481,41 +438,13 @@ class Batcher:
 
     # ---- a worker runner: the worker takes the next batch itself ---------------------------
     async def _alone_on_worker(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
-        """A lone request run on this thread where the runner says that is cheaper
-        (``run_here``), else handed to a worker (:meth:`_hand_over`) and answered when ITS
-        batch is done, not when the worker's chain ends. No task of its own: a lone request
-        costs what an unbatched one does (one wake-up of the loop)."""
-        started = time.perf_counter()
-        try:
-            here = self._run_here([inputs]) if self._runs_here() else NOT_HERE
-        except BaseException:
-            self._ran()
-            raise
-        if here is not NOT_HERE:
-            run, outputs = here  # type: ignore[misc]
-            self._timed(inputs[0].shape[0], started)
-            self._on_batch(run, inputs[0].shape[0])
-            self._ran()
-            return run, outputs[0]
+        """A lone request handed to a worker (:meth:`_hand_over`), answered when ITS batch
+        is done, not when the worker's chain ends. No task of its own: a lone request costs
+        what an unbatched one does (one wake-up of the loop)."""
         loop = asyncio.get_running_loop()
         item = _Item(inputs, inputs[0].shape[0], 0.0, loop.create_future())
         self._hand_over([item], loop)
         return await item.future  # (run, this request's outputs): _settle's answer
-
-    def _runs_here(self) -> bool:
-        """Whether a lone request may run on this thread (the runner's ``run_here``, which
-        still declines when a hop is not the dearer way): not where batching pays here (a
-        larger gear runs rows ``BATCHING_PAYS`` times faster than the smallest, by the
-        profile or the learned costs), since a loop busy running gathers no batches. Until
-        a larger gear is measured, every ``PROBE_EVERY``-th lone request goes to a worker
-        anyway: under load, requests then gather behind it and their batch is measured."""
-        if self._run_here is None:
-            return False
-        gain = self.plan.batching_gain(self.learned)
-        if gain is not None:
-            return gain < self.BATCHING_PAYS
-        self._lone += 1
-        return self._lone % self.PROBE_EVERY != 0
 
     def _hand_over(self, items: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
         """Run ``items`` on a free worker, which goes on with whatever waits when they are

@@ -38,7 +38,7 @@ from gear_runtime.errors import (
 )
 from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.runtime.inputs import check_names
-from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, run_batch
+from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
@@ -161,6 +161,10 @@ def model_name(path: str | os.PathLike[str]) -> str:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
+
+
+#: What :meth:`ExecutorPool.run_here` returns when it did not run the task.
+NOT_HERE = object()
 
 
 class ExecutorPool:
@@ -324,9 +328,6 @@ class PoolBatches:
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]) -> tuple[Any, Any]:
         return self._run(requests, worker)
-
-    def run_here(self, requests: list[list[np.ndarray]]) -> tuple[Any, Any] | object:
-        return self._pool.run_here(partial(self._run, requests))
 
 
 class _Waiting:
