@@ -225,6 +225,8 @@ def take_all(batcher: Batcher, sizes: tuple[int, ...]) -> list[list[int]]:
     ({0: 1.0, 1: 2.5, 2: 6.0, 3: 12.0}, [[1]] * 8),  # every gear measured: one at a time
     ({0: 1.0, 3: 1.3}, [[1] * 8]),  # a device: gear 8 costs what gear 1 does, all at once
     ({}, [[1] * 8]),  # nothing measured yet: all that fits, as with no profile
+    # CPU-like, but under 5 ms a batch: too short to tell the gear from the GIL, all fit
+    ({0: 1e-4, 3: 4e-3}, [[1] * 8]),
 ])
 def test_without_a_profile_the_batch_follows_what_the_gears_took_here(seconds, batches):
     """No profile: ``_take`` weighs the gears by what batches of them took on this server

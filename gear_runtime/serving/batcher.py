@@ -164,6 +164,12 @@ class LearnedCosts:
     ALPHA = 0.2
     #: every this many batches, one takes all that fits (a gear's estimate is refreshed)
     REFRESH = 64
+    #: the estimates decide only where a measured gear takes at least this long (seconds):
+    #: below it a batch's time is mostly the GIL and the scheduler (with 32 clients in the
+    #: server's process a 50-microsecond convnet's batches were timed at 0.2-1.4 ms, gear 1
+    #: as dear per row as gear 8 in some runs, which split batches that pay), and the fixed
+    #: cost of a batch favours taking all that fits anyway
+    TRUSTED_S = 0.005
 
     def __init__(self, sizes: Sequence[int]) -> None:
         self.sizes = tuple(sizes)
@@ -183,10 +189,10 @@ class LearnedCosts:
             self.seconds[gear] = seconds if old is None else old + self.ALPHA * (seconds - old)
 
     def ready(self) -> bool:
-        """Whether the estimates should decide this batch: a gear is measured, and this is
-        not a refreshing batch."""
+        """Whether the estimates should decide this batch: a gear is measured at
+        ``TRUSTED_S`` or more, and this is not a refreshing batch."""
         with self._lock:
-            return any(s is not None for s in self.seconds) and \
+            return any(s is not None and s >= self.TRUSTED_S for s in self.seconds) and \
                 self._batches % self.REFRESH != self.REFRESH - 1
 
     def estimate(self, gear: int) -> float | None:
