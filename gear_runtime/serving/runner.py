@@ -174,8 +174,8 @@ class ExecutorPool:
     A one-executor pool whose runs are short may lend its executor to the caller's thread
     instead (:meth:`run_here`): the server's event loop, when nothing else runs or waits. The
     hop to a worker thread and back (two wake-ups, two GIL hand-overs) cost the 0.3 ms
-    convnet a sixth of its throughput at one client (docs/serving.md: HTTP binary 1,195-1,456
-    vs 1,475-1,596 rows/s unbatched); KServe's ModelServer runs every predict on its loop.
+    convnet a sixth of its throughput at one client (docs/serving.md: HTTP binary 1,036-1,387
+    vs 1,373-1,529 rows/s unbatched); KServe's ModelServer runs every predict on its loop.
     Only short runs: a long one would hold up everything the loop does meanwhile (reading
     the next requests, health checks)."""
 
