@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 
 import gear_runtime as gr
 from gear_runtime.runtime.dispatch import GearDispatcher
-from gear_runtime.serving.batcher import Batcher, BatchPlan, LearnedCosts, _Item
+from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, LearnedCosts, _Item
 
 GEARS = (1, 2, 4, 8)
 #: A delay no test may wait out: a batch that waits for it fails the test's timeout instead.
@@ -373,10 +374,13 @@ class Workers:
     blocks until ``gates[i]`` is set, when there is one, so requests can pile up behind it;
     ``started[i]`` says it began. A request whose value is in ``bad`` fails (its batch, then
     itself alone). ``refuse``: every hand-over fails with ClosedError, as the pool past its
-    drain deadline."""
+    drain deadline. ``here``: batches may run on the caller's thread (``run_here``), as a
+    one-executor pool of short runs lends its executor; ``decline``: run_here says it may
+    (``can_run_here``) but then declines (a task got in first), NOT_HERE. ``threads``: the
+    thread each batch ran on."""
 
-    def __init__(self, gates: int = 0, refuse: bool = False) -> None:
-        import threading
+    def __init__(self, gates: int = 0, refuse: bool = False, here: bool = False,
+                 decline: bool = False) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.pool = ThreadPoolExecutor(1)
@@ -386,6 +390,16 @@ class Workers:
         self.batches: list[list[float]] = []
         self.bad: set[float] = set()
         self.refuse = refuse
+        self.here, self.decline = here, decline
+        self.threads: list[threading.Thread] = []
+
+    def can_run_here(self) -> bool:
+        return self.here
+
+    def run_here(self, fn):
+        if not self.here or self.decline:
+            return NOT_HERE
+        return fn("the worker's executor")
 
     def submit(self, fn):
         from concurrent.futures import Future
@@ -399,6 +413,7 @@ class Workers:
 
     def run_on(self, worker, requests):
         assert worker == "the worker's executor"
+        self.threads.append(threading.current_thread())
         values = [float(r[0][0, 0]) for r in requests]
         i = len(self.batches)
         self.batches.append(values)
@@ -491,3 +506,57 @@ def test_a_refused_hand_over_fails_its_requests_and_wait_when_idle_chains_nothin
 
     run(main, waiting)
     assert workers.calls == 2  # Triton's rule: every batch waits out its delay, via the loop
+
+
+# ---- short batches on the loop's thread (WorkerRunner.run_here) --------------------------------
+def test_requests_arriving_together_run_as_one_batch_on_the_loops_thread() -> None:
+    """Where the runner lends its executor (a one-executor pool of short runs), a batch runs
+    on the loop's thread, with no hand-over to a worker; an idle batcher's first request
+    goes through the gathering task, so the requests arriving with it join its batch (run
+    at once, they would each be a batch of one)."""
+    workers = Workers(here=True)
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+    loop_thread = threading.current_thread()
+
+    async def main() -> list[Any]:
+        alone = await batcher.submit(rows(1, 1.0))
+        together = await asyncio.gather(*(batcher.submit(rows(1, v)) for v in (2.0, 3.0, 4.0)))
+        return [alone, *together]
+
+    answers = run(main, batcher)
+    assert workers.batches == [[1.0], [2.0, 3.0, 4.0]] and workers.calls == 0
+    assert workers.threads == [loop_thread, loop_thread]
+    assert batcher.learned._seen == [1, 0, 1, 0]  # each batch timed, as on a worker
+    for (_, (out,)), value in zip(answers, (1.0, 2.0, 3.0, 4.0), strict=True):
+        np.testing.assert_array_equal(out, np.full((1, 3), 2 * value, np.float32))
+
+
+def test_a_failed_batch_on_the_loop_runs_each_request_alone_and_frees_its_slot() -> None:
+    workers = Workers(here=True)
+    workers.bad.add(3.0)
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> list[Any]:
+        got = await asyncio.gather(*(batcher.submit(rows(1, v)) for v in (2.0, 3.0)),
+                                   return_exceptions=True)
+        return [*got, await batcher.submit(rows(1, 5.0))]  # the slot is free again
+
+    good, bad, after = run(main, batcher)
+    assert workers.batches == [[2.0, 3.0], [2.0], [3.0], [5.0]] and workers.calls == 0
+    assert isinstance(bad, ValueError)
+    np.testing.assert_array_equal(good[1][0], np.full((1, 3), 4.0, np.float32))
+    np.testing.assert_array_equal(after[1][0], np.full((1, 3), 10.0, np.float32))
+
+
+def test_a_batch_the_runner_declines_to_run_here_goes_to_a_worker() -> None:
+    """can_run_here said yes, run_here found a task in first (NOT_HERE): nothing ran on the
+    loop, the batch is handed over as usual."""
+    workers = Workers(here=True, decline=True)
+    batcher = Batcher(plan(), workers, max_delay_s=FOREVER_S, slots=1)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(batcher.submit(rows(1, v)) for v in (2.0, 3.0)))
+
+    run(main, batcher)
+    assert workers.batches == [[2.0, 3.0]] and workers.calls == 1
+    assert workers.threads != [threading.current_thread()]

@@ -155,11 +155,11 @@ def test_an_executor_bound_to_its_thread_is_never_lent() -> None:
     pool.close()
 
 
-def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path):
-    """An unbatched model's requests go through the pool's run_here: after the first run is
-    timed on the worker, requests run on the event loop's thread with the pool's one
-    executor, and the answers are right. (Batched requests stay on the workers: a loop busy
-    running gathers no batches.)"""
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path, batching):
+    """A short model's requests go through the pool's run_here, unbatched or in the
+    batcher's batches: after the first run is timed on the worker, requests run on the
+    event loop's thread with the pool's one executor, and the answers are right."""
     from serving_support import compile_models, conv_input
 
     from gear_runtime.serving import build_server
@@ -167,8 +167,8 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path)
     from gear_runtime.serving.runner import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
-    server = build_server([str(path)], options=ServeOptions(executors=1, batching=False))
-    model = next(iter(server.models.values()))
+    server = build_server([str(path)], options=ServeOptions(executors=1, batching=batching))
+    assert (model := next(iter(server.models.values()))).batcher is not None or not batching
     model.pool.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
     threads: list[bool] = []
     loop_thread = threading.current_thread()
@@ -192,3 +192,19 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path)
     with unittest.mock.patch.object(type(model.pool._executors[0]), "execute", spy):
         asyncio.run(main())
     assert threads == [False, True, True, True, True]
+
+
+def test_a_chain_of_batches_is_timed_batch_by_batch() -> None:
+    """A worker's chain of batches is one pool task as long as the load lasts: the pool's
+    peak takes each batch's time (PoolBatches.run_on), never the chain's, which would keep
+    every batch off the loop under load."""
+    import time
+
+    from gear_runtime.serving.runner import PoolBatches
+
+    pool = ExecutorPool(_Model(), 1, "m")
+    batches = PoolBatches(pool, lambda requests, ex: (time.sleep(0.02), requests))
+    chain = batches.submit(lambda ex: [batches.run_on(ex, [[]]) for _ in range(5)])
+    chain.result(30)
+    assert 0.02 <= pool.peak_seconds < 0.05  # one batch, not the 0.1 s chain
+    pool.close()

@@ -38,7 +38,7 @@ from gear_runtime.errors import (
 )
 from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.runtime.inputs import check_names
-from gear_runtime.serving.batcher import Batcher, BatchPlan, run_batch
+from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, run_batch
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
@@ -163,10 +163,6 @@ def model_name(path: str | os.PathLike[str]) -> str:
     return name
 
 
-#: What :meth:`ExecutorPool.run_here` returns when it did not run the task.
-NOT_HERE = object()
-
-
 class ExecutorPool:
     """``size`` worker threads, each owning one executor of ``model`` for its whole life
     (made on the thread that runs it: a CUDA-graph session runs only there).
@@ -236,39 +232,56 @@ class ExecutorPool:
                 self._executors.append(ex)
         return ex
 
-    def _timed(self, fn: Callable[[Any], T], ex: Any) -> T:
-        """``fn(ex)``, its time taken into :attr:`peak_seconds`; the run is over after."""
+    def _timed(self, fn: Callable[[Any], T], ex: Any, timed: bool) -> T:
+        """``fn(ex)``, its time taken into :attr:`peak_seconds` where ``timed``; the task is
+        over after."""
         started = time.perf_counter()
         try:
             return fn(ex)
         finally:
             seconds = time.perf_counter() - started
             with self._lock:
-                old = self.peak_seconds
-                self.peak_seconds = seconds if old is None else \
-                    max(seconds, old * self.PEAK_DECAY)
+                if timed:
+                    self._record_locked(seconds)
                 self._running -= 1
 
-    def run_here(self, fn: Callable[[Any], T]) -> T | object:
-        """``fn(executor)`` on this thread, now, with the executor of a one-executor pool
-        whose recent runs all took less than :attr:`RUN_HERE_BELOW_S`, while no task runs
-        or waits (the caller, the event loop, submits every task: nothing queues behind it)
-        and where the executor may run on another thread than its own (not a CUDA-graph
-        session); else :data:`NOT_HERE`, and nothing ran. One executor only: with more, a
-        run here would keep the loop from handing the others work."""
+    def record(self, seconds: float) -> None:
+        """One run of ``seconds`` into :attr:`peak_seconds`: for a task that is not one run
+        (a worker's chain of batches, each recorded by its runner)."""
+        with self._lock:
+            self._record_locked(seconds)
+
+    def _record_locked(self, seconds: float) -> None:
+        old = self.peak_seconds
+        self.peak_seconds = seconds if old is None else max(seconds, old * self.PEAK_DECAY)
+
+    def can_run_here(self) -> bool:
+        """Whether :meth:`run_here` may lend the executor, as far as the pool's shape and
+        recent runs go (whether a task runs or waits is :meth:`run_here`'s to see): one
+        executor, made, on a session that may run on another thread than its own (not a
+        CUDA-graph session), its recent runs all under :attr:`RUN_HERE_BELOW_S`, and not
+        past the drain deadline. One executor only: with more, a run here would keep the
+        loop from handing the others work."""
         peak = self.peak_seconds
-        if self.size != 1 or peak is None or peak >= self.RUN_HERE_BELOW_S:
+        if self.size != 1 or peak is None or peak >= self.RUN_HERE_BELOW_S or self.refusing \
+                or not self._executors:
+            return False
+        return not getattr(getattr(self._executors[0], "session", None), "thread_bound", False)
+
+    def run_here(self, fn: Callable[[Any], T], *, timed: bool = True) -> T | object:
+        """``fn(executor)`` on this thread, now, where :meth:`can_run_here` and no task runs
+        or waits (the caller, the event loop, submits every task: nothing queues behind
+        it); else :data:`NOT_HERE`, and nothing ran. ``timed``: as for :meth:`submit`."""
+        if not self.can_run_here():
             return NOT_HERE
         with self._lock:
-            if self._running or self._waiting or self.refusing or not self._executors:
+            if self._running or self._waiting or self.refusing:
                 return NOT_HERE
             ex = self._executors[0]
-            if getattr(getattr(ex, "session", None), "thread_bound", False):
-                return NOT_HERE
             self._running += 1
             self._lent = True
         try:
-            return self._timed(fn, ex)
+            return self._timed(fn, ex, timed)
         finally:
             with self._lock:
                 self._lent = False
@@ -278,21 +291,23 @@ class ExecutorPool:
         """``fn(executor)`` on a free worker thread, awaited (:meth:`submit`)."""
         return await asyncio.wrap_future(self.submit(fn))
 
-    def submit(self, fn: Callable[[Any], T]) -> Future[T]:
+    def submit(self, fn: Callable[[Any], T], *, timed: bool = True) -> Future[T]:
         """``fn(executor)`` on a free worker thread, as a future. The task counts as waiting
         until it starts or, cancelled before it started (the client hung up, a gRPC cancel
         or timeout), until the cancel: whatever ends the wait ends the count, exactly once.
-        Past the drain deadline the future fails with ClosedError before ``fn`` runs."""
+        Past the drain deadline the future fails with ClosedError before ``fn`` runs.
+        ``timed``: the task is one run, its time goes into :attr:`peak_seconds` (else its
+        runs are recorded one by one: :meth:`record`)."""
         waiting = _Waiting(self)
         try:
-            future = self._threads.submit(self._run, fn, waiting)
+            future = self._threads.submit(self._run, fn, waiting, timed)
         except BaseException:
             waiting.end()
             raise
         future.add_done_callback(lambda f: waiting.end())  # a cancelled task never starts
         return future
 
-    def _run(self, fn: Callable[[Any], T], waiting: _Waiting) -> T:
+    def _run(self, fn: Callable[[Any], T], waiting: _Waiting, timed: bool) -> T:
         with self._lock:  # no longer waiting, and running, at once: run_here sees either
             waiting.end_locked()
             while self._lent:  # the one executor is lent to the loop: back in < 1 ms
@@ -307,7 +322,7 @@ class ExecutorPool:
             with self._lock:
                 self._running -= 1
             raise
-        return self._timed(fn, ex)
+        return self._timed(fn, ex, timed)
 
     def close(self) -> None:
         """Wait for running tasks, stop the threads (the model's close closes executors)."""
@@ -317,17 +332,29 @@ class ExecutorPool:
 class PoolBatches:
     """The batcher's :class:`~gear_runtime.serving.batcher.WorkerRunner` over an executor
     pool: a batch runs on a pool thread's executor, and that thread takes the next waiting
-    batch itself when it is done."""
+    batch itself when it is done. Each batch is one run of the pool's
+    (:meth:`ExecutorPool.record`), not the chain of batches a task runs: a chain is as long
+    as the load lasts, and timed as one it would keep every batch off the loop."""
 
     def __init__(self, pool: ExecutorPool,
                  run: Callable[[list[list[np.ndarray]], Any], tuple[Any, Any]]) -> None:
         self._pool, self._run = pool, run
 
     def submit(self, fn: Callable[[Any], T]) -> Future[T]:
-        return self._pool.submit(fn)
+        return self._pool.submit(fn, timed=False)
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]) -> tuple[Any, Any]:
-        return self._run(requests, worker)
+        started = time.perf_counter()
+        try:
+            return self._run(requests, worker)
+        finally:
+            self._pool.record(time.perf_counter() - started)
+
+    def can_run_here(self) -> bool:
+        return self._pool.can_run_here()
+
+    def run_here(self, fn: Callable[[Any], T]) -> T | object:
+        return self._pool.run_here(fn, timed=False)
 
 
 class _Waiting:
