@@ -20,6 +20,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -173,14 +174,22 @@ class ExecutorPool:
     convnet a sixth of its throughput at one client (docs/serving.md: HTTP binary 1,036-1,387
     vs 1,373-1,529 rows/s unbatched); KServe's ModelServer runs every predict on its loop.
     Only short runs: a long one would hold up everything the loop does meanwhile (reading
-    the next requests, health checks)."""
+    the next requests, health checks).
 
-    #: :meth:`run_here` lends the executor only while the pool's recent peak run time
-    #: (:attr:`peak_seconds`) is below this (seconds)
+    Short by the runs made where the decision matters, on the caller's thread: a run on a
+    worker is timed with the waits for the GIL while the loop is busy (a 0.2 ms convnet batch
+    took 1-6 ms on the worker under 32 clients), so once a run was lent its time is the
+    judge. Until then, the quickest of the worker's last runs is: contention only adds to a
+    run's time, and a model that is long everywhere is long on its quickest run too."""
+
+    #: :meth:`run_here` lends the executor only while :attr:`peak_seconds` is below this
+    #: (seconds)
     RUN_HERE_BELOW_S = 0.001
-    #: the peak decays by this factor per run: a 30 ms outlier keeps tasks off the caller's
-    #: thread for the next ~110 runs
+    #: the peak of the lent runs decays by this factor per run (lent or not): a 30 ms
+    #: outlier keeps tasks off the caller's thread for the next ~110 runs
     PEAK_DECAY = 0.97
+    #: the worker runs whose quickest judges a pool with no lent run yet
+    AWAY_RUNS = 16
 
     def __init__(self, model: Any, size: int, name: str) -> None:
         self._model = model
@@ -193,9 +202,13 @@ class ExecutorPool:
         self._running = 0
         self._lent = False
         self._executors: list[Any] = []  # every thread's, in the order made
-        #: the recent peak of the pool's run times (seconds; None before the first run):
-        #: each run's time, or the last peak decayed by PEAK_DECAY where that is longer
-        self.peak_seconds: float | None = None
+        #: the recent peak of the lent runs' times (None before the first): each one's time,
+        #: or the last peak decayed by PEAK_DECAY a run where that is longer
+        self._peak_here: float | None = None
+        #: the last AWAY_RUNS worker runs' times
+        self._away: deque[float] = deque(maxlen=self.AWAY_RUNS)
+        #: the thread the executor is lent to (while lent)
+        self._lent_to: int | None = None
         #: set past the drain deadline: tasks that have not started fail with ClosedError
         self.refusing = False
 
@@ -203,6 +216,15 @@ class ExecutorPool:
     def waiting(self) -> int:
         """Tasks submitted that have not started on an executor yet."""
         return self._waiting
+
+    @property
+    def peak_seconds(self) -> float | None:
+        """How long a run lent to the caller's thread may take (seconds; None before the
+        first run): the recent peak of the lent runs once there was one, else the quickest
+        of the worker's last :attr:`AWAY_RUNS` runs (class docstring)."""
+        if self._peak_here is not None:
+            return self._peak_here
+        return min(self._away) if self._away else None
 
     def warm_up(self) -> None:
         """Create every thread's executor now (not on the first requests): N tasks meet at a
@@ -246,14 +268,19 @@ class ExecutorPool:
                 self._running -= 1
 
     def record(self, seconds: float) -> None:
-        """One run of ``seconds`` into :attr:`peak_seconds`: for a task that is not one run
-        (a worker's chain of batches, each recorded by its runner)."""
+        """One run of ``seconds`` on this thread into :attr:`peak_seconds`: for a task that
+        is not one run (a chain of batches, each recorded by its runner)."""
         with self._lock:
             self._record_locked(seconds)
 
     def _record_locked(self, seconds: float) -> None:
-        old = self.peak_seconds
-        self.peak_seconds = seconds if old is None else max(seconds, old * self.PEAK_DECAY)
+        old = self._peak_here
+        if self._lent and self._lent_to == threading.get_ident():
+            self._peak_here = seconds if old is None else max(seconds, old * self.PEAK_DECAY)
+        else:
+            self._away.append(seconds)
+            if old is not None:
+                self._peak_here = old * self.PEAK_DECAY
 
     def can_run_here(self) -> bool:
         """Whether :meth:`run_here` may lend the executor, as far as the pool's shape and
@@ -279,12 +306,12 @@ class ExecutorPool:
                 return NOT_HERE
             ex = self._executors[0]
             self._running += 1
-            self._lent = True
+            self._lent, self._lent_to = True, threading.get_ident()
         try:
             return self._timed(fn, ex, timed)
         finally:
             with self._lock:
-                self._lent = False
+                self._lent, self._lent_to = False, None
                 self._returned.notify_all()
 
     async def call(self, fn: Callable[[Any], T]) -> T:
