@@ -222,9 +222,10 @@ class ExecutorPool:
         """How long a run lent to the caller's thread may take (seconds; None before the
         first run): the recent peak of the lent runs once there was one, else the quickest
         of the worker's last :attr:`AWAY_RUNS` runs (class docstring)."""
-        if self._peak_here is not None:
-            return self._peak_here
-        return min(self._away) if self._away else None
+        with self._lock:  # a worker may be recording
+            if self._peak_here is not None:
+                return self._peak_here
+            return min(self._away) if self._away else None
 
     def warm_up(self) -> None:
         """Create every thread's executor now (not on the first requests): N tasks meet at a
