@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,17 +164,24 @@ def test_32_concurrent_batch1_clients_are_batched_at_gear_sizes(files, reference
     the request run alone (to float rounding: ORT may sum a batch of 8 in another order than
     a batch of 1).
 
-    The batches run on the pool's worker here, as a model with longer runs does: the clients
-    share the server's process and its GIL, and whether requests pile up behind a short run
-    on the event loop (ExecutorPool.run_here) depends on how the GIL is handed round (4 runs
-    in 30 kept them from piling up, every request answered at once, as a loop that keeps up
-    should). The gathering on the loop is tests/test_batcher.py's."""
+    Each run takes 3 ms more here (a sleep in the executor's thread, as a device's run
+    leaves the GIL): requests pile up behind a busy executor, which is what gathers them
+    (with an executor free, what waits goes at once). The test convnet alone runs in
+    ~0.05 ms, and its in-process clients hold the GIL most of the time: whether any request
+    waited behind a run came down to the scheduler (batches of one for 50-117 of the 129
+    requests in 1 to 4 runs in 30, where the limit below is 64)."""
     server = build_server([str(files["conv"])],
                           options=ServeOptions(executors=1, max_batch_delay_ms=20))
-    next(iter(server.models.values())).pool.RUN_HERE_BELOW_S = 0.0
+    ex = next(iter(server.models.values())).pool._executors[0]
+    execute = type(ex).execute
+
+    def device_long(self, *args, **kwargs):
+        time.sleep(0.003)
+        return execute(self, *args, **kwargs)
+
     xs = [conv_input(1, seed=100 + i) for i in range(128)]
     got: dict[int, np.ndarray] = {}
-    with live(server) as running:
+    with unittest.mock.patch.object(type(ex), "execute", device_long), live(server) as running:
         p = running.port
         start = threading.Barrier(32)
 
