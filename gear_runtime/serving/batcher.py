@@ -479,9 +479,10 @@ class Batcher:
 
         Why on the loop: a short batch (a 0.3 ms convnet) pays for the hop to a worker
         thread and back (two wake-ups, two GIL hand-overs) with a fifth of its throughput;
-        KServe's ModelServer runs every predict on its loop. Batches still form: the
-        requests that arrive while this one runs reach the batcher together after it, and
-        the gathering task, woken by the first, runs after the others have queued."""
+        KServe's ModelServer runs every predict on its loop. Batches still form where
+        requests pile up: those that arrive while this one runs reach the batcher together
+        after it, and the gathering task, woken by the first, runs after the others have
+        queued. Where the loop keeps up, each request runs as it comes, at once."""
         assert self._worker is not None
         try:
             if self._worker.run_here(partial(self._run_items, items, deliver=_call)) \
