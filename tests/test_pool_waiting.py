@@ -220,8 +220,6 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
 def test_a_chain_of_batches_is_timed_batch_by_batch() -> None:
     """A worker's chain of batches is one pool task as long as the load lasts: the pool
     times each batch (PoolBatches.run_on), never the chain, whose time is no run's."""
-    import time
-
     from gear_runtime.serving.runner import PoolBatches
 
     pool = ExecutorPool(_Model(), 1, "m")
