@@ -200,14 +200,13 @@ class ExecutorPool:
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)  # the lent executor is back
         self._running = 0
-        self._lent = False
         self._executors: list[Any] = []  # every thread's, in the order made
         #: the recent peak of the lent runs' times (None before the first): each one's time,
         #: or the last peak decayed by PEAK_DECAY a run where that is longer
         self._peak_here: float | None = None
         #: the last AWAY_RUNS worker runs' times
         self._away: deque[float] = deque(maxlen=self.AWAY_RUNS)
-        #: the thread the executor is lent to (while lent)
+        #: the thread the one executor is lent to (None: not lent)
         self._lent_to: int | None = None
         #: set past the drain deadline: tasks that have not started fail with ClosedError
         self.refusing = False
@@ -276,7 +275,7 @@ class ExecutorPool:
 
     def _record_locked(self, seconds: float) -> None:
         old = self._peak_here
-        if self._lent and self._lent_to == threading.get_ident():
+        if self._lent_to == threading.get_ident():
             self._peak_here = seconds if old is None else max(seconds, old * self.PEAK_DECAY)
         else:
             self._away.append(seconds)
@@ -307,12 +306,12 @@ class ExecutorPool:
                 return NOT_HERE
             ex = self._executors[0]
             self._running += 1
-            self._lent, self._lent_to = True, threading.get_ident()
+            self._lent_to = threading.get_ident()
         try:
             return self._timed(fn, ex, timed)
         finally:
             with self._lock:
-                self._lent, self._lent_to = False, None
+                self._lent_to = None
                 self._returned.notify_all()
 
     async def call(self, fn: Callable[[Any], T]) -> T:
@@ -338,7 +337,7 @@ class ExecutorPool:
     def _run(self, fn: Callable[[Any], T], waiting: _Waiting, timed: bool) -> T:
         with self._lock:  # no longer waiting, and running, at once: run_here sees either
             waiting.end_locked()
-            while self._lent:  # the one executor is lent to the loop: back in < 1 ms
+            while self._lent_to is not None:  # the one executor is lent to the loop: back in < 1 ms
                 self._returned.wait()
             self._running += 1
         try:
