@@ -58,6 +58,24 @@ class ShapeRunner:
         self._source = source
         self._info = info
         self._session: Any = None
+        self._guarded: frozenset[str] | None = None
+
+    def _valid(self, zeros: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``zeros`` with every input an attention kernel takes its lengths from (an
+        attention mask: :mod:`gear_runtime.gearfile.kernel_guards`) set to ones: a mask of zeros
+        makes ONNX Runtime's GroupQueryAttention write outside its cache on releases
+        before 1.25, and is refused by the newer ones."""
+        if self._guarded is None:
+            from onnx import numpy_helper
+
+            from gear_runtime.gearfile.kernel_guards import find_guards
+
+            model, folder = self._source.model, self._source.folder
+            by_name = {t.name: t for t in model.graph.initializer}
+            guard = find_guards(model.graph, model.opset_import, weight_value=lambda n: (
+                numpy_helper.to_array(by_name[n], base_dir=folder or "")))
+            self._guarded = frozenset(guard.inputs if guard is not None else ())
+        return {n: np.ones_like(a) if n in self._guarded else a for n, a in zeros.items()}
 
     def _get_session(self) -> Any:
         if self._session is None:
@@ -95,7 +113,8 @@ class ShapeRunner:
         shape. A model that cannot run on zeros (an attention mask of zeros: GQA's
         ``seqlens_k`` of -1) runs on ones instead, its second run with floats of two."""
         info = self._info
-        zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+        zeros = self._valid({t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype)
+                             for t in info.inputs})
         ones = {n: np.ones_like(a) if a.dtype.kind in "fcb" else a for n, a in zeros.items()}
         all_ones = {n: np.ones_like(a) for n, a in zeros.items()}
         twos = {n: a + 1 if a.dtype.kind in "fc" else a for n, a in all_ones.items()}
@@ -131,7 +150,8 @@ class ShapeRunner:
         node ORT failed in and ORT's own reason, so a gear that cannot run (a shape the
         export baked into a Reshape) is refused at compile time, as atc refuses it."""
         info = self._info
-        zeros = {t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype) for t in info.inputs}
+        zeros = self._valid({t.name: np.zeros(tuple(shapes[t.name]), dtype=t.dtype)
+                             for t in info.inputs})
         session = self.loaded_session(f"gear {gear} {list(values)} is run once to check it "
                                       "(--verify no skips this)")
         try:

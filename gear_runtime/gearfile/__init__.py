@@ -9,6 +9,8 @@
 |                   | ``reseal`` (also ``gear_runtime.gearfile.reseal``) re-seals an edit    |
 | ``external_data`` | the one data file beside a gear file (ONNX external data)              |
 | ``onnx_graph``    | general ONNX graph helpers                                             |
+| ``kernel_guards`` | request values a kernel turns into memory offsets (an attention mask's |
+|                   | lengths), found in the graph, checked before every run                 |
 | ``passthrough``   | outputs no node computes (wrapped in an Identity, unwrapped on read)   |
 """
 
