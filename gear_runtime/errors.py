@@ -80,6 +80,14 @@ class DataRefusedError(BackendError, InputError):
     code that catches those."""
 
 
+class MemoryBudgetError(GearRuntimeError, MemoryError):
+    """What was asked for (an executor's buffers, a CLI run's synthetic inputs) needs more host
+    memory in total than the budget allows; raised BEFORE anything is allocated, the message
+    naming the sizes and how to raise the budget (``create_executor(max_bytes=)``,
+    ``GEAR_RUNTIME_MAX_BYTES``, ``--max-memory``). A request of the user, not a failure of a
+    backend: the CLI exits 2."""
+
+
 class ExecutorBusyError(GearRuntimeError, RuntimeError):
     """Another thread is inside this executor (execute or set_*): an executor belongs to one
     thread at a time. Raised at once, before anything of the executor is touched, so the call

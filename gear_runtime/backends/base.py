@@ -18,10 +18,11 @@ that offers it implements the optional protocols of :mod:`gear_runtime.backends.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -171,6 +172,13 @@ class BackendSession(ABC):
                 "host-to-device copy)")
 
     # ---- resident state (sessions created with a StatePlan: HostState below) ---------------
+    def bind_rows(self, gear: int, first_row: int) -> None:
+        """Gear ``gear``'s runs use the rows of every state with rows from ``first_row`` on
+        (a backend with :attr:`BackendModel.supports_state_rows`); the others are never
+        given a state with rows (create_executor refuses it), so only row 0 is theirs."""
+        if first_row:
+            raise BackendError("this backend binds state rows from row 0 only")
+
     def commit_state(self) -> None:
         """After a successful run: the buffers just written become the ones the next run
         reads. Sessions without state have nothing to swap."""
@@ -209,13 +217,19 @@ class DeviceBuffer:
 
     ``owner`` is the session state whose memory it is: ``owner.alive()`` says whether the
     memory is still allocated (an executor closed since frees it: every use then raises
-    ClosedError) and ``owner.to_host(buf)`` copies it out. The memory never moves."""
+    ClosedError) and ``owner.to_host(buf)`` copies it out. The memory never moves, but its
+    role does: a run of the owning executor swaps its state's buffers, so a buffer kept from
+    before that run is STALE (the one the next run writes) and ``out=`` / ``set_state``
+    refuse it (:meth:`check_current`): take ``ex.state[name]`` again after each run."""
 
     def __init__(self, owner: Any, backend: str, device_id: int, handle: Any,
-                 shape: Sequence[int], dtype: Any) -> None:
+                 shape: Sequence[int], dtype: Any, generation: int | None = None) -> None:
         self._owner = owner
         self.backend, self.device_id, self._handle = backend, int(device_id), handle
         self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        #: the owner's :attr:`DeviceStateBase.generation` when this was handed out (None:
+        #: a buffer no state hands out, never stale)
+        self.generation = generation
 
     @property
     def nbytes(self) -> int:
@@ -242,6 +256,27 @@ class DeviceBuffer:
             raise InputError(f"{what} is {self!r}, which is no device buffer gear_runtime "
                              "handed out (ex.state[name] of a device executor) at that shape "
                              "and dtype")
+        self.check_current(what)
+
+    def check_current(self, what: str) -> None:
+        """InputError when this buffer is stale: its executor ran (and swapped its state's
+        buffers) since ``ex.state[name]`` handed it out, so this memory is now the buffer that
+        executor's NEXT run writes, not the one it reads: a handoff into it would be
+        overwritten by the next step. Call with the owner's lock held where a run or a close
+        may race (:meth:`DeviceStateBase.lock`)."""
+        now = getattr(self._owner, "generation", None)
+        if self.generation is None or now is None or now == self.generation:
+            return
+        raise InputError(f"{what} is {self!r}, taken from ex.state at state generation "
+                         f"{self.generation}; its executor has run since (generation {now}) and "
+                         "swapped its buffers, so this one is what its next run overwrites: "
+                         "take ex.state[name] again after the run")
+
+    @property
+    def lock(self) -> Any:
+        """The lock the owning state's runs, writes and close hold (:meth:`DeviceStateBase.lock`),
+        or None where the owner has none."""
+        return getattr(self._owner, "lock", None)
 
     @property
     def handle(self) -> Any:
@@ -271,12 +306,34 @@ class DeviceStateBase(ABC):
     """What the device backends' resident states share: per pair two device buffers (the
     backend's handles: addresses on acl, runtime objects elsewhere), the parity the next run
     reads, and the :class:`DeviceBuffer` each hands out (:meth:`read`) and recognises
-    (:meth:`holds`). A subclass sets ``plan``, ``parity``, ``backend`` and ``device_id``."""
+    (:meth:`holds`). A subclass sets ``plan``, ``parity``, ``backend`` and ``device_id``.
+
+    Every assignment to ``parity`` (the swap after a run, ``parity ^= 1``) bumps
+    :attr:`generation`: a :class:`DeviceBuffer` handed out before is stale and refused as
+    ``out=`` / ``set_state`` (:meth:`DeviceBuffer.check_current`)."""
 
     plan: Any
-    parity: int
     backend: str
     device_id: int
+    #: bumped on every swap (every assignment to ``parity``)
+    generation: int = 0
+
+    @property
+    def parity(self) -> int:
+        """The parity the next run reads (0 or 1)."""
+        return self._parity
+
+    @parity.setter
+    def parity(self, value: int) -> None:
+        self._parity = int(value)
+        self.generation = self.generation + 1
+
+    @property
+    def lock(self) -> Any:
+        """The lock this state's runs, writes and close hold (a ``threading.Lock``), or None.
+        A run writing into ANOTHER state's buffer holds that lock too from the buffer's check
+        through the run (:func:`locks_in_order`), so that state's close cannot free it."""
+        return None
 
     @abstractmethod
     def handles(self, pair: int) -> Sequence[Any]:
@@ -294,7 +351,7 @@ class DeviceStateBase(ABC):
         """The buffer the next run reads, as a :class:`DeviceBuffer` (no copy)."""
         p = self.plan.pairs[pair]
         return DeviceBuffer(self, self.backend, self.device_id,
-                            self.handles(pair)[self.parity], p.shape, p.dtype)
+                            self.handles(pair)[self.parity], p.shape, p.dtype, self.generation)
 
     def find(self, handle: Any) -> tuple[int, int] | None:
         """(pair, parity) of the buffer ``handle``; None when it is none of these."""
@@ -311,6 +368,18 @@ class DeviceStateBase(ABC):
             return False
         p = self.plan.pairs[found[0]]
         return p.shape == tuple(shape) and p.dtype == dtype
+
+
+@contextlib.contextmanager
+def locks_in_order(*locks: Any) -> Iterator[None]:
+    """Hold every distinct lock of ``locks`` (None skipped, a lock given twice taken once),
+    always acquired in one order (by ``id``) whatever order they are given in: two runs each
+    writing into the other's state take them in the same order and cannot deadlock."""
+    distinct = sorted({id(lk): lk for lk in locks if lk is not None}.values(), key=id)
+    with contextlib.ExitStack() as stack:
+        for lk in distinct:
+            stack.enter_context(lk)
+        yield
 
 
 class HostState:
@@ -383,6 +452,10 @@ class BackendModel(ABC):
     #: Whether :meth:`create_session` takes ``state=`` (resident state, double-buffered in
     #: the backend's memory: :mod:`gear_runtime.runtime.state`).
     supports_state: ClassVar[bool] = False
+    #: Whether a state may have rows (axis 0 follows the gear: a batched decode's
+    #: sequences, :attr:`gear_runtime.runtime.state.StatePair.rows`): each gear binds the
+    #: leading rows of the state's buffers.
+    supports_state_rows: ClassVar[bool] = False
 
     @abstractmethod
     def create_session(self, layout: Any) -> BackendSession:
@@ -407,6 +480,13 @@ class BackendModel(ABC):
         """Whether ``load(..., share_weights_with=)`` of this model can share its weights
         now (on a backend whose facts say it shares weights at all)."""
         return True
+
+    def guard_graph(self) -> tuple[Any, ...] | None:
+        """(the onnx GraphProto, its opset imports, the weights kept outside it by name, a
+        function reading one's values) whose kernels this backend runs as ONNX Runtime
+        does, for :func:`gear_runtime.gearfile.kernel_guards.find_guards`; None (the default)
+        where the device runtime compiled the graph (its kernels check their own inputs)."""
+        return None
 
     def state_graph(self) -> Any:
         """The onnx GraphProto this backend's sessions run, for the in-place state check

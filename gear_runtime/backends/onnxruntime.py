@@ -422,6 +422,20 @@ class OrtModel(BackendModel, BenchModel):
         device memory: onnxruntime_cuda.DeviceState); not on a sink file (fed whole)."""
         return not (self.on_cuda and self.info.sink)
 
+    @property
+    def supports_state_rows(self) -> bool:  # type: ignore[override]
+        """On the CPU: a gear binds the leading rows of a host state buffer (one address,
+        the gear's shape). Not on CUDA, whose state OrtValues have one shape."""
+        return not self.on_cuda
+
+    def guard_graph(self) -> tuple[Any, ...] | None:
+        """The source graph ORT runs, CPU or CUDA (a sink file's graph computes its dims
+        itself and is not guarded)."""
+        if self.info.sink or self.file.dynamic is None:
+            return None
+        return (self.file.dynamic.graph, list(self.file.dynamic.opset_import),
+                self.file.weights, self.file.weight_array)
+
     def state_graph(self) -> Any:
         """The source graph ORT runs (CPU, not sink): an in-place pair binds its one buffer
         as both the kernel's past and present, which GroupQueryAttention then shares."""
@@ -497,6 +511,8 @@ class OrtSession(BackendSession, BenchSession):
         self._state_out = {} if state is None else {p.output_index: j
                                                      for j, p in enumerate(state.pairs)}
         self._into: dict[tuple[int, int], tuple[Any, Any, dict[int, int]]] = {}
+        #: per gear, the first row of a state with rows its bindings hold (0 when absent)
+        self._first_rows: dict[int, int] = {}
         gears = range(info.spec.gear_count)
         self._thread = threading.get_ident()
         # the session's names: same order as the model's, passthrough outputs renamed
@@ -630,7 +646,8 @@ class OrtSession(BackendSession, BenchSession):
             elif k in self._state_out:
                 assert isinstance(self.state, HostState)
                 buf = self.state.write(self._state_out[k], parity)
-                binding.bind_output(name, "cpu", 0, dtype, shape, buf.ctypes.data)
+                binding.bind_output(name, "cpu", 0, dtype, shape,
+                                    self._row_address(buf, g))
             elif self._device is not None:
                 binding.bind_output(name, self.model.device[0], self.model.device[1], dtype,
                                     shape, self._device.output_ptr(k))
@@ -655,9 +672,33 @@ class OrtSession(BackendSession, BenchSession):
                 binding.bind_ortvalue_input(spec.input_names[i], self.state.value(pair, parity))
                 continue
             assert isinstance(self.state, HostState)
-            buf = self.state.buffer(pair, parity)
-            binding.bind_input(spec.input_names[i], "cpu", 0, buf.dtype, list(buf.shape),
-                               buf.ctypes.data)
+            buf = self.state.buffer(pair, parity)  # a state with rows: the gear's rows
+            binding.bind_input(spec.input_names[i], "cpu", 0, buf.dtype,
+                               list(shapes[spec.input_names[i]]), self._row_address(buf, g))
+
+    def _row_address(self, buf: np.ndarray, g: int) -> int:
+        """Where gear ``g``'s rows of state buffer ``buf`` begin (its first row, see
+        :meth:`bind_rows`; a state without rows is bound whole, from its start)."""
+        return buf.ctypes.data + self._first_rows.get(g, 0) * (buf.nbytes // max(len(buf), 1))
+
+    def bind_rows(self, gear: int, first_row: int) -> None:
+        """Gear ``gear``'s runs read and write rows ``first_row ..`` of every state with rows
+        from now on: its bindings of both parities rebound there (nothing to do when they
+        already are). The executor checked the rows fit the buffers."""
+        if self._first_rows.get(gear, 0) == first_row:
+            return
+        if self._device is not None or not isinstance(self.state, HostState):
+            raise BackendError("state rows are bound on onnxruntime's CPU only")
+        self._first_rows[gear] = first_row
+        parity = self.state.parity  # self._bindings are the current parity's, as commit swaps
+        for p, bindings in ((parity, self._bindings), (1 - parity, self._alt_bindings)):
+            self._bind_inputs(bindings[gear], gear, p)
+            info = self.model.info
+            for k, j in self._state_out.items():
+                bindings[gear].bind_output(
+                    self._output_names[k], "cpu", 0, info.output_dtypes[k],
+                    list(info.output_shapes[gear][k]),
+                    self._row_address(self.state.write(j, p), gear))
 
     def run_bound(self, gear: int) -> None:
         """Run gear ``gear``'s pre-bound binding as it stands: the bare ORT run that
@@ -714,8 +755,10 @@ class OrtSession(BackendSession, BenchSession):
         binding of run_with_iobinding turns every status into "Error in execution", so the
         gear runs once more through ``session.run`` on the same staged inputs, whose error
         keeps ORT's status (InvalidArgument). Only after a failure (a rare, already failed
-        request), on the CPU, without state; inputs bound in place are read from ``placed``."""
-        if self._device is not None or self.state is not None or self._ort is None:
+        request), on the CPU; inputs bound in place are read from ``placed``, a resident
+        state from the buffer the failed run read (no commit happened: the current parity;
+        ORT allocates this run's outputs, so the state is read, never written)."""
+        if self._device is not None or self._ort is None:
             return False
         spec, info = self.model.info.spec, self.model.info
         shapes = spec.shapes(gear)
@@ -728,6 +771,9 @@ class OrtSession(BackendSession, BenchSession):
             start, n = int(self.layout.offset(gear, j)), int(self.layout.nbytes(gear, j))
             feeds[name] = self.staging[start:start + n].view(info.input_dtypes[i]).reshape(
                 shapes[name])
+        if isinstance(self.state, HostState):
+            for i, pair in self._state_in.items():
+                feeds[spec.input_names[i]] = self.state.read(pair)
         try:
             self._ort.run(None, feeds, self._plain_options)
         except Exception as again:  # noqa: BLE001 - classified, never raised from here
@@ -771,17 +817,23 @@ class OrtSession(BackendSession, BenchSession):
         (another executor's state OrtValues: no copy through the host), on a binding of
         its own, made for the call (handoffs are one per sequence) under the capture gate,
         and run without a graph id (a captured graph replays this executor's own addresses);
-        numpy buffers in ``out`` get one copy after the run."""
+        numpy buffers in ``out`` get one copy after the run.
+
+        The inputs go to the device BEFORE the binding is made, as :meth:`_run` does: ORT
+        copies an input whose kernel reads it on the CPU when it is bound
+        (``IOBinding::BindInput`` -> ``utils::CopyOneInputAcrossDevices``,
+        onnxruntime/core/session/IOBinding.cc, core/framework/utils.cc), so a bind first would
+        run with the bytes the previous request left on the device."""
         bound = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
         parity = 0 if self.state is None else self.state.parity
         self._check_thread()
+        assert self._device is not None
         with cuda_exclusive(True):
+            self._device.to_device(gear)  # this request's bytes, then the bind that reads them
             binding = self._bind(gear, parity)
             for k, buf in bound.items():
                 binding.bind_ortvalue_output(self._output_names[k], buf.handle)
-        assert self._device is not None
         with self.model.run_guard():
-            self._device.to_device(gear)
             try:
                 self._ort.run_with_iobinding(binding, self._plain_options)
             except Exception as exc:

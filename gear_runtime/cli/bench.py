@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from gear_runtime.cli.common import (
     EXIT_FAILED,
@@ -13,8 +16,10 @@ from gear_runtime.cli.common import (
     UsageError,
     add_backend_flags,
     add_json_flag,
+    add_memory_flag,
     backend_options,
     check_output_file,
+    check_run_memory,
     device_options,
     existing_file,
     float_at_least,
@@ -22,11 +27,13 @@ from gear_runtime.cli.common import (
     model_file,
     opens_own_files,
     request_shapes,
+    synthetic_nbytes,
 )
 from gear_runtime.cli.run import add_gear_flags, gear_flag
+from gear_runtime.tools.bench.context import model_context
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
 from gear_runtime.tools.common import jsonout
-from gear_runtime.tools.common.inputs import FILLS
+from gear_runtime.tools.common.inputs import FILLS, check_request_shapes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -85,6 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="write a latency plot as PNG (needs matplotlib)")
     p.add_argument("--reference", metavar="ORIGINAL.onnx",
                    help="the original dynamic model, for the dynamic-model comparison")
+    add_memory_flag(p)
     add_backend_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_bench)
@@ -119,13 +127,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "--gears and --shapes / --dymShape")
     select = gear_flag(args) if picked else None
     backend, options = backend_options(args)
-    report = bench_model(args.file, gears=args.gears, iterations=args.iterations,
-                         warmup=args.warmup, threads=args.threads, reference=args.reference,
-                         backend=backend, progress=not args.no_progress,
-                         copy=not args.no_copy, providers=options.get("providers"),
-                         request=request, pad=args.pad, fill=args.fill,
-                         load_options=device_options(backend, args), batchsize=args.batchsize,
-                         select=select)
+    with _loaded(args, backend, options) as model:
+        _check_memory(model, args, request)
+        report = bench_model(model, gears=args.gears, iterations=args.iterations,
+                             warmup=args.warmup, threads=args.threads,
+                             reference=args.reference, backend=backend,
+                             progress=not args.no_progress, copy=not args.no_copy,
+                             request=request, pad=args.pad, fill=args.fill,
+                             batchsize=args.batchsize, select=select,
+                             max_bytes=args.max_memory)
+        # the file, as bench_model reports a model it loads itself (files, digest)
+        report.context["model"] = model_context(args.file, model)
+    report.model = args.file
     quiet = args.json == jsonout.STDOUT  # stdout is the JSON alone
     if not quiet:
         print(report.table())
@@ -138,6 +151,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not quiet:
             print(f"wrote {written}")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _loaded(args: argparse.Namespace, backend: str, options: Mapping[str, Any]) -> Iterator[Any]:
+    """The model, loaded as ``bench_model`` loads a path (device options, --threads,
+    --providers), so that its memory is checked before the executor and inputs exist."""
+    import gear_runtime as gr
+    from gear_runtime.tools.bench.engine import THREADS_OPTION
+
+    load = dict(device_options(backend, args))
+    if args.threads is not None and backend in THREADS_OPTION:
+        load[THREADS_OPTION[backend]] = args.threads
+    if options.get("providers") is not None:
+        load["providers"] = list(options["providers"])
+    with gr.load(args.file, backend=backend, **load) as model:
+        yield model
+
+
+def _check_memory(model: Any, args: argparse.Namespace,
+                  request: Mapping[str, tuple[int, ...]] | None) -> None:
+    """The executor's buffers and the largest gear's synthetic inputs (one gear's inputs are
+    alive at a time) against the budget, before either is allocated: MemoryBudgetError."""
+    from gear_runtime.runtime.model import memory_budget
+    from gear_runtime.tools.bench.engine import parse_gears
+
+    budget = memory_budget(args.max_memory)
+    check_run_memory(model, budget)
+    dtypes = model.info.input_dtype_map
+    if request is not None:
+        if set(request) != set(dtypes):
+            return  # bench_model refuses it, naming the inputs, before making any
+        check_request_shapes(model, request, "request shapes")  # bench_model's words first
+        shapes = [dict(request)]
+    elif args.gears.strip().lower() == "all":
+        shapes = [model.spec.shapes(g) for g in range(model.gear_count)]
+    else:
+        shapes = [model.spec.shapes(g) for g in parse_gears(args.gears, model.gear_count)]
+    largest = max(shapes, key=lambda s: synthetic_nbytes(dtypes, s, args.fill))
+    shown = ", ".join(f"{n}{list(largest[n])}" for n in dtypes)
+    check_run_memory(model, budget, f" and the synthetic inputs {shown}",
+                     synthetic_nbytes(dtypes, largest, args.fill))
 
 
 def _bench_compare(args: argparse.Namespace) -> int:

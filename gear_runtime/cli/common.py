@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+import numpy as np
 
 from gear_runtime import arguments
 from gear_runtime.errors import GearFileError, GearRuntimeError, InputError
@@ -207,6 +209,38 @@ def request_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | Non
     if args.shapes is not None:
         return parse_shapes(args.shapes)
     return parse_dym_shape(args.dym_shape) if args.dym_shape is not None else None
+
+
+def add_memory_flag(p: argparse.ArgumentParser) -> None:
+    """``--max-memory BYTES``: the host memory budget of a run (the executor's buffers and the
+    synthetic inputs together), checked before anything is allocated."""
+    p.add_argument("--max-memory", type=int_at_least(1), metavar="BYTES",
+                   help="the most host memory (bytes) the executor's buffers (staging, "
+                   "outputs) and the synthetic inputs may take together, checked before "
+                   "allocating (default: $GEAR_RUNTIME_MAX_BYTES, else half the host's memory)")
+
+
+def synthetic_nbytes(dtypes: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
+                     fill: str) -> int:
+    """The peak bytes of synthetic inputs of ``shapes``: their arrays, and the float64 draw
+    of the largest random float one (``synthetic_inputs`` draws in float64, then casts)."""
+    total, draw = 0, 0
+    for name, dtype in dtypes.items():
+        dt, count = np.dtype(dtype), int(np.prod(shapes[name], dtype=object))
+        total += count * dt.itemsize
+        if fill == "random" and dt.kind == "f":
+            draw = max(draw, count * 8)
+    return total + draw
+
+
+def check_run_memory(model: Any, budget: int, what: str = "", extra: int = 0) -> None:
+    """MemoryBudgetError (before allocating) when ``model``'s executor buffers and ``extra``
+    bytes (``what``: the synthetic inputs) exceed ``budget`` (``--max-memory``)."""
+    from gear_runtime.runtime.model import check_budget
+
+    needed = model.executor_bytes() + extra
+    check_budget(needed, budget, "the executor's buffers (staging, outputs)" + what,
+                 "--max-memory N")
 
 
 def add_json_flag(p: argparse.ArgumentParser, kind: str, what: str) -> None:

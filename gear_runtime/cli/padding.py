@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from gear_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    UsageError,
+    error,
     existing_file,
     float_at_least,
     parse_pad_values,
 )
-from gear_runtime.errors import InputError
+from gear_runtime.errors import BackendError, DataRefusedError, GearRuntimeError, InputError
 from gear_runtime.tools.common import jsonout
+
+#: check-padding's exit codes: 0 SAFE, 1 UNSAFE, 2 could not check (bad input, a model or
+#: source that fails to load or run, an internal error): a failure is never read as a verdict.
+EXIT_SAFE, EXIT_UNSAFE, EXIT_UNCHECKED = EXIT_OK, EXIT_FAILED, 2
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``check-padding`` command's flags."""
     p = sub.add_parser("check-padding", help="is execute(pad=True) exact for this model?",
                        description="Run the source model at exact request sizes and the gear "
-                       "file padded, compare the trimmed outputs; exit 1 when they differ.")
+                       "file padded, compare the trimmed outputs. Exit 0: SAFE (they agree); "
+                       "1: UNSAFE (they differ); 2: could not check (bad input, a static "
+                       "model, a model that fails to load or run).")
     p.add_argument("file", metavar="GEAR", help="the gear file")
     p.add_argument("source", metavar="SOURCE.onnx", help="the model it was compiled from")
     p.add_argument("--samples", metavar="V", help='request sizes, e.g. "5;17;100" (one value '
@@ -46,6 +55,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check_padding(args: argparse.Namespace) -> int:
+    """0 SAFE, 1 UNSAFE, 2 could not check: a failure that would exit 1 elsewhere (a
+    backend error, an internal error) exits 2 here, one line on stderr, so that 1 always
+    means the outputs differ."""
+    try:
+        return _check(args)
+    except (UsageError, GearRuntimeError, OSError) as exc:
+        if isinstance(exc, BackendError) and not isinstance(exc, DataRefusedError):
+            error(f"check-padding could not check: {exc.message}", exc.code)
+            return EXIT_UNCHECKED
+        raise  # the CLI's rule already exits 2 for these
+    except Exception as exc:  # noqa: BLE001 - a bug: still "could not check", never UNSAFE
+        if os.environ.get("GEAR_RUNTIME_TRACEBACK"):  # the CLI's switch (cli/app.py)
+            raise
+        error(f"check-padding could not check: internal error: {type(exc).__name__}: {exc} "
+              "(a bug in gear-runtime, not in your input: please report it)")
+        return EXIT_UNCHECKED
+
+
+def _check(args: argparse.Namespace) -> int:
     from gear_runtime.tools.check.padding import MAX_SAMPLES, check_padding
 
     existing_file(args.file, "gear file")
@@ -61,7 +89,7 @@ def cmd_check_padding(args: argparse.Namespace) -> int:
         print(report.table())
     if args.json is not None:
         jsonout.write(args.json, report.to_json())
-    return EXIT_OK if report.safe else EXIT_FAILED
+    return EXIT_SAFE if report.safe else EXIT_UNSAFE
 
 
 def _valid(items: list[str]) -> dict[str, int]:

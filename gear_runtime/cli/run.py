@@ -20,7 +20,9 @@ from gear_runtime.cli.common import (
     UsageError,
     add_backend_flags,
     add_json_flag,
+    add_memory_flag,
     backend_options,
+    check_run_memory,
     existing_file,
     int_at_least,
     int_list,
@@ -29,6 +31,7 @@ from gear_runtime.cli.common import (
     opens_own_files,
     parse_pad_values,
     request_shapes,
+    synthetic_nbytes,
 )
 from gear_runtime.errors import DynamicInputLengthError, InputError
 from gear_runtime.tools.common import jsonout
@@ -112,6 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="ais_bench's output format: .npy (default), .bin (raw values) or .txt "
                    "(the values, one line per row of the last axis)")
     add_json_flag(p, "run", "the model, the gear that ran, inputs, outputs and timings")
+    add_memory_flag(p)
     add_backend_flags(p)
     p.set_defaults(handler=cmd_run)
 
@@ -357,6 +361,11 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
                              f"inputs of that gear); the model's inputs are {', '.join(names)}")
         wanted.update({n: model.spec.shapes(gear)[n] for n in rest})
     dtypes = model.info.input_dtype_map
+    made = {n: dtypes[n] for n in names if n in wanted}
+    if made:  # their total, with the executor's, checked before any is allocated
+        shown = ", ".join(f"{n}{list(wanted[n])}" for n in made)
+        check_run_memory(model, args.memory_budget, f" and the synthetic inputs {shown}",
+                         synthetic_nbytes(made, wanted, args.fill))
     synthetic = synthetic_inputs({n: dtypes[n] for n in names if n in wanted}, wanted,
                                  args.fill, args.seed)
     feeds = {n: (_read_bin(model, ex, n, files[n], shapes) if files[n].lower().endswith(".bin")
@@ -500,8 +509,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json is not None:
         jsonout.check_target(args.json)
     backend, options = backend_options(args)
+    from gear_runtime.runtime.model import memory_budget
+
+    args.memory_budget = memory_budget(args.max_memory)  # the env's, when no flag
     with gr.load(args.file, backend=backend, **options) as model:
-        ex = model.create_executor(pad_values=pads or None)
+        check_run_memory(model, args.memory_budget)  # the CLI's words, before allocating
+        ex = model.create_executor(pad_values=pads or None, max_bytes=args.memory_budget)
         choose_gear(ex)
         named = _named_pairs(model, pairs)
         folders = _folder_files(named)

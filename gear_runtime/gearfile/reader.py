@@ -310,6 +310,7 @@ class _Reader:
         bad = first_bad_text(self.model)
         if bad is not None:
             raise self.fail(f"a {bad} field is not valid UTF-8")
+        _check_static_graph(graph, inputs, self.path)
         self.spec = GearSpec.static([vi.name for vi in inputs],
                                     [_declared(vi) for vi in inputs])
         outputs = _static_outputs(self.model, self.path)
@@ -658,6 +659,46 @@ def _declared(vi: onnx.ValueInfoProto) -> tuple[int, ...]:
         return (-1,)  # no shape at all: not static
     return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else -1
                  for d in vi.type.tensor_type.shape.dim)
+
+
+#: The element types gear-runtime stages, binds and hands back as numpy arrays (ONNX Runtime's
+#: numpy bindings take these; bfloat16, float8, int4, complex and strings have no such path).
+RUNNABLE_TYPES = frozenset({
+    onnx.TensorProto.BOOL, onnx.TensorProto.INT8, onnx.TensorProto.INT16,
+    onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT8,
+    onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+    onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE})
+
+
+def _type_name(elem_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"elem_type {elem_type}"
+
+
+def _check_static_graph(graph: onnx.GraphProto, inputs: Sequence[onnx.ValueInfoProto],
+                        path: str) -> None:
+    """What ``compile`` checks of a graph (compiler/check.py), for a static model that skips
+    it: no output listed twice (ORT fills one buffer, the other stays zeros), and every input
+    and output of an element type the runtime runs (:data:`RUNNABLE_TYPES`); else
+    GearFileError naming the value, its type and what is supported."""
+    names = [o.name for o in graph.output]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise GearFileError(f"{path!r}: output(s) {', '.join(map(repr, dup))} are listed more "
+                            "than once in the graph's outputs; list each once")
+    supported = ", ".join(sorted(_type_name(t) for t in RUNNABLE_TYPES))
+    for what, values in (("input", inputs), ("output", graph.output)):
+        for vi in values:
+            if not vi.type.HasField("tensor_type"):
+                raise GearFileError(f"{path!r}: {what} {vi.name!r} is not a tensor (sequences, "
+                                    "maps and optionals cannot be gear inputs or outputs)")
+            elem = vi.type.tensor_type.elem_type
+            if elem not in RUNNABLE_TYPES:
+                raise GearFileError(
+                    f"{path!r}: {what} {vi.name!r} is {_type_name(elem)}, which gear-runtime "
+                    f"cannot run; supported: {supported} (cast it in the model)")
 
 
 def _static_outputs(model: onnx.ModelProto, path: str) -> list[onnx.ValueInfoProto]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from gear_runtime.errors import GearMismatchError, InputError
+from gear_runtime.errors import GearMismatchError, GearSpecError, InputError
 from gear_runtime.runtime import core
 from gear_runtime.spec import GearSpec
 
@@ -152,13 +152,25 @@ class GearDispatcher:
 
 def _table(spec: GearSpec, inputs: Sequence[int], costs: list[float] | None) -> Any:
     """The C++ GearDispatch over ``spec``'s inputs ``inputs`` (their dynamic positions
-    renumbered; an input left out must have no dynamic axis: the core refuses a gear value
-    no input carries)."""
+    renumbered). The gear values only inputs left out carry (a state's rows) are left out
+    of every gear too: the other values must still tell the gears apart (GearSpecError
+    naming the two gears otherwise)."""
     index = {i: j for j, i in enumerate(inputs)}
-    positions = [[index[i], axis, k] for i, axis, k in spec.dynamic_positions if i in index]
+    kept = sorted({k for i, _, k in spec.dynamic_positions if i in index})
+    value = {k: n for n, k in enumerate(kept)}
+    positions = [[index[i], axis, value[k]] for i, axis, k in spec.dynamic_positions
+                 if i in index]
+    gears = [[g[k] for k in kept] for g in spec.gears]
+    seen: dict[tuple[int, ...], int] = {}
+    for n, g in enumerate(gears):
+        first = seen.setdefault(tuple(g), n)
+        if first != n:
+            raise GearSpecError(f"gears {first} {spec.gears[first]} and {n} {spec.gears[n]} "
+                                f"differ only in the values of the inputs left out "
+                                f"(resident state): the staged inputs cannot tell them apart")
     return core.GearDispatch([spec.input_names[i] for i in inputs],
                              [list(spec.input_shapes[i]) for i in inputs], positions,
-                             [list(g) for g in spec.gears], costs)
+                             gears, costs)
 
 
 def _ints(values: Sequence[int]) -> list[int]:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gear_runtime import arguments
-from gear_runtime.backends.base import BackendSession, DeviceBuffer
+from gear_runtime.backends.base import BackendSession, DeviceBuffer, HostState
 from gear_runtime.errors import (
     BackendError,
     ClosedError,
@@ -46,6 +46,7 @@ from gear_runtime.errors import (
     InputError,
 )
 from gear_runtime.gearfile.info import ModelInfo
+from gear_runtime.gearfile.kernel_guards import KernelGuard
 from gear_runtime.runtime import core
 from gear_runtime.runtime import inputs as inputs_rules
 from gear_runtime.runtime.dispatch import GearDispatcher
@@ -133,17 +134,34 @@ class Executor:
         axes = model.output_dynamic_axes
         self._trim_axes = [sorted(axes[k].items()) for k in self._returned]
         self._core.set_padding(self._pad_values)
+        # The model's kernel guard (an attention mask's lengths) reads the staged request
+        # between staging and the run: such an executor stages everything and runs through
+        # the session, never the core's direct run
+        self._guard = self._guard_of(model, layout if layout is not None else model.layout)
         # The runs the core makes itself right after staging (where the session offers them)
-        self._core.set_runs(session.direct_runs())
+        self._core.set_runs(session.direct_runs() if self._guard is None else None)
         # Large inputs of a plain request read where the caller has them (ORT's CPU; a state
         # executor stages everything: its runs go through _execute_bound), never one sharing
         # memory with the session's output buffers (a copy=False output fed back in would be
         # written while it is read): the core copies those
-        self._core.in_place_bytes = 0 if self._plan is not None else \
+        self._core.in_place_bytes = 0 if self._plan is not None or self._guard else \
             int(getattr(session, "in_place_input_bytes", 0))
         if self._core.in_place_bytes:
             self._core.set_written(session.written_buffers())
         self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
+
+    def _guard_of(self, model: ExecutorModel, layout: Any) -> _StagedGuard | None:
+        """The model's kernel guard over this executor's staging, or None (no guard, or one
+        reading a resident state input, which no request carries: logged)."""
+        guard = getattr(model, "guard", None)
+        if guard is None:
+            return None
+        missing = [n for n in guard.inputs if n not in self._names]
+        if missing:
+            logger.warning("the attention lengths are computed from %s, resident state of "
+                           "this executor: its runs are not checked", ", ".join(missing))
+            return None
+        return _StagedGuard(guard, model, self._names, self._dtypes, layout, self._session)
 
     # ---- choosing the gear ---------------------------------------------------------------
     def set_dynamic_dims(self, dims: Sequence[int]) -> None:
@@ -275,7 +293,8 @@ class Executor:
 
     # ---- running -------------------------------------------------------------------------
     def execute(self, inputs: Inputs, *, pad: bool = False, copy: bool = True,
-                out: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+                out: Mapping[str, np.ndarray] | None = None,
+                first_row: int = 0) -> list[np.ndarray]:
         """Run the gear that the inputs (or the set dims) select; outputs in model order.
 
         ``inputs``: a dict name -> array, or a list in input order (numpy arrays, or nested
@@ -303,12 +322,21 @@ class Executor:
         executor's ``state[name]`` on a device backend) of the gear's shape and dtype, on
         this executor's backend and device: the output is written into it on the device (no
         host copy) and it is returned, whole, in its place; anything else is refused before
-        the run. No state output can be given (its buffers are the state's). Not on hybrid
-        or sink models.
+        the run. No state output can be given (its buffers are the state's). An ``out=``
+        array that shares memory with anything the run reads or writes -- this executor's
+        state (either buffer, a kept ``ex.state[name]`` included), its output buffers (a
+        ``copy=False`` output), an input of this run, another ``out=`` array -- is refused
+        (InputError naming both), never computed through a temporary. Not on hybrid or
+        sink models.
 
         An executor with resident state (``create_executor(state=...)``) takes only the
         NON-state inputs and returns the NON-state outputs, in model order; the state
         outputs become the state the next run reads only when this run succeeded.
+
+        ``first_row``: with a state that has rows (its axis 0 follows the gear: a batched
+        decode's sequences, :attr:`state_rows`), the run reads and writes rows
+        ``first_row .. first_row + the gear's rows`` of its buffers (default 0: the leading
+        rows); InputError when they do not fit, or without such a state.
 
         The calling thread owns the executor until the call returns: another thread's
         execute / set_* meanwhile raises ExecutorBusyError at once (this call is unaffected);
@@ -322,8 +350,8 @@ class Executor:
         if not owner.acquire(False):
             self._refuse("execute")
         try:
-            if out is not None or self._plan is not None:
-                return self._execute_bound(inputs, pad, copy, out)
+            if out is not None or self._plan is not None or first_row != 0:
+                return self._execute_bound(inputs, pad, copy, out, first_row)
             if self._sink:
                 if pad:
                     self._refuse_sink_padding()
@@ -350,6 +378,8 @@ class Executor:
                 raise self._session.run_failed(failed.gear, cause) from cause
             if outputs is None:  # the gear runs through the session
                 self.last_gear = None  # until this run succeeds
+                if self._guard is not None:
+                    self._guard.check(gear)
                 outputs = (self._session.run_gear_owned(gear) if copy
                            else list(self._session.run_gear(gear)))
             elif type(outputs) is dict:  # large inputs the core checked and left in place
@@ -370,17 +400,24 @@ class Executor:
                 self._finish_close()
 
     def _execute_bound(self, inputs: Inputs, pad: bool, copy: bool,
-                       out: Mapping[str, np.ndarray] | None) -> list[np.ndarray]:
+                       out: Mapping[str, np.ndarray] | None,
+                       first_row: int = 0) -> list[np.ndarray]:
         """execute with ``out=`` or resident state: staged by the core, run through the
         session (whose bindings the state swaps), state committed only after success."""
         if self._sink or self._hybrid:
             raise InputError("execute(out=...) needs a model that is neither hybrid nor sink "
                              "(their dynamic-shape and sink runs allocate their outputs)")
         outs = self._out_indices(out)
-        gear = self._core.stage(self._arrays(inputs), self._preset, pad)
+        arrays = self._arrays(inputs)
+        gear = self._core.stage(arrays, self._preset, pad)
         self.last_gear = None  # until this run succeeds
+        self._bind_rows(gear, first_row)
+        if self._guard is not None:
+            self._guard.check(gear)
         for k, buf in outs.items():
             self._check_out(k, buf, gear)
+        if outs:
+            self._check_aliasing(outs, arrays)
         if outs:
             outputs = self._session.run_gear_into(gear, outs)
         else:
@@ -392,6 +429,56 @@ class Executor:
         self.last_dynamic_dims = values = self._gear_values[gear]
         self.last_request_dims = request = self._core.last_request if pad else values
         return self._trim(outputs, request) if request != values else outputs
+
+    def _bind_rows(self, gear: int, first_row: object) -> None:
+        """Gear ``gear``'s state rows from ``first_row`` (see execute); InputError naming
+        the rows and the buffers' when they do not fit, or when no state has rows."""
+        rows = [p for p in self._plan.pairs if p.rows] if self._plan is not None else []
+        if first_row == 0 and type(first_row) is int:
+            if rows:
+                self._session.bind_rows(gear, 0)
+            return
+        (first,) = self._to_ints("first_row", [first_row])
+        if not rows:
+            raise InputError(f"first_row={first} needs a state with rows (a state input whose "
+                             "axis 0 follows the gear); this executor has none")
+        count, total = rows[0].rows[gear], rows[0].shape[0]  # type: ignore[index]
+        if not 0 <= first <= total - count:
+            raise InputError(f"first_row={first}: gear {gear} {self._gear_values[gear]} runs "
+                             f"{count} state row(s), the buffers hold {total}: first_row must "
+                             f"be 0..{total - count}")
+        self._session.bind_rows(gear, first)
+
+    def copy_state_rows(self, source: int, target: int) -> None:
+        """Copy row ``source`` of every state with rows onto row ``target`` (a sequence
+        moving to another row of a batched state: one row copy of each buffer the next
+        run reads). InputError naming the row when it is outside the buffers."""
+        owner = self._enter("copy_state_rows")
+        try:
+            rows = [p for p in self._plan.pairs if p.rows] if self._plan is not None else []
+            if not rows:
+                raise InputError("copy_state_rows needs a state with rows (a state input "
+                                 "whose axis 0 follows the gear); this executor has none")
+            src, dst = self._to_ints("rows", [source, target])
+            total = rows[0].shape[0]
+            for name, row in (("source", src), ("target", dst)):
+                if not 0 <= row < total:
+                    raise InputError(f"copy_state_rows: {name} row {row} is outside the "
+                                     f"state's {total} rows")
+            assert self._plan is not None
+            for p in rows:
+                buf = self._session.state.read(self._plan.pairs.index(p))  # type: ignore[attr-defined]
+                buf[dst] = buf[src]
+        finally:
+            self._leave(owner)
+
+    @property
+    def state_rows(self) -> int:
+        """Rows of the states with rows (the most a gear runs: a batched decode's slots);
+        0 when no state has rows."""
+        if self._plan is None:
+            return 0
+        return next((p.shape[0] for p in self._plan.pairs if p.rows), 0)
 
     def _out_indices(self, out: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray]:
         """``out`` as output index -> array; InputError for anything but a dict of this
@@ -439,6 +526,41 @@ class Executor:
                              f"c_contiguous={buf.flags.c_contiguous}, "
                              f"writeable={buf.flags.writeable}): the output is written in place")
 
+    def _check_aliasing(self, outs: dict[int, Any], arrays: list[np.ndarray]) -> None:
+        """InputError naming ``out[name]`` and what it overlaps when a numpy ``out=`` array
+        shares memory (``np.may_share_memory``: bounds, so a false alarm is possible, a miss
+        is not) with anything this run reads or writes: either buffer of a state pair, this
+        executor's own output buffers (a ``copy=False`` output kept) or staging, an input of
+        this run, or another ``out=`` array. Refused, never computed through a temporary:
+        the run would read what it writes, or write one memory twice (ORT binds an out=
+        array in place)."""
+        names = self.model.info.output_names
+        given = [(k, b) for k, b in outs.items() if isinstance(b, np.ndarray)]
+        used = self._memory_in_use(arrays)
+        for n, (k, buf) in enumerate(given):
+            earlier = [(f"out[{names[j]!r}]", b) for j, b in given[:n]]
+            for what, other in used + earlier:
+                if np.may_share_memory(buf, other):
+                    raise InputError(
+                        f"out[{names[k]!r}] shares memory with {what}, which this run reads "
+                        "or writes: the output would overwrite it (or be overwritten); give "
+                        "an array of its own (another executor's state is fine)")
+
+    def _memory_in_use(self, arrays: list[np.ndarray]) -> list[tuple[str, np.ndarray]]:
+        """What one run of this executor reads or writes on the host, named for errors."""
+        used = [(f"input {n!r} of this run", a) for n, a in zip(self._names, arrays, strict=True)]
+        host = getattr(self._session, "state", None)
+        if isinstance(host, HostState):
+            for j, p in enumerate(host.plan.pairs):
+                used += [(f"this executor's state {p.input_name!r} (buffer {parity})",
+                          host.buffer(j, parity)) for parity in (0, 1)]
+        used += [("this executor's output buffers (a copy=False output of it)", b)
+                 for b in self._session.written_buffers()]
+        staging = getattr(self._session, "staging", None)
+        if isinstance(staging, np.ndarray):
+            used.append(("this executor's staging buffer", staging))
+        return used
+
     # ---- resident state ------------------------------------------------------------------
     @property
     def state(self) -> Mapping[str, np.ndarray]:
@@ -466,7 +588,10 @@ class Executor:
                            f"{', '.join(self.state_names) or 'none'}")
         assert self._plan is not None
         pair = self._plan.pair(name)
-        return self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
+        buf = self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
+        # a view: the caller's flags (writeable=False) stay off the executor's own array,
+        # which set_state / reset_state write; the memory is the same (zero-copy, out=)
+        return buf.view() if isinstance(buf, np.ndarray) else buf
 
     def set_state(self, name: str, value: Any) -> None:
         """Copy ``value`` (its exact shape and dtype) once into state ``name``'s buffer: an
@@ -569,6 +694,8 @@ class Executor:
         self._check_preset(values, "the inputs' dynamic dims")
         logger.info("dynamic dims %s match no gear: running the dynamic-shape graph", values)
         self._check_dtypes(arrays)
+        if self._guard is not None:
+            self._guard.check_arrays(arrays)
         outputs = self._session.run_dynamic(arrays)
         self.last_gear = None
         self.last_dynamic_dims = self.last_request_dims = values
@@ -716,7 +843,7 @@ class Executor:
 #: The code of the calls that own the executor: what close() looks for on its own stack.
 _OWNING_CODES = frozenset(getattr(Executor, name).__code__ for name in (
     "execute", "set_dynamic_dims", "set_dynamic_batch_size", "set_dynamic_image_size",
-    "clear_dynamic_dims", "set_state", "reset_state"))
+    "clear_dynamic_dims", "set_state", "reset_state", "copy_state_rows"))
 
 
 class _StateView(Mapping[str, np.ndarray]):
@@ -733,6 +860,46 @@ class _StateView(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._executor.state_names)
+
+
+class _StagedGuard:
+    """A model's :class:`~gear_runtime.gearfile.kernel_guards.KernelGuard` over one executor's
+    staging buffer: the guarded inputs read where the core staged them for a gear (what the
+    kernel will see, padding included), the gear's static shapes by name."""
+
+    def __init__(self, guard: KernelGuard, model: ExecutorModel, names: Sequence[str],
+                 dtypes: Sequence[Any], layout: Any, session: BackendSession) -> None:
+        self._guard, self._model, self._layout = guard, model, layout
+        self._names = tuple(names)
+        self._staging = session.staging
+        self._inputs = [(n, names.index(n), np.dtype(dtypes[names.index(n)]))
+                        for n in guard.inputs]
+        self._shapes: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def check(self, gear: int) -> None:
+        """InputError (see KernelGuard.check) unless gear ``gear``'s staged request is safe."""
+        shapes, outputs = self._gear_shapes(gear)
+        feeds = {}
+        for name, k, dtype in self._inputs:
+            at = self._layout.offset(gear, k)
+            flat = self._staging[at:at + self._layout.nbytes(gear, k)].view(dtype)
+            feeds[name] = flat[:int(np.prod(shapes[name]))].reshape(shapes[name])
+        self._guard.check(feeds, shapes, outputs)
+
+    def check_arrays(self, arrays: Sequence[np.ndarray]) -> None:
+        """The same for a hybrid miss's unstaged request (its own shapes)."""
+        staged = dict(zip(self._names, arrays, strict=True))
+        shapes = {n: a.shape for n, a in staged.items()}
+        self._guard.check({n: staged[n] for n, _, _ in self._inputs}, shapes, {})
+
+    def _gear_shapes(self, gear: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        found = self._shapes.get(gear)
+        if found is None:
+            info = self._model.info
+            found = ({n: tuple(s) for n, s in self._model.spec.shapes(gear).items()},
+                     dict(zip(info.output_names, info.output_shapes[gear], strict=True)))
+            self._shapes[gear] = found
+        return found
 
 
 def _handed_out(outputs: Sequence[np.ndarray], copy: bool) -> list[np.ndarray]:

@@ -18,9 +18,10 @@ import numpy as np
 
 from gear_runtime import arguments
 from gear_runtime.backends import FACTS, BackendModel, facts, open_model
-from gear_runtime.errors import ClosedError, GearFileError, InputError
+from gear_runtime.errors import ClosedError, GearFileError, InputError, MemoryBudgetError
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
+from gear_runtime.gearfile.kernel_guards import KernelGuard, find_guards
 from gear_runtime.runtime import core
 from gear_runtime.runtime.dispatch import GearDispatcher
 from gear_runtime.runtime.executor import Executor
@@ -43,6 +44,39 @@ MAX_GEAR_BUFFER_BYTES = 16 * 2**30
 
 #: Environment variable that overrides :data:`MAX_GEAR_BUFFER_BYTES` (a positive integer).
 MAX_BUFFER_BYTES_ENV = "GEAR_RUNTIME_MAX_BUFFER_BYTES"
+
+
+#: Environment variable: the most host memory (bytes) one executor's buffers -- staging,
+#: outputs and resident state, together -- may take; ``gear-runtime run`` / ``bench`` count
+#: their synthetic inputs in it too. Default: :func:`default_memory_budget`.
+MAX_BYTES_ENV = "GEAR_RUNTIME_MAX_BYTES"
+
+
+def default_memory_budget() -> int:
+    """Half the host's physical memory (each buffer may be under the per-buffer limit while
+    together they take the host down: the kernel's OOM killer picks a process, maybe not
+    this one); 64 GiB where the host does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf names on this platform
+        return 64 * 2**30
+
+
+def memory_budget(max_bytes: int | None = None) -> int:
+    """The memory budget in force: ``max_bytes`` when given, else :data:`MAX_BYTES_ENV` when
+    set, else :func:`default_memory_budget`. InputError for a value that is not a positive
+    integer, naming where it came from."""
+    return _bytes_limit(max_bytes, "max_bytes", MAX_BYTES_ENV, default_memory_budget)
+
+
+def check_budget(needed: int, budget: int, what: str, how: str) -> None:
+    """MemoryBudgetError naming ``what`` needs ``needed`` bytes, the ``budget`` and ``how`` to
+    raise it, when ``needed`` exceeds ``budget``. Called before allocating."""
+    if needed > budget:
+        raise MemoryBudgetError(
+            f"{what} need {needed} bytes ({needed / 2**30:.2f} GiB) in total, more than the "
+            f"memory budget of {budget} bytes ({budget / 2**30:.2f} GiB; default: half the "
+            f"host's memory); raise it with {how} or {MAX_BYTES_ENV}=N if this is meant")
 
 
 def load(path: str, backend: str = "onnxruntime", *,
@@ -90,14 +124,20 @@ def buffer_limit(max_buffer_bytes: int | None = None) -> int:
     """The buffer limit in force: ``max_buffer_bytes`` when given, else the environment
     variable :data:`MAX_BUFFER_BYTES_ENV` when set, else :data:`MAX_GEAR_BUFFER_BYTES`.
     InputError for a value that is not a positive integer, naming where it came from."""
-    if max_buffer_bytes is not None:
-        value: object = max_buffer_bytes
-        where = "max_buffer_bytes"
-    elif os.environ.get(MAX_BUFFER_BYTES_ENV, "").strip():
-        value, where = os.environ[MAX_BUFFER_BYTES_ENV].strip(), MAX_BUFFER_BYTES_ENV
+    return _bytes_limit(max_buffer_bytes, "max_buffer_bytes", MAX_BUFFER_BYTES_ENV,
+                        lambda: MAX_GEAR_BUFFER_BYTES)
+
+
+def _bytes_limit(given: object, keyword: str, env: str, default: Any) -> int:
+    """A byte limit: ``given`` (the keyword ``keyword``), else the environment variable
+    ``env`` when set, else ``default()``; InputError naming the source unless positive."""
+    if given is not None:
+        value, where = given, keyword
+    elif os.environ.get(env, "").strip():
+        value, where = os.environ[env].strip(), env
         value = int(value) if value.isascii() and value.isdigit() else value
     else:
-        return MAX_GEAR_BUFFER_BYTES
+        return int(default())
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"{where} must be a positive integer number of bytes, got {value!r}")
     return value
@@ -123,6 +163,10 @@ class GearModel:
             self.layout = self._plan_layout(input_fusion_size)
             self._output_axes = self._find_output_axes()
             self._dispatcher = GearDispatcher(self.spec)
+            #: the checks of request values a kernel turns into memory offsets (an attention
+            #: mask's lengths): every executor makes them before each run; None: none needed
+            self.guard: KernelGuard | None = find_guards(*graph) \
+                if (graph := backend_model.guard_graph()) is not None else None
         except BaseException:
             backend_model.close()
             raise
@@ -336,7 +380,8 @@ class GearModel:
 
     def create_executor(self, *, pad_values: Mapping[str, Any] | None = None,
                         state: Mapping[str, str] | None = None,
-                        in_place_state: bool | Iterable[str] = False) -> Executor:
+                        in_place_state: bool | Iterable[str] = False,
+                        max_bytes: int | None = None) -> Executor:
         """A new executor: its own staging buffer, bindings and dims; one per thread.
         ``pad_values``: input name -> the value ``execute(pad=True)`` fills padded positions
         of that input with (default 0; e.g. ``{"input_ids": 151643, "attention_mask": 0}``).
@@ -346,7 +391,11 @@ class GearModel:
         read and written by the same run, where the graph is built for it (GroupQueryAttention
         with a shared past / present: no copy of the cache per step); InputError naming the
         pair where it is not. ``ex.state_modes`` says which mode each pair runs.
+        ``max_bytes``: the most host memory the executor's buffers (staging, outputs, state)
+        may take together (default :func:`memory_budget`: ``GEAR_RUNTIME_MAX_BYTES``, else
+        half the host's memory); more is a MemoryBudgetError, before anything is allocated.
         ClosedError (145003) once the model is closed."""
+        budget = memory_budget(max_bytes)  # a bad value fails before anything else
         plan, layout = None, self.layout
         if state is None and in_place_state is not False and in_place_state is not None:
             raise InputError("in_place_state says how state= pairs are kept: give state= "
@@ -355,9 +404,17 @@ class GearModel:
             graph = self._backend.state_graph() if in_place_state is not False else None
             plan = plan_state(self.info, state, in_place_state, graph)
             why = self._backend.state_refusal()
+            if why is None and any(p.rows for p in plan.pairs) and \
+                    not self._backend.supports_state_rows:
+                why = (f"state {next(p.input_name for p in plan.pairs if p.rows)!r} has rows "
+                       "(its axis 0 follows the gear): the leading rows of one buffer are "
+                       f"bound per gear on onnxruntime's CPU only, not on {self.backend!r}")
             if why is not None:
                 raise InputError(why)
             layout = self._plan_layout(self._fusion, plan.inputs)
+        check_budget(self.executor_bytes(layout, plan), budget,
+                     "this executor's buffers (staging, outputs, state)",
+                     "create_executor(max_bytes=N)")
         with self._lock:
             if self._closed:
                 raise ClosedError("create_executor on a closed model: load it again with "
@@ -371,6 +428,18 @@ class GearModel:
                 raise
             self._executors.add(executor)
             return executor
+
+    def executor_bytes(self, layout: Any = None, plan: Any = None) -> int:
+        """The host bytes an executor allocates up front: its staging buffer (``layout``,
+        default the model's), each output's buffer at its largest gear (a state output has
+        none) and the state's buffers (``plan``: two per pair, one in place)."""
+        layout = self.layout if layout is None else layout
+        state_out = set() if plan is None else {p.output_index for p in plan.pairs}
+        outputs = sum(max(self.info.output_size(g, k) for g in range(self.gear_count))
+                      for k in range(len(self.info.output_names)) if k not in state_out)
+        state = 0 if plan is None else sum(p.nbytes * (1 if p.in_place else 2)
+                                           for p in plan.pairs)
+        return int(layout.total_bytes) + int(outputs) + int(state)
 
     def close(self) -> None:
         """Unload the model (device memory, sessions). Idempotent.

@@ -46,6 +46,10 @@ class StatePair:
     dtype: np.dtype
     #: one buffer, read and written by the same run (see the module docstring)
     in_place: bool = False
+    #: a state with rows (its input's axis 0 dynamic, a batch): each gear's rows; the
+    #: buffers have the most rows (``shape``) and gear g reads and writes its leading
+    #: ``rows[g]``, so a row is one sequence of a batched decode. None: one shape at every gear
+    rows: tuple[int, ...] | None = None
 
     @property
     def mode(self) -> str:
@@ -212,17 +216,21 @@ def _pair(info: ModelInfo, name: str, out: str) -> StatePair:
         raise InputError(f"state: the model has no output {out!r}; outputs: "
                          f"{', '.join(info.output_names)}")
     i, k = spec.input_names.index(name), info.output_names.index(out)
-    shape = tuple(spec.input_shapes[i])
-    if -1 in shape:
-        raise InputError(f"state input {name!r} has a dynamic axis (input_shape "
-                         f"{list(shape)}): a state keeps one shape at every gear")
+    declared = tuple(spec.input_shapes[i])
+    if -1 in declared[1:]:
+        raise InputError(f"state input {name!r} has a dynamic axis past its first (input_shape "
+                         f"{list(declared)}): a state keeps one shape at every gear, or its "
+                         "rows alone (axis 0, a batch) follow the gear")
+    per_gear = [tuple(spec.shapes(g)[name]) for g in range(spec.gear_count)]
     for g, shapes in enumerate(info.output_shapes):
-        if tuple(shapes[k]) != shape:
+        if tuple(shapes[k]) != per_gear[g]:
             raise InputError(f"state output {out!r} has shape {list(shapes[k])} in gear {g} "
-                             f"{spec.gears[g]}, its input {name!r} has {list(shape)}: a state "
-                             "output must have its input's shape at every gear")
+                             f"{spec.gears[g]}, its input {name!r} has {list(per_gear[g])}: a "
+                             "state output must have its input's shape at every gear")
+    rows = tuple(s[0] for s in per_gear) if declared[:1] == (-1,) else None
+    shape = declared if rows is None else (max(rows), *declared[1:])
     dtype, odtype = np.dtype(info.input_dtypes[i]), np.dtype(info.output_dtypes[k])
     if dtype != odtype:
         raise InputError(f"state output {out!r} is {odtype}, its input {name!r} is {dtype}: "
                          "a pair needs one dtype")
-    return StatePair(name, i, out, k, shape, dtype)
+    return StatePair(name, i, out, k, shape, dtype, rows=rows)

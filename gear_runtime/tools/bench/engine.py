@@ -200,7 +200,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 fill: str = "random",
                 load_options: Mapping[str, Any] | None = None,
                 batchsize: int | None = None,
-                select: Callable[[Executor], None] | None = None) -> BenchReport:
+                select: Callable[[Executor], None] | None = None,
+                max_bytes: int | None = None) -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path; with
     ``backend`` acl / mindspore_lite, the backend's own .om / MindIR, ``load_options``
     carrying what it needs: ``device_id``, ``config``, ``input_shape``).
@@ -219,7 +220,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     with ``gears`` or ``request``.
     ``batchsize``: ais_bench's --batchsize, the items per run its throughput counts
     (:class:`~gear_runtime.tools.bench.report.AisBenchSummary`; default: per gear, the first
-    dim of the first input); nothing that runs changes with it.
+    dim of the first input); nothing that runs changes with it. ``max_bytes``: the
+    executor's memory budget (``create_executor(max_bytes=)``).
     ``progress``: a bar on stderr, only when stderr is a terminal (never in a log). Raises
     InputError for bad arguments and when the inputs do not select the gear they were made
     for.
@@ -252,7 +254,7 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         else:
             path = repr(model)
         rss = rss_bytes()
-        executor = owned.enter_context(model.create_executor())
+        executor = owned.enter_context(model.create_executor(max_bytes=max_bytes))
         make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed, fill))
         if select is not None:
             selected = [_selected_gear(model, executor, gears, request, select)]

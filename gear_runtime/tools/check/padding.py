@@ -187,7 +187,8 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
     (NaN equal to NaN); an integer or boolean output when it is equal. Returns a
     :class:`PaddingReport` (``.safe``, ``.table()``, ``.to_json()``). A request no gear
     covers is GearMismatchError (145013), raised before anything runs; a source model whose
-    inputs or outputs are not the gear file's is InputError. ``progress``: a bar on stderr
+    inputs or outputs are not the gear file's is InputError; so is a check with no request
+    to run (a static model: never padded), which never reports SAFE. ``progress``: a bar on stderr
     (a terminal only) while the samples run.
 
     For a cache output padded to a fixed length (a prefill's KV cache: its pad slots hold
@@ -208,6 +209,8 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
         with model:
             spec = model.spec
             requests = _requests(spec, samples)
+            if not requests:  # no verdict without a run: never a vacuous SAFE
+                raise InputError(_nothing_to_check(spec))
             bar.total = len(requests) + 2
             ex = model.create_executor(pad_values=pad_values)
             dtypes = model.info.input_dtype_map
@@ -225,6 +228,16 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                 bar.update(1)
             return PaddingReport(requests, checks, rtol, atol,
                                  {n: v.item() for n, v in ex.pad_values.items()})
+
+
+def _nothing_to_check(spec: GearSpec) -> str:
+    """Why a check has no request to run: padding could not be checked."""
+    if spec.mode == "static":
+        return ("check-padding: this is a static model (one gear, its fixed shapes): it is "
+                "never padded, so there is nothing to check (execute(pad=True) refuses any "
+                "other shape)")
+    return (f"check-padding: no request size lies inside or between the gears "
+            f"({'; '.join(','.join(map(str, g)) for g in spec.gears)}); give --samples")
 
 
 def _output_checks(model: Any, valid: Mapping[str, int],
