@@ -59,6 +59,10 @@ def test_an_unread_pipeline_stops_being_read(server, monkeypatch) -> None:
 
 
 def test_a_long_pipeline_does_not_stall_other_clients(server) -> None:
+    """Another client's health checks are answered all along while the 20,000 answers of a
+    pipeline go out: the slowest waits a fraction of the whole pipeline's time (before the
+    fix, about all of it: 1.04 s), judged against that time measured here, so a loaded
+    machine, slower at both, does not fail it (0.76 s against a fixed 0.6 s did)."""
     with live(server) as running:
         s = socket.create_connection((HOST, running.port))
         done = threading.Event()
@@ -74,16 +78,20 @@ def test_a_long_pipeline_does_not_stall_other_clients(server) -> None:
 
         t = threading.Thread(target=reader, daemon=True)
         t.start()
+        began = time.monotonic()
         s.sendall(GET * 20_000)
-        worst = 0.0
+        worst, probes = 0.0, 0
         while not done.is_set():
             start = time.monotonic()
             status, _, body = request(running.port, "GET", "/v2/health/ready")
             assert status == 200, body
-            worst = max(worst, time.monotonic() - start)
+            worst, probes = max(worst, time.monotonic() - start), probes + 1
+        whole = time.monotonic() - began
         t.join(30)
         s.close()
-    assert worst < 0.6, f"another client waited {worst:.2f} s"
+    # a floor of 0.6 s: a pipeline answered quickly leaves no room to tell stalls apart
+    assert worst < max(0.6, whole / 3), f"another client waited {worst:.2f} of {whole:.2f} s"
+    assert probes >= 3 or whole < 0.6, (probes, whole)
 
 
 def _read_until(s: socket.socket, marker: bytes, limit: float = 5.0) -> bytes:

@@ -55,10 +55,10 @@ def test_a_task_that_ran_is_counted_out_once() -> None:
     pool.close()
 
 
-def test_readiness_says_not_ready_while_every_queue_is_full(tmp_path) -> None:
-    """503 [queue_full] is what every request gets while a model's queue is full, so its
-    readiness says so too (HTTP, gRPC and the ASGI app share the one rule), and the server's
-    when no model can take a request; ready again once the queue drains."""
+def test_readiness_stays_ready_while_a_queue_is_full(tmp_path) -> None:
+    """Issue 48: a full queue refuses the requests past it (503 [queue_full], each alone);
+    readiness (HTTP, gRPC and the ASGI app share the one rule) never reads the queue, or
+    one client's backlog would make a probe take the server out for every client."""
     from serving_support import compile_models
 
     from gear_runtime.serving import build_server
@@ -77,9 +77,9 @@ def test_readiness_says_not_ready_while_every_queue_is_full(tmp_path) -> None:
                     for _ in range(model.pool.size + 3)]
         await asyncio.sleep(0.1)
         assert model.saturated
-        assert (await server.ready(None)).status == 503
-        assert (await server.model_ready(None, model.name, "")).status == 503
-        assert not (await service.ServerReady(None, None)).ready
+        assert (await server.ready(None)).status == 200
+        assert (await server.model_ready(None, model.name, "")).status == 200
+        assert (await service.ServerReady(None, None)).ready
         release.set()
         await asyncio.gather(*blockers)
         assert not model.saturated and (await server.ready(None)).status == 200
@@ -100,62 +100,65 @@ class _Counted:
 
 
 def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -> None:
-    """run_here: not before a run was timed; then, while the pool's recent runs are short,
-    on the calling thread with the pool's one executor (no second one made); never while a
-    task runs or waits, past the drain deadline, on a pool of two, nor for ~110 runs after
-    a slow run on the caller's thread (the peak decays). A slow run on the worker does not
-    count once a run was lent: its time holds the waits for the GIL of a busy loop."""
+    """run_here: not before a run of the gear was timed; then, while the gear's recent runs
+    are short, on the calling thread with the pool's one executor (no second one made);
+    never while a task runs or waits, past the drain deadline, on a pool of two, nor for
+    ~110 runs of the gear after a slow run of it on the caller's thread (the peak decays).
+    A slow run on the worker does not count once a run was lent: its time holds the waits
+    for the GIL of a busy loop. (Per gear: tests/test_lend_per_gear.py.)"""
     model = _Counted()
     pool = ExecutorPool(model, 1, "m")
+    pool.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
     here = threading.current_thread()
     where = lambda ex: (threading.current_thread() is here, ex)  # noqa: E731
-    assert pool.run_here(where) is NOT_HERE  # nothing timed yet
+    assert pool.run_here(where, 0) is NOT_HERE  # nothing timed yet
 
     async def main() -> None:
-        assert await pool.call(where) == (False, 1)  # on the worker
-        assert pool.run_here(where) == (True, 1)  # here, the same executor
+        assert await pool.call(where, 0) == (False, 1)  # on the worker
+        assert pool.run_here(where, 0) == (True, 1)  # here, the same executor
         release = threading.Event()
-        busy = asyncio.ensure_future(pool.call(lambda ex: release.wait(30)))
+        busy = asyncio.ensure_future(pool.call(lambda ex: release.wait(30), 0))
         await asyncio.sleep(0.05)
-        assert pool.run_here(where) is NOT_HERE  # a task runs
-        waiting = asyncio.ensure_future(pool.call(lambda ex: 1))
+        assert pool.run_here(where, 0) is NOT_HERE  # a task runs
+        waiting = asyncio.ensure_future(pool.call(lambda ex: 1, 0))
         await asyncio.sleep(0.05)
-        assert pool.run_here(where) is NOT_HERE  # a task runs and one waits
+        assert pool.run_here(where, 0) is NOT_HERE  # a task runs and one waits
         release.set()
         await asyncio.gather(busy, waiting)
-        assert pool.run_here(where) == (True, 1)  # the 0.05+ s worker run is no judge
-        pool.run_here(lambda ex: time.sleep(0.05))  # a slow run here: the peak now
-        assert pool.peak_seconds >= 0.05 and pool.run_here(where) is NOT_HERE
-        for _ in range(500):  # worker runs decay it: ~130 runs from 0.05 s
-            if pool.peak_seconds < pool.RUN_HERE_BELOW_S:
+        assert pool.run_here(where, 0) == (True, 1)  # the 0.05+ s worker run is no judge
+        pool.run_here(lambda ex: time.sleep(0.1), 0)  # a slow run here: the peak now
+        assert pool.peak_seconds(0) >= 0.1 and pool.run_here(where, 0) is NOT_HERE
+        for _ in range(500):  # worker runs decay it: ~55 runs from 0.1 s
+            if pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S:
                 break
-            await pool.call(lambda ex: None)
-        assert pool.run_here(where) == (True, 1)
+            await pool.call(lambda ex: None, 0)
+        assert pool.run_here(where, 0) == (True, 1)
         pool.refusing = True
-        assert pool.run_here(where) is NOT_HERE
+        assert pool.run_here(where, 0) is NOT_HERE
 
     asyncio.run(main())
     assert model.made == 1
     pool.close()
     two = ExecutorPool(_Counted(), 2, "m")
-    asyncio.run(two.call(lambda ex: None))
-    assert two.run_here(where) is NOT_HERE  # a run here would keep the loop off the other
+    asyncio.run(two.call(lambda ex: None, 0))
+    assert two.run_here(where, 0) is NOT_HERE  # a run here would keep the loop off the other
     two.close()
 
 
 def test_a_pool_never_lent_is_judged_by_its_quickest_recent_worker_run() -> None:
-    """Before any lent run, the quickest of the worker's last runs decides: runs that are
-    all slow keep the executor on its worker; one quick run among slow ones (the others
-    slowed by a busy loop) lends it."""
+    """Before any lent run of a gear, the quickest of its last worker runs decides: runs
+    that are all slow keep the executor on its worker; one quick run among slow ones (the
+    others slowed by a busy loop) lends it."""
     pool = ExecutorPool(_Counted(), 1, "m")
+    pool.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
 
     async def main() -> None:
         for _ in range(3):
-            await pool.call(lambda ex: time.sleep(0.01))
-        assert pool.peak_seconds >= 0.01 and pool.run_here(lambda ex: 1) is NOT_HERE
-        await pool.call(lambda ex: None)
-        assert pool.peak_seconds < pool.RUN_HERE_BELOW_S
-        assert pool.run_here(lambda ex: 1) == 1
+            await pool.call(lambda ex: time.sleep(0.05), 0)
+        assert pool.peak_seconds(0) >= 0.05 and pool.run_here(lambda ex: 1, 0) is NOT_HERE
+        await pool.call(lambda ex: None, 0)
+        assert pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S
+        assert pool.run_here(lambda ex: 1, 0) == 1
 
     asyncio.run(main())
     pool.close()
@@ -172,9 +175,10 @@ def test_an_executor_bound_to_its_thread_is_never_lent() -> None:
             return Bound()
 
     pool = ExecutorPool(Model(), 1, "m")
-    asyncio.run(pool.call(lambda ex: None))
-    assert pool.peak_seconds < pool.RUN_HERE_BELOW_S
-    assert pool.run_here(lambda ex: 1) is NOT_HERE
+    pool.RUN_HERE_BELOW_S = 60.0
+    asyncio.run(pool.call(lambda ex: None, 0))
+    assert pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S
+    assert pool.run_here(lambda ex: 1, 0) is NOT_HERE
     pool.close()
 
 
@@ -223,8 +227,12 @@ def test_a_chain_of_batches_is_timed_batch_by_batch() -> None:
     from gear_runtime.serving.runner import PoolBatches
 
     pool = ExecutorPool(_Model(), 1, "m")
-    batches = PoolBatches(pool, lambda requests, ex: (time.sleep(0.02), requests))
-    chain = batches.submit(lambda ex: [batches.run_on(ex, [[]]) for _ in range(5)])
+    batches = PoolBatches(pool, lambda requests, ex: (time.sleep(0.02), requests),
+                          gear_for=lambda rows: rows // 2)  # 2 rows: gear 1
+    two_rows = [[np.zeros((2, 3), np.float32)]]
+    chain = batches.submit(lambda ex: [batches.run_on(ex, two_rows) for _ in range(5)])
     chain.result(30)
-    assert len(pool._away) == 5 and 0.02 <= min(pool._away) <= max(pool._away) < 0.05
+    assert list(pool._away) == [1]  # each batch timed as a run of its gear
+    times = pool._away[1]
+    assert len(times) == 5 and 0.02 <= min(times) <= max(times) < 1.0  # a run's, not 5
     pool.close()

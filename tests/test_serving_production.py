@@ -38,6 +38,7 @@ from serving_support import (  # noqa: E402
     metrics,
     read_reply,
     request,
+    wait_for_queue,
 )
 
 import gear_runtime as gr  # noqa: E402
@@ -74,6 +75,25 @@ def _conv_body(batch: int = 1) -> bytes:
 def _raw_request(path: str, body: bytes, extra: str = "") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+def _exited(server: ServeProcess, timeout: float = 60) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) once the server exits on its own, after the SIGTERMs the
+    test sent: ``server.stop()`` would send one more where the exit is slow (a loaded
+    machine), and a SIGTERM after the server closed (its handlers gone) kills it (-15)."""
+    try:
+        out, err = server.proc.communicate(timeout=timeout)
+    finally:
+        server.kill()
+    return server.proc.returncode, out, err
+
+
+def _until(check, timeout: float = 20) -> None:
+    """Wait until ``check()`` holds (not a fixed sleep: a loaded machine is slower)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "never came to pass"
+        time.sleep(0.02)
 
 
 def _binary_latency(port: int, n: int = 150) -> list[float]:
@@ -190,7 +210,7 @@ def _sigterm_after_requests(args: list[str], count: int) -> tuple[list[bytes], t
             socks.append(s)
         server.proc.send_signal(signal.SIGTERM)
         replies = [read_reply(s, timeout=60) for s in socks]
-        return replies, server.stop()
+        return replies, _exited(server)
     finally:
         for s in socks:
             s.close()
@@ -234,11 +254,11 @@ def test_the_drain_deadline_answers_503_and_exits(files) -> None:
             s = socket.create_connection((HOST, server.port), timeout=60)
             s.sendall(_raw_request("/v2/models/conv/infer", _conv_body(1)))
             socks.append(s)
-        time.sleep(0.5)  # they wait in the batcher (60 s delay)
+        wait_for_queue(server.port, "conv", 3)  # they wait in the batcher (60 s delay)
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         replies = [read_reply(s, timeout=30) for s in socks]
-        code, out, _ = server.stop()
+        code, out, _ = _exited(server)
         took = time.monotonic() - t0
     finally:
         for s in socks:
@@ -606,15 +626,15 @@ def test_a_second_sigterm_ends_the_drain_and_the_drain_is_not_ready(files) -> No
     held = socket.create_connection((HOST, server.port), timeout=60)
     try:
         held.sendall(_raw_request("/v2/models/conv/infer", _conv_body(1)))
-        time.sleep(0.5)
+        wait_for_queue(server.port, "conv", 1)
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        status, headers, _ = request(server.port, "GET", "/v2/health/ready")
-        assert status == 503
-        assert headers.get("connection", "").lower() == "close"
+        answers: list = []
+        _until(lambda: answers.append(request(server.port, "GET", "/v2/health/ready"))
+               or answers[-1][0] == 503)
+        assert answers[-1][1].get("connection", "").lower() == "close"
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        code, out, _ = server.stop()
+        code, out, _ = _exited(server)
         assert time.monotonic() - t0 < 15 and code == 0
     finally:
         held.close()
@@ -644,10 +664,10 @@ def test_a_grpc_call_past_the_drain_deadline_is_answered_unavailable(files) -> N
 
         t = threading.Thread(target=call)
         t.start()
-        time.sleep(0.5)  # held in the batcher (60 s delay)
+        wait_for_queue(server.port, "conv", 1)  # held in the batcher (60 s delay)
         server.proc.send_signal(signal.SIGTERM)
         t.join(30)
-        code, _, _ = server.stop()
+        code, _, _ = _exited(server)
     finally:
         server.kill()
     assert errors and "UNAVAILABLE" in str(errors[0].status()), errors

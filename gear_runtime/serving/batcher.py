@@ -27,10 +27,10 @@ next batch itself as soon as its run ends, when requests are waiting: the execut
 idle through a round trip of the event loop (wake the gathering task, start a dispatch,
 submit) between two batches, which cost a 0.3 ms model a fifth of its throughput at two
 clients. Results go back to the loop as they are made; the loop keeps gathering meanwhile.
-Where the runner lends its executor to the loop (a one-executor pool whose runs are all
-short: ``WorkerRunner.run_here``), a batch runs on the loop's thread instead, with no hop
-at all; the requests that arrive while it runs reach the batcher together after it and form
-the next batch.
+Where the runner lends its executor to the loop (a one-executor pool whose runs of the batch's
+gear are short: ``WorkerRunner.run_here``), a batch runs on the loop's thread instead, with no
+hop at all; the requests that arrive while it runs reach the batcher together after it and
+form the next batch.
 """
 
 from __future__ import annotations
@@ -280,19 +280,20 @@ class WorkerRunner(Protocol):
     :class:`~gear_runtime.errors.ClosedError` before ``fn`` starts never ran it.
     ``run_on(worker, requests)``: one batch, on that worker's thread, as a
     :data:`BatchRunner` would return it.
-    ``run_here(fn)``: ``fn(worker)`` on the caller's thread (the loop's), a worker's
-    executor lent for it, where the runner allows it now (its runs are short, nothing else
-    runs or waits); else :data:`NOT_HERE`, and nothing ran. ``can_run_here()``: whether
-    it would, as far as the runner's shape and recent runs go."""
+    ``run_here(fn, gear)``: ``fn(worker)``, a batch of gear ``gear``, on the caller's thread
+    (the loop's), a worker's executor lent for it, where the runner allows it now (its runs
+    of that gear are short, nothing else runs or waits); else :data:`NOT_HERE`, and nothing
+    ran. ``can_run_here(gear)``: whether it would, as far as the runner's shape and its
+    recent runs of that gear go."""
 
     def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]: ...
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]
                ) -> tuple[Any, list[list[np.ndarray]]]: ...
 
-    def run_here(self, fn: Callable[[Any], T]) -> T | object: ...
+    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | object: ...
 
-    def can_run_here(self) -> bool: ...
+    def can_run_here(self, gear: int) -> bool: ...
 
 
 class Batcher:
@@ -336,9 +337,10 @@ class Batcher:
         against the model) and wait for (how its batch ran, its outputs)."""
         loop = asyncio.get_running_loop()
         self._start(loop)
-        if not (self._busy or self._pending or self._wait_when_idle or self._may_run_here()):
+        rows = inputs[0].shape[0]
+        if not (self._busy or self._pending or self._wait_when_idle or self._may_run_here(rows)):
             return await self._run_alone(inputs)
-        item = _Item(inputs, inputs[0].shape[0], loop.time(), loop.create_future())
+        item = _Item(inputs, rows, loop.time(), loop.create_future())
         with self._lock:
             self._pending.append(item)
             self._pending_rows += item.rows
@@ -466,11 +468,11 @@ class Batcher:
             self._ran()
 
     # ---- a worker runner: the worker takes the next batch itself ---------------------------
-    def _may_run_here(self) -> bool:
-        """Whether a batch would run on the loop's thread (:meth:`_ran_here`): then an idle
-        batcher's request goes through the gathering task, not to a worker at once, so the
-        requests that arrive with it join its batch."""
-        return self._worker is not None and self._worker.can_run_here()
+    def _may_run_here(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` rows would run on the loop's thread (:meth:`_ran_here`):
+        then an idle batcher's request goes through the gathering task, not to a worker at
+        once, so the requests that arrive with it join its batch."""
+        return self._worker is not None and self._worker.can_run_here(self.plan.gear_for(rows))
 
     def _ran_here(self, items: list[_Item]) -> bool:
         """Run ``items`` on the loop's thread with the runner's executor lent
@@ -484,8 +486,9 @@ class Batcher:
         after it, and the gathering task, woken by the first, runs after the others have
         queued. Where the loop keeps up, each request runs as it comes, at once."""
         assert self._worker is not None
+        gear = self.plan.gear_for(sum(it.rows for it in items))  # judged by ITS gear's runs
         try:
-            if self._worker.run_here(partial(self._run_items, items, deliver=_call)) \
+            if self._worker.run_here(partial(self._run_items, items, deliver=_call), gear) \
                     is NOT_HERE:
                 return False
         except BaseException as exc:  # never leave a taken request unanswered

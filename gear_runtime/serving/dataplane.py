@@ -72,15 +72,15 @@ class DataPlane:
 
     # ---- health and metadata -------------------------------------------------------------
     def is_ready(self) -> bool:
-        """Server readiness, one rule for every front end: not draining or closing, not
-        every model's queue full (then no request could be taken), and under serve
-        --workers every worker started. A client that connects while only some workers
-        serve lands on those, and a keep-alive connection stays where it landed: the others
-        would idle. Once all have served, a worker's restart does not make the server
-        unready (the others serve meanwhile)."""
-        models = list(self.models.values())
-        return not self.closing and not (models and all(m.saturated for m in models)) \
-            and self.workers_up()
+        """Server readiness, one rule for every front end: not draining or closing, and
+        under serve --workers every worker started. A client that connects while only some
+        workers serve lands on those, and a keep-alive connection stays where it landed:
+        the others would idle. Once all have served, a worker's restart does not make the
+        server unready (the others serve meanwhile). Queue depth is not read: a full queue
+        refuses the requests past it (503 queue_full, each alone), while a probe that
+        failed on it would take the server out for every client, for one client's
+        backlog."""
+        return not self.closing and self.workers_up()
 
     def workers_up(self) -> bool:
         """Whether every worker of serve --workers has marked itself started (True for
@@ -95,9 +95,9 @@ class DataPlane:
         return self._workers_up
 
     def model_is_ready(self, model: ServedModel) -> bool:
-        """A model's readiness: the server's drain, its own queue not full, and (serve
-        --workers) every worker started, as for the server's."""
-        return not self.closing and not model.saturated and self.workers_up()
+        """A model's readiness: the server's drain and (serve --workers) every worker
+        started, as for the server's; never its queue depth (see :meth:`is_ready`)."""
+        return not self.closing and self.workers_up()
 
     def extensions(self) -> list[str]:
         """The protocol extensions this server implements (server metadata)."""

@@ -58,7 +58,12 @@ from gear_runtime.serving.stats import ModelStats, RunTiming
 T = TypeVar("T")
 
 #: Default executors (worker threads) per model: one per core, at most 4 (ONNX Runtime's
-#: own intra-op threads share the same cores).
+#: own intra-op threads share the same cores). One on a one-core machine, not two: a second
+#: executor there adds a session's memory and a thread contending for the one core, and it
+#: would stop every run on the loop (a pool of two never lends: ExecutorPool.can_run_here),
+#: taking from a short model at one client what the lending gains. What one executor risks,
+#: a long run on the loop stalling every other client, the lending rule already excludes: a
+#: run is lent only where its own gear was timed short (ExecutorPool).
 DEFAULT_EXECUTORS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -176,19 +181,27 @@ class ExecutorPool:
     Only short runs: a long one would hold up everything the loop does meanwhile (reading
     the next requests, health checks).
 
+    Short per gear: a task says which gear it runs (the caller knows it before the run: the
+    batch's gear, or the dispatcher's match of the request), and only a gear timed short is
+    lent. Runs of a model differ by gear far more than by anything else (a gear of 8 rows, or
+    of a long sequence, can take a hundred times gear 1's time), so the pool's earlier runs
+    are no judge of the next one: judged by them, one large-gear request after many small
+    ones held the loop for its whole run. A gear never timed (and a task whose gear is not
+    known: None) is never lent; its first run goes to the worker, which times it.
+
     Short by the runs made where the decision matters, on the caller's thread: a run on a
     worker is timed with the waits for the GIL while the loop is busy (a 0.2 ms convnet batch
-    took 1-6 ms on the worker under 32 clients), so once a run was lent its time is the
-    judge. Until then, the quickest of the worker's last runs is: contention only adds to a
-    run's time, and a model that is long everywhere is long on its quickest run too."""
+    took 1-6 ms on the worker under 32 clients), so once a run of a gear was lent its time is
+    the judge. Until then, the quickest of the gear's last worker runs is: contention only
+    adds to a run's time, and a gear that is long everywhere is long on its quickest run."""
 
-    #: :meth:`run_here` lends the executor only while :attr:`peak_seconds` is below this
-    #: (seconds)
+    #: :meth:`run_here` lends the executor only while the gear's :meth:`peak_seconds` is
+    #: below this (seconds)
     RUN_HERE_BELOW_S = 0.001
-    #: the peak of the lent runs decays by this factor per run (lent or not): a 30 ms
-    #: outlier keeps tasks off the caller's thread for the next ~110 runs
+    #: the peak of a gear's lent runs decays by this factor per run of that gear (lent or
+    #: not): a 30 ms outlier keeps that gear off the caller's thread for its next ~110 runs
     PEAK_DECAY = 0.97
-    #: the worker runs whose quickest judges a pool with no lent run yet
+    #: the worker runs of a gear whose quickest judges it until one of its runs was lent
     AWAY_RUNS = 16
 
     def __init__(self, model: Any, size: int, name: str) -> None:
@@ -201,11 +214,11 @@ class ExecutorPool:
         self._returned = threading.Condition(self._lock)  # the lent executor is back
         self._running = 0
         self._executors: list[Any] = []  # every thread's, in the order made
-        #: the recent peak of the lent runs' times (None before the first): each one's time,
-        #: or the last peak decayed by PEAK_DECAY a run where that is longer
-        self._peak_here: float | None = None
-        #: the last AWAY_RUNS worker runs' times
-        self._away: deque[float] = deque(maxlen=self.AWAY_RUNS)
+        #: per gear, the recent peak of its lent runs' times (absent before the first): each
+        #: one's time, or the last peak decayed by PEAK_DECAY a run where that is longer
+        self._peak_here: dict[int, float] = {}
+        #: per gear, its last AWAY_RUNS worker runs' times
+        self._away: dict[int, deque[float]] = {}
         #: the thread the one executor is lent to (None: not lent)
         self._lent_to: int | None = None
         #: set past the drain deadline: tasks that have not started fail with ClosedError
@@ -216,15 +229,19 @@ class ExecutorPool:
         """Tasks submitted that have not started on an executor yet."""
         return self._waiting
 
-    @property
-    def peak_seconds(self) -> float | None:
-        """How long a run lent to the caller's thread may take (seconds; None before the
-        first run): the recent peak of the lent runs once there was one, else the quickest
-        of the worker's last :attr:`AWAY_RUNS` runs (class docstring)."""
+    def peak_seconds(self, gear: int | None) -> float | None:
+        """How long a run of gear ``gear`` lent to the caller's thread may take (seconds;
+        None before the gear's first timed run, and for gear None): the recent peak of its
+        lent runs once there was one, else the quickest of its last :attr:`AWAY_RUNS` worker
+        runs (class docstring)."""
+        if gear is None:
+            return None
         with self._lock:  # a worker may be recording
-            if self._peak_here is not None:
-                return self._peak_here
-            return min(self._away) if self._away else None
+            peak = self._peak_here.get(gear)
+            if peak is not None:
+                return peak
+            away = self._away.get(gear)
+            return min(away) if away else None
 
     def warm_up(self) -> None:
         """Create every thread's executor now (not on the first requests): N tasks meet at a
@@ -254,52 +271,61 @@ class ExecutorPool:
                 self._executors.append(ex)
         return ex
 
-    def _timed(self, fn: Callable[[Any], T], ex: Any, timed: bool) -> T:
-        """``fn(ex)``, its time taken into :attr:`peak_seconds` where ``timed``; the task is
-        over after."""
+    def _timed(self, fn: Callable[[Any], T], ex: Any, gear: int | None) -> T:
+        """``fn(ex)``, its time taken into gear ``gear``'s :meth:`peak_seconds` (None: not
+        timed); the task is over after."""
         started = time.perf_counter()
         try:
             return fn(ex)
         finally:
             seconds = time.perf_counter() - started
             with self._lock:
-                if timed:
-                    self._record_locked(seconds)
+                if gear is not None:
+                    self._record_locked(seconds, gear)
                 self._running -= 1
 
-    def record(self, seconds: float) -> None:
-        """One run of ``seconds`` on this thread into :attr:`peak_seconds`: for a task that
-        is not one run (a chain of batches, each recorded by its runner)."""
-        with self._lock:
-            self._record_locked(seconds)
+    def record(self, seconds: float, gear: int | None) -> None:
+        """One run of gear ``gear`` taking ``seconds`` on this thread into its
+        :meth:`peak_seconds` (None: nothing is recorded): for a task that is not one run (a
+        chain of batches, each recorded by its runner)."""
+        if gear is not None:
+            with self._lock:
+                self._record_locked(seconds, gear)
 
-    def _record_locked(self, seconds: float) -> None:
-        old = self._peak_here
+    def _record_locked(self, seconds: float, gear: int) -> None:
+        old = self._peak_here.get(gear)
         if self._lent_to == threading.get_ident():
-            self._peak_here = seconds if old is None else max(seconds, old * self.PEAK_DECAY)
-        else:
-            self._away.append(seconds)
-            if old is not None:
-                self._peak_here = old * self.PEAK_DECAY
+            self._peak_here[gear] = seconds if old is None else max(seconds,
+                                                                    old * self.PEAK_DECAY)
+            return
+        away = self._away.get(gear)
+        if away is None:  # at most one per gear of the model
+            away = self._away[gear] = deque(maxlen=self.AWAY_RUNS)
+        away.append(seconds)
+        if old is not None:
+            self._peak_here[gear] = old * self.PEAK_DECAY
 
-    def can_run_here(self) -> bool:
-        """Whether :meth:`run_here` may lend the executor, as far as the pool's shape and
-        recent runs go (whether a task runs or waits is :meth:`run_here`'s to see): one
-        executor, made, on a session that may run on another thread than its own (not a
-        CUDA-graph session), its recent runs all under :attr:`RUN_HERE_BELOW_S`, and not
-        past the drain deadline. One executor only: with more, a run here would keep the
-        loop from handing the others work."""
-        peak = self.peak_seconds
-        if self.size != 1 or peak is None or peak >= self.RUN_HERE_BELOW_S or self.refusing \
-                or not self._executors:
+    def can_run_here(self, gear: int | None) -> bool:
+        """Whether :meth:`run_here` may lend the executor for a run of gear ``gear``, as far
+        as the pool's shape and that gear's recent runs go (whether a task runs or waits is
+        :meth:`run_here`'s to see): one executor, made, on a session that may run on another
+        thread than its own (not a CUDA-graph session), the gear known and its recent runs
+        all under :attr:`RUN_HERE_BELOW_S`, and not past the drain deadline. One executor
+        only: with more, a run here would keep the loop from handing the others work."""
+        if self.size != 1 or self.refusing or not self._executors:
+            return False
+        peak = self.peak_seconds(gear)
+        if peak is None or peak >= self.RUN_HERE_BELOW_S:
             return False
         return not getattr(getattr(self._executors[0], "session", None), "thread_bound", False)
 
-    def run_here(self, fn: Callable[[Any], T], *, timed: bool = True) -> T | object:
-        """``fn(executor)`` on this thread, now, where :meth:`can_run_here` and no task runs
-        or waits (the caller, the event loop, submits every task: nothing queues behind
-        it); else :data:`NOT_HERE`, and nothing ran. ``timed``: as for :meth:`submit`."""
-        if not self.can_run_here():
+    def run_here(self, fn: Callable[[Any], T], gear: int | None, *,
+                 timed: bool = True) -> T | object:
+        """``fn(executor)``, a run of gear ``gear``, on this thread, now, where
+        :meth:`can_run_here` and no task runs or waits (the caller, the event loop, submits
+        every task: nothing queues behind it); else :data:`NOT_HERE`, and nothing ran.
+        ``timed``: as for :meth:`submit`."""
+        if not self.can_run_here(gear):
             return NOT_HERE
         with self._lock:
             if self._running or self._waiting or self.refusing:
@@ -308,33 +334,35 @@ class ExecutorPool:
             self._running += 1
             self._lent_to = threading.get_ident()
         try:
-            return self._timed(fn, ex, timed)
+            return self._timed(fn, ex, gear if timed else None)
         finally:
             with self._lock:
                 self._lent_to = None
                 self._returned.notify_all()
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """``fn(executor)`` on a free worker thread, awaited (:meth:`submit`)."""
-        return await asyncio.wrap_future(self.submit(fn))
+    async def call(self, fn: Callable[[Any], T], gear: int | None = None) -> T:
+        """``fn(executor)``, a run of gear ``gear``, on a free worker thread, awaited
+        (:meth:`submit`)."""
+        return await asyncio.wrap_future(self.submit(fn, gear))
 
-    def submit(self, fn: Callable[[Any], T], *, timed: bool = True) -> Future[T]:
+    def submit(self, fn: Callable[[Any], T], gear: int | None = None) -> Future[T]:
         """``fn(executor)`` on a free worker thread, as a future. The task counts as waiting
         until it starts or, cancelled before it started (the client hung up, a gRPC cancel
         or timeout), until the cancel: whatever ends the wait ends the count, exactly once.
         Past the drain deadline the future fails with ClosedError before ``fn`` runs.
-        ``timed``: the task is one run, its time goes into :attr:`peak_seconds` (else its
-        runs are recorded one by one: :meth:`record`)."""
+        ``gear``: the task is one run of that gear, its time goes into the gear's
+        :meth:`peak_seconds`; None: it is not timed (a gear not known, or a task whose runs
+        are recorded one by one: :meth:`record`)."""
         waiting = _Waiting(self)
         try:
-            future = self._threads.submit(self._run, fn, waiting, timed)
+            future = self._threads.submit(self._run, fn, waiting, gear)
         except BaseException:
             waiting.end()
             raise
         future.add_done_callback(lambda f: waiting.end())  # a cancelled task never starts
         return future
 
-    def _run(self, fn: Callable[[Any], T], waiting: _Waiting, timed: bool) -> T:
+    def _run(self, fn: Callable[[Any], T], waiting: _Waiting, gear: int | None) -> T:
         with self._lock:  # no longer waiting, and running, at once: run_here sees either
             waiting.end_locked()
             while self._lent_to is not None:  # the one executor is lent to the loop: back in < 1 ms
@@ -349,7 +377,7 @@ class ExecutorPool:
             with self._lock:
                 self._running -= 1
             raise
-        return self._timed(fn, ex, timed)
+        return self._timed(fn, ex, gear)
 
     def close(self) -> None:
         """Wait for running tasks, stop the threads (the model's close closes executors)."""
@@ -361,27 +389,30 @@ class PoolBatches:
     pool: a batch runs on a pool thread's executor, and that thread takes the next waiting
     batch itself when it is done. Each batch is one run of the pool's
     (:meth:`ExecutorPool.record`), not the chain of batches a task runs: a chain is as long
-    as the load lasts, and timed as one it would keep every batch off the loop."""
+    as the load lasts, and timed as one it would keep every batch off the loop. A batch is
+    timed as a run of its gear, ``gear_for(rows)`` (the batch plan's)."""
 
     def __init__(self, pool: ExecutorPool,
-                 run: Callable[[list[list[np.ndarray]], Any], tuple[Any, Any]]) -> None:
-        self._pool, self._run = pool, run
+                 run: Callable[[list[list[np.ndarray]], Any], tuple[Any, Any]],
+                 gear_for: Callable[[int], int]) -> None:
+        self._pool, self._run, self._gear_for = pool, run, gear_for
 
     def submit(self, fn: Callable[[Any], T]) -> Future[T]:
-        return self._pool.submit(fn, timed=False)
+        return self._pool.submit(fn)  # untimed: each batch of the chain is (run_on)
 
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]) -> tuple[Any, Any]:
+        gear = self._gear_for(sum(r[0].shape[0] for r in requests))
         started = time.perf_counter()
         try:
             return self._run(requests, worker)
         finally:
-            self._pool.record(time.perf_counter() - started)
+            self._pool.record(time.perf_counter() - started, gear)
 
-    def can_run_here(self) -> bool:
-        return self._pool.can_run_here()
+    def can_run_here(self, gear: int) -> bool:
+        return self._pool.can_run_here(gear)
 
-    def run_here(self, fn: Callable[[Any], T]) -> T | object:
-        return self._pool.run_here(fn, timed=False)
+    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | object:
+        return self._pool.run_here(fn, gear, timed=False)
 
 
 class _Waiting:
@@ -421,6 +452,8 @@ class ServedModel:
         self._dtypes = [np.dtype(model.info.input_dtypes[i]) for i in keep]
         self._datatypes = [datatype_of(d) for d in self._dtypes]
         self._shapes = [tuple(spec.input_shapes[i]) for i in keep]
+        #: every input's rank, summed: a dynamic_dims of this length is full dims
+        self._ranks = sum(len(s) for s in spec.input_shapes)
         #: the outputs a request is answered with (model order, state outputs left out)
         self.output_names = [n for n in model.output_names if n not in self.state_names]
         self.max_request_bytes = options.max_body_bytes or request_limit(model)
@@ -433,7 +466,8 @@ class ServedModel:
             self.sequences = SequenceSlots(model, state, options.max_sequences, name,
                                            options.sequence_idle_s,
                                            on_event=partial(metrics.sequence, name),
-                                           in_place=options.in_place_state)
+                                           in_place=options.in_place_state,
+                                           max_waiting=options.max_queue)
             metrics.track_sequences(name, lambda: self.sequences.live)
             if options.sequence_start is not None:
                 self.start = StartModel(options.sequence_start, model, state,
@@ -445,7 +479,8 @@ class ServedModel:
         self.batcher: Batcher | None = None
         self.no_batching_reason = "batching is off" if self.plan else why
         if options.batching and self.plan is not None and not state:
-            self.batcher = Batcher(self.plan, PoolBatches(self.pool, self._timed_batch),
+            batches = PoolBatches(self.pool, self._timed_batch, self.plan.gear_for)
+            self.batcher = Batcher(self.plan, batches,
                                    max_delay_s=options.max_batch_delay_ms / 1000,
                                    slots=options.executors, on_batch=self._count_batch,
                                    wait_when_idle=options.batch_wait_when_idle)
@@ -590,8 +625,9 @@ class ServedModel:
 
     @property
     def saturated(self) -> bool:
-        """Its queue is full: a request now would get 503 [queue_full] (what readiness
-        reports, so a load balancer sends elsewhere until it drains)."""
+        """Its queue is full: a request now would get 503 [queue_full]. Readiness does not
+        read it (one client's backlog must not take the server out for everyone); a
+        sequence's requests obey the same bound in SequenceSlots."""
         return self.queue_depth() >= self.options.max_queue
 
     async def infer(self, request: InferRequest) -> tuple[RunTiming, list[np.ndarray]]:
@@ -619,9 +655,26 @@ class ServedModel:
         if self.batcher is not None and dims is None:
             self._check_batch(arrays)
             return await self.batcher.submit(arrays)
-        run = partial(self._run_one, arrays, dims)
-        done = self.pool.run_here(run)  # a short run, the pool idle: no hop to a thread
-        return await self.pool.call(run) if done is NOT_HERE else done
+        run, gear = partial(self._run_one, arrays, dims), self._gear_of(arrays, dims)
+        done = self.pool.run_here(run, gear)  # a short gear, the pool idle: no thread hop
+        return await self.pool.call(run, gear) if done is NOT_HERE else done
+
+    def _gear_of(self, arrays: list[np.ndarray], dims: list[int] | None) -> int | None:
+        """The gear the executor will run ``arrays`` on (``dims`` set, if any: that gear,
+        padded or not; else the exact match, or padded the covering gear), as the
+        executor's rules pick it: what lending the run to the loop is judged by. None where
+        no gear is known beforehand (none fits: the run fails, or a hybrid model runs its
+        dynamic-shape graph), and such a run is never lent."""
+        dispatcher = self.model.dispatcher
+        try:
+            if dims is not None:
+                if len(dims) == dispatcher.spec.values_per_gear and len(dims) != self._ranks:
+                    return dispatcher.match(dims)  # the dynamic values alone
+                return dispatcher.match(dispatcher.values_from_full_dims(dims))
+            values = dispatcher.extract(arrays)
+            return dispatcher.cover(values) if self.options.pad else dispatcher.match(values)
+        except Exception:  # the run itself reports what is wrong, with its own error
+            return None
 
     def _inputs(self, request: InferRequest) -> list[np.ndarray]:
         """The request's arrays in model input order, names and datatypes checked."""
@@ -796,7 +849,11 @@ class StartModel:
 
     def run(self, arrays: list[np.ndarray], stats: ModelStats,
             ex: Any) -> tuple[RunTiming, list[np.ndarray]]:
-        """The prompt on the start model, its state outputs written into ``ex``'s state."""
+        """The prompt on the start model, its state outputs written into ``ex``'s state.
+        Runs inside SequenceSlots.call, on the slot's thread after its reset, in the
+        sequence's order (a cut-off start still writes before the steps behind it run); if
+        it fails, the half-written state belongs to no sequence (the start leaves it not
+        live)."""
         started = time.perf_counter()
         out = {o: ex.state[i] for i, o in self.state.items()}
         with self._lock:

@@ -14,10 +14,19 @@ per slot, the "direct" strategy):
   free slot: 503 ``[sequences_full]`` (retry later), after freeing the sequences idle past
   ``idle_s``.
 * a request of a live sequence runs on its slot, in arrival order (one at a time per
-  sequence; different sequences run in parallel, one thread per slot).
-* a request without a start for an id that is not live (never started, ended, or freed
-  when idle): 400, naming the id.
-* ``sequence_end``: the slot is freed after the answer.
+  sequence; different sequences run in parallel, one thread per slot). A request whose
+  client goes away (a hang-up, a client timeout, a gRPC deadline) holds its place: a run
+  under way finishes and one not begun is skipped in its turn, so the requests behind it
+  never run beside it nor before it; the slot is held until then.
+* past ``--max-queue`` requests waiting, a request that would wait is refused alone with
+  503 ``[queue_full]`` (readiness never reads the queue: a probe would take the server
+  out for one client's backlog).
+* a start that fails (a prompt no gear of the start model covers) leaves the sequence not
+  live; so does a start skipped because its client went away.
+* a request without a start for an id that is not live (never started, its start failed,
+  ended, or freed when idle): 400, naming the id.
+* ``sequence_end``: the slot is freed once its run is over; a start of the same id sent
+  right after waits for it on the same slot, then starts the sequence over.
 
 The slots' executors are made when the model loads, so the memory a sequence needs is held
 from the start, never allocated while serving.
@@ -26,15 +35,16 @@ from the start, never allocated while serving.
 from __future__ import annotations
 
 import asyncio
-import threading
+import contextlib
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from gear_runtime.errors import ClosedError, InputError
-from gear_runtime.serving.errors import UnavailableError
+from gear_runtime.serving.errors import QueueFullError, UnavailableError
 
 T = TypeVar("T")
 
@@ -82,14 +92,37 @@ def sequence_control(parameters: Mapping[str, Any]) -> SequenceControl:
     return SequenceControl(seq, flags[0], flags[1])
 
 
+class _Abandoned(Exception):
+    """A request whose client went away before its run began: it is skipped (in its turn,
+    so an end still ends and a start still replaces the state it would have reset)."""
+
+
+@dataclass
+class _Request:
+    """One admitted request; ``abandoned`` is set (on the loop) when its caller is
+    cancelled, read on the slot's thread."""
+
+    control: SequenceControl
+    epoch: int
+    abandoned: bool = False
+
+
 @dataclass
 class _Slot:
     executor: Any
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: one thread: the slot's requests run on it one at a time, in the order admitted
+    thread: ThreadPoolExecutor
+    # ---- the loop's side: who holds the slot, what is admitted ----
     owner: int | str | None = None
+    #: bumped by each start admitted: a request belongs to the start before it
+    epoch: int = 0
     last_used: float = 0.0
-    #: requests of this slot's sequence admitted and not finished
+    #: requests admitted whose run has not finished (or been skipped): the slot is held
+    #: while this is non-zero, whatever happened to the requests' callers
     pending: int = 0
+    # ---- the slot thread's side ----
+    #: the epoch whose sequence the executor's state holds (None: no live sequence's)
+    running: int | None = None
 
 
 class SequenceSlots:
@@ -97,17 +130,18 @@ class SequenceSlots:
 
     def __init__(self, model: Any, state: Mapping[str, str], size: int, name: str,
                  idle_s: float = DEFAULT_IDLE_S,
-                 on_event: Callable[[str], None] | None = None, in_place: bool = False) -> None:
-        self.name, self.idle_s = name, idle_s
+                 on_event: Callable[[str], None] | None = None, in_place: bool = False,
+                 max_waiting: int | None = None) -> None:
+        self.name, self.idle_s, self.max_waiting = name, idle_s, max_waiting
         #: called with "started", "ended" or "expired" (the server's metrics)
         self._on_event = on_event or (lambda event: None)
         # in_place: each pair one buffer, where the graph updates it in place (checked by
         # create_executor; a failed step may then leave its sequence's state half written)
-        self._slots = [_Slot(model.create_executor(state=dict(state), in_place_state=in_place))
-                       for _ in range(size)]
-        self._threads = ThreadPoolExecutor(size, thread_name_prefix=f"gear-{name}-seq")
+        self._slots = [
+            _Slot(model.create_executor(state=dict(state), in_place_state=in_place),
+                  ThreadPoolExecutor(1, thread_name_prefix=f"gear-{name}-seq{i}"))
+            for i in range(size)]
         self._live: dict[int | str, _Slot] = {}
-        self._lock = threading.Lock()
         #: set past the drain deadline: requests not started fail with ClosedError
         self.refusing = False
 
@@ -122,78 +156,153 @@ class SequenceSlots:
 
     @property
     def waiting(self) -> int:
-        """Requests admitted that have not finished, beyond one per live sequence."""
+        """Requests admitted that have not finished, beyond one per slot."""
         return sum(max(0, s.pending - 1) for s in self._slots)
 
-    def _slot_for(self, control: SequenceControl) -> _Slot:
+    # ---- admission (on the loop) ---------------------------------------------------------
+    def _admit(self, control: SequenceControl) -> tuple[_Slot, _Request]:
+        """The slot ``control`` runs on, claimed for a start; the request counted there.
+        ClosedError past the drain deadline, InputError for a sequence not live,
+        SequencesFullError / QueueFullError (503) when it cannot be taken now."""
+        if self.refusing:
+            raise ClosedError(_REFUSING)
         slot = self._live.get(control.id)
-        if control.start:
-            if slot is None:
-                slot = self._free_slot()
-                slot.owner = control.id
-                self._live[control.id] = slot
-            self._on_event("started")
-            return slot
         if slot is None:
-            raise InputError(f"sequence {control.id!r} of model {self.name!r} is not live "
-                             "(never started, ended, or freed after "
-                             f"{self.idle_s:g} s idle): its first request must set "
-                             "sequence_start")
-        return slot
+            if not control.start:
+                raise InputError(f"sequence {control.id!r} of model {self.name!r} is not "
+                                 "live (never started, its start failed, ended, or freed "
+                                 f"after {self.idle_s:g} s idle): its first request must "
+                                 "set sequence_start")
+            slot = self._free_slot()
+        self._check_bound(slot)
+        if control.start:  # a new sequence, or a live one started over on its slot
+            slot.owner, slot.epoch = control.id, slot.epoch + 1
+            self._live[control.id] = slot
+        slot.pending += 1
+        return slot, _Request(control, slot.epoch)
+
+    def _check_bound(self, slot: _Slot) -> None:
+        """QueueFullError when a request would wait on ``slot`` (busy) while ``max_waiting``
+        requests wait already: the request is refused alone; one that runs at once is
+        never refused (readiness does not read this: serving/dataplane.py)."""
+        if slot.pending and self.max_waiting is not None and \
+                self.waiting >= self.max_waiting:
+            raise QueueFullError(f"model {self.name!r} has {self.waiting} requests waiting "
+                                 f"(--max-queue {self.max_waiting}); retry later")
 
     def _free_slot(self) -> _Slot:
+        """A slot no sequence holds, idle ones first; sequences idle past ``idle_s`` with
+        nothing admitted give way. SequencesFullError when none is free."""
         now = time.monotonic()
-        for seq, slot in list(self._live.items()):  # sequences idle too long give way
+        for seq, slot in list(self._live.items()):
             if slot.pending == 0 and now - slot.last_used > self.idle_s:
                 self._release(seq)
                 self._on_event("expired")
-        free = next((s for s in self._slots if s.owner is None), None)
-        if free is None:
+        free = [s for s in self._slots if s.owner is None]
+        if not free:
             raise SequencesFullError(
                 f"model {self.name!r} has {self.size} live sequences, its --max-sequences; "
                 "end one (sequence_end) or retry later")
-        return free
+        return min(free, key=lambda s: s.pending)
 
     def _release(self, seq: int | str) -> None:
         slot = self._live.pop(seq, None)
         if slot is not None:
             slot.owner = None
 
+    # ---- running (on the slot's thread) --------------------------------------------------
+    def _run(self, slot: _Slot, req: _Request, fn: Callable[[Any], T]) -> T:
+        """``req`` in its turn: a start resets the state then runs (the sequence is live
+        once it succeeds); a step runs only on its own sequence's state; an end leaves the
+        state to no sequence, whether it ran or not."""
+        control = req.control
+        try:
+            if self.refusing:
+                raise ClosedError(_REFUSING)
+            if control.start:
+                slot.running = None  # the state is the new sequence's, or no one's
+                if req.abandoned:
+                    raise _Abandoned
+                slot.executor.reset_state()
+                result = fn(slot.executor)
+                slot.running = req.epoch
+                return result
+            if slot.running != req.epoch:
+                raise InputError(f"sequence {control.id!r} of model {self.name!r} is not "
+                                 "live: it ended, or its start failed, while this request "
+                                 "waited")
+            if req.abandoned:
+                raise _Abandoned
+            return fn(slot.executor)
+        finally:
+            if control.end and slot.running == req.epoch:
+                slot.running = None
+
+    # ---- the caller ----------------------------------------------------------------------
     async def call(self, control: SequenceControl, fn: Callable[[Any], T]) -> T:
         """``fn(executor)`` on the sequence's slot, after a reset of its state when the
         request starts the sequence; the slot is freed after an end. One request at a time
-        per sequence, in arrival order."""
-        slot = self._slot_for(control)
-        slot.pending += 1
+        per slot, in arrival order. A caller cancelled (hang-up, timeout) does not free the
+        slot: a run under way finishes, a run not begun is skipped in its turn; the slot
+        is held until then. A start that fails leaves the sequence not live."""
+        slot, req = self._admit(control)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
         try:
-            async with slot.lock:
-                if self.refusing:
-                    raise ClosedError("the server is shutting down (past its drain "
-                                      "deadline): retry on another replica")
-                if slot.owner != control.id:  # freed (idle or ended) while this one waited
-                    raise InputError(f"sequence {control.id!r} of model {self.name!r} ended "
-                                     "while this request waited")
+            future = slot.thread.submit(self._run, slot, req, fn)
+        except RuntimeError:  # the threads are shut down (the model closes)
+            self._finished(slot, req, False)
+            raise ClosedError(_REFUSING) from None
+        future.add_done_callback(partial(self._done, loop, slot, req, waiter))
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            req.abandoned = True
+            raise
 
-                def run(ex: Any) -> T:
-                    if control.start:
-                        ex.reset_state()
-                    return fn(ex)
+    def _done(self, loop: asyncio.AbstractEventLoop, slot: _Slot, req: _Request,
+              waiter: asyncio.Future[T], future: Future[T]) -> None:
+        """The run's end (any thread): the bookkeeping, then the answer, on the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits
+            loop.call_soon_threadsafe(self._answer, slot, req, waiter, future)
 
-                future = self._threads.submit(run, slot.executor)
-                result = await asyncio.wrap_future(future)
-                slot.last_used = time.monotonic()
-                return result
-        finally:
-            slot.pending -= 1
-            if control.end and slot.owner == control.id:
-                self._release(control.id)
-                self._on_event("ended")
+    def _answer(self, slot: _Slot, req: _Request, waiter: asyncio.Future[T],
+                future: Future[T]) -> None:
+        error = None if future.cancelled() else future.exception()
+        self._finished(slot, req, not future.cancelled() and error is None)
+        if waiter.done():
+            return
+        if future.cancelled():
+            waiter.set_exception(ClosedError(_REFUSING))
+        elif error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(future.result())
+
+    def _finished(self, slot: _Slot, req: _Request, ok: bool) -> None:
+        """A request's run is over (``ok``: it succeeded): the slot's count, and the
+        sequence freed after its end or its failed start, unless a later start of the id
+        was admitted meanwhile."""
+        slot.pending -= 1
+        slot.last_used = time.monotonic()  # idle from now: a failed request was a use too
+        control = req.control
+        owns = slot.owner == control.id and slot.epoch == req.epoch
+        if control.start and ok:
+            self._on_event("started")
+        if control.end and (ok or owns):
+            self._on_event("ended")
+        if owns and (control.end or (control.start and not ok)):
+            self._release(control.id)
 
     def close(self) -> None:
         """Wait for running requests, stop the threads, close the executors."""
-        self._threads.shutdown(wait=True, cancel_futures=True)
+        for slot in self._slots:
+            slot.thread.shutdown(wait=True, cancel_futures=True)
         for slot in self._slots:
             slot.executor.close()
+
+
+_REFUSING = "the server is shutting down (past its drain deadline): retry on another replica"
 
 
 __all__ = ["DEFAULT_IDLE_S", "SequenceControl", "SequenceSlots", "SequencesFullError",
