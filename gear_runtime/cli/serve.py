@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 #: Default --drain-seconds (the home of the number is serving.lifecycle.DEFAULT_DRAIN_S; the
 #: parser cannot import it without the serve extra, a test keeps the two equal).
 DRAIN_SECONDS = 20.0
+#: Default --worker-timeout (home: serving.workers.DEFAULT_TIMEOUT_S; kept equal by a test).
+WORKER_TIMEOUT = 60.0
+#: Seconds a worker whose supervisor died may drain before it kills itself (past the drain).
+ORPHAN_GRACE_S = 10.0
 
 
 def port(text: str) -> int:
@@ -153,7 +157,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", metavar="D,D",
                    help="one worker per device (acl / mindspore_lite / CUDA device ids, "
                    "OpenVINO device names), each opening its models there (--device D)")
+    p.add_argument("--worker-timeout", type=float_at_least(0), default=WORKER_TIMEOUT,
+                   metavar="S", help="with --workers / --devices: a worker whose event loop "
+                   "sends no heartbeat for S seconds (stuck in a call that holds the GIL, or "
+                   "hung) is killed and started again, as gunicorn's --timeout (default "
+                   f"{WORKER_TIMEOUT:g}; 0: never)")
     p.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-lifeline", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-heartbeat", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)
@@ -307,15 +318,23 @@ def serve_from_args(args: argparse.Namespace) -> int:
             argv.append("--profile-checked")
         sock = bind(args.host, args.port)
         try:
+            if args.grpc_port:  # in use: one clear error here, not one per worker
+                bind(args.host, args.grpc_port, "--grpc-port").close()
             return serve_workers(argv, len(devices) if devices else args.workers,
-                                 devices, sock, args.host, args.grpc_port is not None)
+                                 devices, sock, args.host, args.grpc_port,
+                                 args.worker_timeout)
         finally:
             sock.close()
+    if args.worker_fd is not None:  # a worker: it dies with its supervisor
+        from gear_runtime.serving.workers import watch_supervisor
+
+        watch_supervisor(args.worker_lifeline, args.drain_seconds + ORPHAN_GRACE_S,
+                         args.worker_index)
     if not args.ray:
         return serve_forever(args.files, names, options, args.host, args.port,
                              limits=limits_from_args(args), drain_s=args.drain_seconds,
                              grpc_port=args.grpc_port, model_repository=args.model_repository,
-                             worker_fd=args.worker_fd)
+                             worker_fd=args.worker_fd, heartbeat_fd=args.worker_heartbeat)
     try:
         from gear_runtime.serving import ray_app
     except ImportError as exc:
@@ -343,9 +362,11 @@ def bind(host: str, port: int, flag: str = "--port") -> socket.socket:
 def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: ServeOptions,
                   host: str, port: int, *, limits: HttpLimits | None = None,
                   drain_s: float = DRAIN_SECONDS, grpc_port: int | None = None,
-                  model_repository: str | None = None, worker_fd: int | None = None) -> int:
+                  model_repository: str | None = None, worker_fd: int | None = None,
+                  heartbeat_fd: int | None = None) -> int:
     """Bind first (a port in use fails before any model loads), load, print the address,
-    serve until SIGINT / SIGTERM, drain (serving.lifecycle), close."""
+    serve until SIGINT / SIGTERM, drain (serving.lifecycle), close. A worker of serve
+    --workers accepts on ``worker_fd`` and, once serving, beats on ``heartbeat_fd``."""
     from gear_runtime.serving.app import build_server
     from gear_runtime.serving.lifecycle import Running, new_loop, serve
 
@@ -373,6 +394,10 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
             from gear_runtime.serving.workers import mark_started
 
             mark_started(options.worker_dir, options.worker)
+        if heartbeat_fd is not None:  # from the loop: the parent hears a loop that runs
+            from gear_runtime.serving.workers import start_heartbeat
+
+            start_heartbeat(heartbeat_fd)
 
     loop = new_loop()
     try:

@@ -133,7 +133,7 @@ class GearServer(DataPlane):
         return _json(self.server_metadata())
 
     async def scrape(self, request: HttpRequest) -> HttpReply:
-        body, content_type = self.metrics.exposition()
+        body, content_type = await self.metrics.scrape(request.headers)  # every worker's, now
         return HttpReply(200, body, content_type)
 
     async def model_metadata(self, request: HttpRequest, name: str,

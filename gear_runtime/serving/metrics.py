@@ -6,23 +6,34 @@ name, ``""`` for a request naming no served model) and ``gear`` (the gear's dims
 ``,``, ``"dynamic"`` for a hybrid miss run on the dynamic-shape graph).
 
 Under ``serve --workers N`` every series also carries ``worker="i"``, and a scrape reports the
-WHOLE server whichever worker answers it: each worker keeps a snapshot of its own exposition
-in the folder the parent made for them (written every :data:`SNAPSHOT_S` seconds and on each
-of its own scrapes, atomically), and the answering worker merges every worker's latest
-snapshot with its own fresh one, family by family (so ``sum without(worker)`` of a counter is
-the server's count, at most :data:`SNAPSHOT_S` behind for the other workers). A worker that
-died keeps its last snapshot until its restart overwrites it, starting its counts from zero as
-any restarted process does (Prometheus' ``rate()`` reads that as a counter reset).
+WHOLE server, as it is at the scrape, whichever worker answers it: the answering worker asks
+every other worker for its own exposition over that worker's Unix socket in the folder the
+parent made for them (``GET /metrics`` with :data:`OWN_HEADER`, all at once, each within
+:data:`PEER_SCRAPE_S`) and merges them with its own, family by family (so ``sum
+without(worker)`` of a counter is the server's count). A worker that does not answer in time
+(its loop blocked by a long call holding the GIL) is reported from its latest snapshot file
+in the same folder (written every :data:`SNAPSHOT_S` seconds and at each scrape, atomically),
+with a log line. The supervisor removes a dead worker's snapshots; its restart counts from
+zero as any restarted process does (Prometheus' ``rate()`` reads that as a counter reset).
+
+The folder is the server's own (0700), but what is in it is read defensively: only regular
+files are read (a FIFO, a folder, a link are skipped: never a hang), at most
+:data:`MAX_SNAPSHOT_BYTES`, and a file or answer that does not parse is skipped; each with
+one log line naming it and why.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
+import re
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +46,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from gear_runtime.serving.peers import OWN_HEADER, scrape_peer
+
 #: Request latency buckets (seconds): sub-millisecond gears to multi-second prefills.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                    10.0)
@@ -42,6 +55,17 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 #: How often a worker refreshes its snapshot for the other workers' scrapes (seconds).
 SNAPSHOT_S = 1.0
+#: How long a scrape waits for each other worker's fresh exposition before it takes that
+#: worker's snapshot file instead (seconds; Prometheus' default scrape timeout is 10 s)
+PEER_SCRAPE_S = 2.0
+#: The largest snapshot file or answer read (bytes); more is skipped as not a snapshot
+MAX_SNAPSHOT_BYTES = 64 * 2**20
+#: The names of the workers' files in the folder: worker-<index>.<kind>
+_WORKER_FILE = re.compile(r"worker-(\d+)\.(prom|sock|stats\.json)")
+
+logger = logging.getLogger("gear_runtime.serving")
+#: (path, why) already logged as skipped: a bad file is named once per process, not per scrape
+_skipped: set[tuple[str, str]] = set()
 
 
 class Metrics:
@@ -158,12 +182,64 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """(body, content type) of the Prometheus text format (every sample labelled
-        ``worker`` under ``serve --workers``, and every worker's series in it)."""
+        ``worker`` under ``serve --workers``, and every worker's series in it: the others'
+        from their snapshot files; :meth:`scrape` asks them afresh)."""
         body = self._own()
-        if self.shared_dir is None or self.worker is None:
+        if not self.shared:
             return body, CONTENT_TYPE_LATEST
         self._write_snapshot(body)
-        return merge_expositions(_snapshots(self.shared_dir)), CONTENT_TYPE_LATEST
+        others = [(path, _read_snapshot(path))
+                  for path in (self._path(i, "prom") for i in self._others())]
+        return merge_expositions([body, *others]), CONTENT_TYPE_LATEST
+
+    async def scrape(self, headers: Mapping[str, str] | None = None) -> tuple[bytes, str]:
+        """(body, content type) of ``GET /metrics`` with request ``headers``: under
+        ``serve --workers``, every worker's series as they are now (each other worker asked
+        over its socket; its snapshot file when it does not answer in
+        :data:`PEER_SCRAPE_S`); only this worker's when :data:`OWN_HEADER` says "own"."""
+        body = self._own()
+        if not self.shared or (headers or {}).get(OWN_HEADER) == "own":
+            return body, CONTENT_TYPE_LATEST
+        with contextlib.suppress(OSError):  # the others' fallback; the folder may be gone
+            self._write_snapshot(body)
+        others = await asyncio.gather(*(self._peer(i) for i in self._others()))
+        return merge_expositions([body, *others]), CONTENT_TYPE_LATEST
+
+    def _others(self) -> list[int]:
+        """The indexes of the other workers with a socket or a snapshot in the folder."""
+        assert self.shared_dir is not None
+        found = set()
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.shared_dir):
+                match = _WORKER_FILE.fullmatch(name)
+                if match and match.group(2) != "stats.json":
+                    found.add(int(match.group(1)))
+        found.discard(int(str(self.worker)))
+        return sorted(found)
+
+    def _path(self, index: int, kind: str) -> str:
+        assert self.shared_dir is not None
+        return os.path.join(self.shared_dir, f"worker-{index}.{kind}")
+
+    async def _peer(self, index: int) -> tuple[str, bytes | None]:
+        """(where from, body): worker ``index``'s exposition now, else its snapshot file
+        (body None: neither)."""
+
+        path = self._path(index, "sock")
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                _skip(path, "not a socket")
+            else:
+                try:
+                    return path, await scrape_peer(path, PEER_SCRAPE_S, MAX_SNAPSHOT_BYTES)
+                except (OSError, ValueError, asyncio.TimeoutError,
+                        asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                    if not isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+                        logger.warning("worker %d did not answer a scrape within %g s on %s "
+                                       "(%s): its snapshot file is reported", index,
+                                       PEER_SCRAPE_S, path, type(exc).__name__)
+        prom = self._path(index, "prom")
+        return prom, _read_snapshot(prom)
 
     def _own(self) -> bytes:
         body = generate_latest(self.registry)
@@ -207,13 +283,26 @@ class Metrics:
             self._write(snapshot_names(self.worker)[1], json.dumps(self._stats()).encode())
 
     def shared_stats(self) -> list[dict]:
-        """Every worker's latest statistics document (this one's written fresh first)."""
+        """Every worker's latest statistics document (this one's written fresh first); a
+        file that is not one (not a regular file, not a JSON document with a
+        ``model_stats`` list) is skipped with a log line."""
         self.write_stats()
         assert self.shared_dir is not None
         out = []
         for path in sorted(Path(self.shared_dir).glob("worker-*.stats.json")):
-            with contextlib.suppress(OSError, ValueError):  # replaced under us: next time
-                out.append(json.loads(path.read_bytes()))
+            body = _read_snapshot(str(path))
+            if body is None:
+                continue
+            try:
+                doc = json.loads(body)
+            except ValueError as exc:
+                _skip(str(path), f"not JSON ({exc})")
+                continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("model_stats"), list) \
+                    or not all(isinstance(m, dict) for m in doc["model_stats"]):
+                _skip(str(path), 'not a statistics document ({"model_stats": [...]})')
+                continue
+            out.append(doc)
         return out
 
     def _write(self, name: str, body: bytes) -> None:
@@ -232,24 +321,77 @@ def snapshot_names(worker: int | None) -> tuple[str, str]:
     return f"worker-{worker}.prom", f"worker-{worker}.stats.json"
 
 
-def _snapshots(folder: str) -> Iterator[bytes]:
-    """Every worker's latest snapshot in ``folder`` (by worker file name)."""
-    for path in sorted(Path(folder).glob("worker-*.prom")):
-        with contextlib.suppress(OSError):  # a worker's file replaced under us: next time
-            yield path.read_bytes()
+def _skip(path: str, why: str) -> None:
+    """Log, once per process, that ``path`` in the workers' folder was skipped and why."""
+    if (path, why) not in _skipped:
+        _skipped.add((path, why))
+        logger.warning("scrape: skipped %s in the workers' folder: %s (expected a worker's "
+                       "snapshot or socket)", path, why)
 
 
-def merge_expositions(bodies: Iterator[bytes] | list[bytes]) -> bytes:
-    """One exposition of several (each worker's, labelled apart by ``worker``): the samples
-    of each metric family together under one HELP / TYPE, as the text format requires."""
+def _read_snapshot(path: str) -> bytes | None:
+    """The bytes of the regular file ``path`` (None: missing, as a worker not yet started;
+    or not a regular file, or over :data:`MAX_SNAPSHOT_BYTES`: skipped, logged). Opened
+    non-blocking and not following links, so a FIFO or a device never blocks the scrape."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a link
+        _skip(path, f"cannot be opened ({exc.strerror or exc})")
+        return None
+    try:
+        mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+        if not stat.S_ISREG(mode):
+            _skip(path, f"not a regular file (mode {stat.filemode(mode)})")
+            return None
+        if size > MAX_SNAPSHOT_BYTES:
+            _skip(path, f"{size} bytes, more than {MAX_SNAPSHOT_BYTES}")
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        _skip(path, f"cannot be read ({exc.strerror or exc})")
+        return None
+    finally:
+        os.close(fd)
+
+
+def _families(body: bytes, where: str) -> list[Any]:
+    """The metric families of one exposition; [] (logged) for one that does not parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    families: dict[str, object] = {}
-    for body in bodies:
-        for family in text_string_to_metric_families(body.decode()):
+    try:
+        return list(text_string_to_metric_families(body.decode()))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        _skip(where, f"not a Prometheus exposition ({type(exc).__name__}: {str(exc)[:100]})")
+        return []
+
+
+def merge_expositions(bodies: Iterable[bytes | tuple[str, bytes | None]]) -> bytes:
+    """One exposition of several (each worker's, labelled apart by ``worker``): the samples
+    of each metric family together under one HELP / TYPE, as the text format requires. An
+    item is a body or (where it came from, body or None); a None is skipped, as is (with a
+    log line naming where) a body that does not parse, or a family whose type differs from
+    the first body's."""
+    families: dict[str, Any] = {}
+    for item in bodies:
+        where, body = item if isinstance(item, tuple) else ("this worker's exposition", item)
+        if body is None:
+            continue
+        for family in _families(body, where):
             known = families.setdefault(family.name, family)
-            if known is not family:
-                known.samples.extend(family.samples)  # type: ignore[attr-defined]
+            if known is family:
+                continue
+            if known.type != family.type:
+                _skip(where, f"family {family.name} of type {family.type}, expected "
+                      f"{known.type}")
+                continue
+            known.samples.extend(family.samples)
 
     class _Merged:
         def collect(self) -> list[object]:

@@ -138,6 +138,33 @@ class Peers:
         self._idle.clear()
 
 
+#: The header a worker's scrape of another sends (value "own"): answer with your own series
+#: alone (serving/metrics.py merges them).
+OWN_HEADER = "x-gear-scrape"
+
+
+async def scrape_peer(path: str, timeout: float, limit: int) -> bytes:
+    """The body of ``GET /metrics`` (that worker's own series: :data:`OWN_HEADER`) from the
+    worker listening on the Unix socket ``path``, within ``timeout`` seconds. OSError (not
+    listening), asyncio.TimeoutError (not answering: its loop blocked), ValueError (an answer
+    that is not a 200 reply of at most ``limit`` bytes)."""
+
+    async def ask() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(path)
+        try:
+            writer.write(f"GET /metrics HTTP/1.1\r\nhost: gear-worker\r\n{OWN_HEADER}: own"
+                         "\r\nconnection: close\r\n\r\n".encode("latin-1"))
+            await writer.drain()
+            status, _, body = await _read_reply(reader, limit)
+        finally:
+            writer.close()
+        if status != 200:
+            raise ValueError(f"answered {status} to a scrape, expected 200: {body[:100]!r}")
+        return body
+
+    return await asyncio.wait_for(ask(), timeout)
+
+
 def _seq(request: InferRequest) -> Any:
     return request.parameters.get("sequence_id")
 
@@ -173,9 +200,11 @@ def _quote(name: str) -> str:
     return quote(name, safe="")
 
 
-async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+async def _read_reply(reader: asyncio.StreamReader, limit: int | None = None
+                      ) -> tuple[int, dict[str, str], bytes]:
     """(status, lower-case headers, body) of one HTTP/1.1 reply with a content-length (the
-    server's own replies always have one). ValueError on anything else."""
+    server's own replies always have one) of at most ``limit`` bytes (None: any). ValueError
+    on anything else."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
@@ -189,6 +218,8 @@ async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]
     length = headers.get("content-length", "")
     if not length.isdigit():
         raise ValueError("a reply without a content-length")
+    if limit is not None and int(length) > limit:
+        raise ValueError(f"a reply of {length} bytes, more than {limit}")
     return int(parts[1]), headers, await reader.readexactly(int(length))
 
 
@@ -233,4 +264,5 @@ def _peer_error(status: int, body: bytes) -> PeerAnswerError:
     return PeerAnswerError(message, code, status)
 
 
-__all__ = ["Peers", "decode_reply", "encode_forward", "owner_of", "socket_path"]
+__all__ = ["Peers", "decode_reply", "encode_forward", "owner_of", "scrape_peer",
+           "socket_path"]
