@@ -4,7 +4,9 @@ No GPU here: the CUDA provider is faked where a path needs one (``fake_cuda``: O
 the CUDA EP and each session is a CPU session that records the provider options it was given,
 refusing graph capture the way ORT's inference_session.cc does when asked), and the device
 staging runs its real ORT calls on host memory (``device=("cpu", 0)``): the arena, the views,
-the one-copy-in / one-copy-out path and every binding are the code a GPU runs.
+the one-copy-in / one-copy-out path and every binding are the code a GPU runs. Its bindings
+copy an input the CUDA EP reads on the CPU when it is bound, as ORT does
+(``ort_device_support.BindTimeCopies``), so a path binding before it copies fails here too.
 """
 
 from __future__ import annotations

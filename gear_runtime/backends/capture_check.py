@@ -60,25 +60,38 @@ def capture_hazards(graph: onnx.GraphProto) -> list[str]:
                for node in graph.node
                if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                       for a in node.attribute)]
-    producers = {out: node for node in graph.node for out in node.output if out}
-    constant = {t.name for t in graph.initializer}
-    inputs = {v.name for v in graph.input} - constant
     hazards += [f"{node.op_type} node {node.name or node.output[0]!r} draws random numbers (a "
                 "CUDA graph would replay the draw made at capture)"
                 for node in graph.node if node.op_type in RANDOM_OPS]
+    hazards += [f"the value of input {name!r} feeds input {pos} of {node.op_type} node "
+                f"{node.name or node.output[0]!r} (a shape computation ORT runs on the "
+                "CPU: a CUDA graph would replay the value seen at capture)"
+                for node, pos, name in _cpu_feeds(graph)]
+    return hazards
+
+
+def cpu_read_inputs(graph: onnx.GraphProto) -> set[str]:
+    """The graph inputs whose VALUES the CUDA EP reads on the CPU (a kernel input it takes on
+    the CPU, or the CPU subgraph computing one). ORT copies such an input at BIND time when it
+    is bound on the GPU (``IOBinding::BindInput`` -> ``utils::CopyOneInputAcrossDevices``,
+    core/session/IOBinding.cc, core/framework/utils.cc), so its bytes must be on the device
+    before the bind: the device tests' host-memory double copies exactly these at bind."""
+    return {name for _, _, name in _cpu_feeds(graph)}
+
+
+def _cpu_feeds(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, int, str]]:
+    """(node, input position, graph input) for each graph input whose value reaches an input
+    the CUDA EP reads on the CPU (not through Shape / Size), in node order."""
+    producers = {out: node for node in graph.node for out in node.output if out}
+    inputs = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+    found = []
     for node in graph.node:
         slots = _cpu_inputs(node)
-        positions = range(len(node.input)) if slots is None else slots
-        for pos in positions:
-            if pos >= len(node.input) or not node.input[pos]:
-                continue
-            fed = sorted(_inputs_feeding(node.input[pos], producers, inputs))
-            for name in fed:
-                hazards.append(
-                    f"the value of input {name!r} feeds input {pos} of {node.op_type} node "
-                    f"{node.name or node.output[0]!r} (a shape computation ORT runs on the "
-                    "CPU: a CUDA graph would replay the value seen at capture)")
-    return hazards
+        for pos in range(len(node.input)) if slots is None else slots:
+            if pos < len(node.input) and node.input[pos]:
+                found += [(node, pos, name) for name in
+                          sorted(_inputs_feeding(node.input[pos], producers, inputs))]
+    return found
 
 
 def _cpu_inputs(node: onnx.NodeProto) -> tuple[int, ...] | None:
@@ -111,4 +124,5 @@ def _inputs_feeding(tensor: str, producers: dict[str, onnx.NodeProto],
     return found
 
 
-__all__ = ["CONTRIB_CPU_INPUTS", "RANDOM_OPS", "SHAPE_INPUTS", "capture_hazards"]
+__all__ = ["CONTRIB_CPU_INPUTS", "RANDOM_OPS", "SHAPE_INPUTS", "capture_hazards",
+           "cpu_read_inputs"]

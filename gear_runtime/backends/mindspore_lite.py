@@ -48,6 +48,7 @@ from gear_runtime.backends.base import (
     check_layout_fits,
     check_model_file,
     import_runtime,
+    locks_in_order,
 )
 from gear_runtime.errors import (
     BackendError,
@@ -210,6 +211,34 @@ def _copy_out(outputs: Sequence[Any]) -> list[np.ndarray]:
     """Each output tensor's data as an array of its own (get_data_to_numpy is a view of the
     Model's output memory)."""
     return [np.array(_tensor_data(o)) for o in outputs]
+
+
+def _checked_tensor(tensor: Any, what: str) -> Any:
+    """``tensor`` unless it is null: ``create_tensor`` returns nullptr when the device
+    allocation fails (python/src/tensor_pybind.cc create_tensor, MSTensor::CreateTensor in
+    src/litert/cxx_api/types.cc: "malloc device data failed."), which python/api/tensor.py
+    stores as ``Tensor._tensor`` unchecked: every later use would be an AttributeError."""
+    if getattr(tensor, "_tensor", None) is None:
+        raise BackendError(f"mindspore_lite Tensor(device=) returned a null tensor for {what}: "
+                           "MindSpore Lite could not allocate its device memory (aclrtMalloc "
+                           "failed, or the device id is out of range)")
+    return tensor
+
+
+def _write_device(tensor: Any, host: np.ndarray, what: str) -> None:
+    """Copy ``host`` (C-contiguous, the tensor's dtype and byte size) into the device tensor
+    ``tensor``, or raise BackendError. Through the binding ``tensor._tensor``, whose
+    ``set_data_from_numpy`` returns SetTensorNumpyData's bool (python/src/tensor_pybind.cc):
+    tensor.py's wrapper drops it, and the C++ side returns false without raising when the
+    copy fails (CopyHostDataToDevice: aclrtMemcpy, acl_allocator.cc). The caller has set the
+    tensor's device on this thread (:meth:`MsliteModel.bind_device`)."""
+    bind = _checked_tensor(tensor, what)._tensor
+    done = _call("Tensor.set_data_from_numpy", bind.set_data_from_numpy, host)
+    if done is not True:
+        raise BackendError(f"mindspore_lite Tensor.set_data_from_numpy of {what} returned "
+                           f"{done!r}, expected True: the host-to-device copy did not happen "
+                           "(SetTensorNumpyData: aclrtMemcpy failed, or the array's dtype, "
+                           "size or layout differs from the tensor's)")
 
 
 #: Config sections MindSpore Lite hands to its GE delegate, which only runs with
@@ -441,8 +470,22 @@ class MsliteModel(BackendModel):
         none is, which the runtime then refuses). Not zeroed."""
         mslite = self.mslite
         name = next(n for n, d in MSLITE_DTYPES.items() if d == np.dtype(dtype))
-        return _call("Tensor(device=)", mslite.Tensor, None, [int(d) for d in shape],
-                     getattr(mslite.DataType, name), f"ascend:{self.device_id}")
+        device = f"ascend:{self.device_id}"
+        tensor = _call("Tensor(device=)", mslite.Tensor, None, [int(d) for d in shape],
+                       getattr(mslite.DataType, name), device)
+        return _checked_tensor(tensor, f"{np.dtype(dtype)} {list(shape)} on device "
+                                       f"{self.device_id} ({device})")
+
+    def bind_device(self) -> None:
+        """Make this model's device the calling thread's current ACL device before a
+        host-to-device copy into one of its tensors: CopyHostDataToDevice calls aclrtMemcpy
+        with NO aclrtSetDevice (acl_allocator.cc), which fails on a thread with no context
+        (hicann/runtime api_impl.cc MemCopySync: RT_ERROR_CONTEXT_NULL; a server pool
+        thread) and goes to the thread's current device, not the tensor's, on another.
+        The Python API has no aclrtSetDevice; creating a device tensor calls it
+        (AscendAllocatorPlugin::Malloc -> aclrtSetDevice(id), acl_allocator.cc): a 1-byte
+        one, dropped at once. Rare (set_state, reset_state), so its malloc/free is cheap."""
+        self.device_tensor((1,), np.dtype(np.uint8))
 
     def create_session(self, layout: Any, state: Any = None) -> MsliteSession:
         if self._closed:
@@ -532,15 +575,20 @@ class MsliteSession(BackendSession):
         arrays the caller keeps (one copy each, base :meth:`run_owned_into`)."""
         return self.run_owned_into(gear, self._model.info, self._state_out)
 
-    def _run(self, gear: int, bound: dict[int, Any], host: dict[int, np.ndarray]
+    def _run(self, gear: int, bound: dict[int, DeviceBuffer], host: dict[int, np.ndarray]
              ) -> list[Any]:
         """One run: on the device (:meth:`_run_on_device`) with resident state or outputs
-        ``bound`` to device tensors, else predict(inputs); output ``k`` copied into
-        ``host[k]`` where given, else into this session's buffer."""
+        ``bound`` to other executors' device states, else predict(inputs); output ``k``
+        copied into ``host[k]`` where given, else into this session's buffer."""
         model = self._model
         model.info.spec.gear_number(gear, "model")
         if self.state is not None or bound:
-            return self._run_on_device(gear, bound, host)
+            # the other executors' states too, from the check of their buffers through the
+            # run: their close (which drops the tensors) waits; one order: no deadlock
+            with locks_in_order(model.lock, *(b.lock for b in bound.values())):
+                self._check_open()
+                tensors = {k: self._bound_tensor(k, b) for k, b in bound.items()}
+                return self._run_on_device(gear, tensors, host)
         with model.lock:
             self._check_open()
             model.select(gear)
@@ -584,12 +632,19 @@ class MsliteSession(BackendSession):
         """Outputs given as :class:`DeviceBuffer` are written into their device tensors by
         predict itself (no host copy); a numpy buffer receives the output's one copy out of
         MindSpore Lite's memory (not this session's buffer and then again the caller's)."""
-        bound = {k: b.handle for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        bound = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
         host = {k: b for k, b in out.items() if not isinstance(b, DeviceBuffer)}
         outputs = self._run(gear, bound, host)
         for k, buf in out.items():
             outputs[k] = buf
         return outputs
+
+    def _bound_tensor(self, k: int, buf: DeviceBuffer) -> Any:
+        """The device tensor of ``buf`` (output ``k``'s target), checked with its state's
+        lock held (:meth:`_run`): still allocated (ClosedError), handed out by gear_runtime
+        and not stale (InputError: its executor ran since)."""
+        buf.check_genuine(f"out[{self._model.info.output_names[k]!r}]")
+        return buf.handle
 
     def _run_on_device(self, gear: int, bound: dict[int, Any],
                        host: dict[int, np.ndarray]) -> list[Any]:
@@ -597,33 +652,33 @@ class MsliteSession(BackendSession):
         buffer its parity's run does not read), ``bound[k]`` (another executor's state), or
         this session's own for the gear, copied after the run into ``host[k]`` or this
         session's buffer (one copy each, as predict's own host outputs). State inputs are
-        the state's device tensors."""
+        the state's device tensors. Call with the model's lock (and ``bound``'s owners')
+        held."""
         model = self._model
         parity = 0 if self.state is None else self.state.parity
-        with model.lock:
-            self._check_open()
-            model.select(gear)
-            inputs = []
-            for j, (tensor, view) in enumerate(zip(model.inputs, self._views[gear],
-                                                   strict=True)):
-                if view is None:
-                    inputs.append(self.state.tensors[self._state_in[j]][parity])  # type: ignore[union-attr]
-                    continue
-                _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, view)
-                inputs.append(tensor)
-            outs = list(self._gear_outputs(gear))
-            for k, pair in self._state_out.items():
-                outs[k] = self.state.tensors[pair][1 - parity]  # type: ignore[union-attr]
-            for k, tensor in bound.items():
-                outs[k] = tensor
-            got = _call("Model.predict", model.model.predict, inputs, outs)
-            if got is None or len(got) != len(outs):
-                raise BackendError("mindspore_lite Model.predict(inputs, outputs) returned "
-                                   f"{got!r}: MindSpore Lite >= 2.0 is required")
-            targets = [host.get(k, t) for k, t in enumerate(self._outputs[gear])]
-            for k, tensor in enumerate(outs):
-                if k not in bound and k not in self._state_out:
-                    np.copyto(targets[k], _tensor_data(tensor))
+        tensors = [] if self.state is None else self.state.tensors
+        model.select(gear)
+        inputs = []
+        for j, (tensor, view) in enumerate(zip(model.inputs, self._views[gear],
+                                               strict=True)):
+            if view is None:
+                inputs.append(tensors[self._state_in[j]][parity])
+                continue
+            _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, view)
+            inputs.append(tensor)
+        outs = list(self._gear_outputs(gear))
+        for k, pair in self._state_out.items():
+            outs[k] = tensors[pair][1 - parity]
+        for k, tensor in bound.items():
+            outs[k] = tensor
+        got = _call("Model.predict", model.model.predict, inputs, outs)
+        if got is None or len(got) != len(outs):
+            raise BackendError("mindspore_lite Model.predict(inputs, outputs) returned "
+                               f"{got!r}: MindSpore Lite >= 2.0 is required")
+        targets = [host.get(k, t) for k, t in enumerate(self._outputs[gear])]
+        for k, tensor in enumerate(outs):
+            if k not in bound and k not in self._state_out:
+                np.copyto(targets[k], _tensor_data(tensor))
         return targets
 
     def _gear_outputs(self, gear: int) -> list[Any]:
@@ -639,9 +694,12 @@ class MsliteSession(BackendSession):
         return made
 
     def commit_state(self) -> None:
-        """After a successful run: the tensors it wrote are what the next run reads."""
+        """After a successful run: the tensors it wrote are what the next run reads (a new
+        generation: buffers handed out before are stale). Under the model's lock: a handoff
+        into this state checks the buffer's generation under it."""
         if self.state is not None:
-            self.state.parity ^= 1
+            with self._model.lock:
+                self.state.parity ^= 1
 
     def run_dynamic(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Hybrid mode after a miss: resize to the inputs' own shapes (the model was converted
@@ -689,6 +747,11 @@ class MsliteState(DeviceStateBase):
     def alive(self) -> bool:
         return not self._session._closed
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The model's lock: runs, state writes and the session's close hold it."""
+        return self._session._model.lock
+
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
         """A host copy of ``buf`` (get_data_to_numpy: one device-to-host copy, into the
         tensor's host mirror, which the next call overwrites: copied out)."""
@@ -696,18 +759,23 @@ class MsliteState(DeviceStateBase):
             return np.array(_tensor_data(buf.handle))
 
     def set(self, pair: int, value: Any) -> None:
-        """``value`` into the tensor the next run reads: one host-to-device copy."""
+        """``value`` into the tensor the next run reads: one host-to-device copy, from any
+        thread (:meth:`MsliteModel.bind_device`); BackendError when it did not happen."""
         p = self.plan.pairs[pair]
         host = np.ascontiguousarray(value.numpy() if isinstance(value, DeviceBuffer)
                                     else np.asarray(value), dtype=p.dtype).reshape(p.shape)
-        tensor = self.tensors[pair][self.parity]
-        with self._session._model.lock:
-            _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, host)
+        with self.lock:
+            self._session._check_open()
+            self._session._model.bind_device()
+            _write_device(self.tensors[pair][self.parity], host, f"state {p.input_name!r}")
 
     def zero(self) -> None:
-        """Both tensors of every pair zeroed (a new device tensor is not)."""
-        with self._session._model.lock:
+        """Both tensors of every pair zeroed (a new device tensor is not; a new sequence),
+        from any thread; BackendError when a copy did not happen."""
+        with self.lock:
+            self._session._check_open()
+            self._session._model.bind_device()
             for p, tensors in zip(self.plan.pairs, self.tensors, strict=True):
                 zeros = np.zeros(p.shape, p.dtype)
                 for tensor in tensors:
-                    _call("Tensor.set_data_from_numpy", tensor.set_data_from_numpy, zeros)
+                    _write_device(tensor, zeros, f"state {p.input_name!r}")

@@ -67,29 +67,48 @@ class _CaptureGate:
     """CUDA graph capture vs everything else on the GPU: ORT's CUDA EP captures with
     ``cudaStreamCaptureModeGlobal`` (docs/cuda.md), where a CUDA call from ANY other thread
     (a cudaMalloc, a blocking copy, another session's run) breaks the capture. So device
-    allocation and capture are exclusive, runs and copies are shared: a readers-writer lock,
-    one for the whole process (:data:`CUDA_GATE`), taken only by CUDA models.
+    allocation and capture are exclusive, runs and copies (the staging's and the resident
+    state's) are shared: a readers-writer lock, one for the whole process
+    (:data:`CUDA_GATE`), taken only by CUDA models.
 
     Writer-preferring: once a capture waits, new runs wait behind it, so executors that keep
-    the GPU busy cannot starve a capture (or an executor's creation) forever."""
+    the GPU busy cannot starve a capture (or an executor's creation) forever. Reentrant for
+    the thread holding it: a run inside its own capture or run never waits (a nested run
+    waiting behind a queued capture that waits for the outer run would deadlock)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._runs = 0
         self._capturing = False
         self._waiting = 0  # captures waiting for the runs in flight to drain
+        self._capturer: int | None = None  # the thread holding the capture side
+        self._held: dict[int, int] = {}  # thread -> runs it holds
 
     @contextlib.contextmanager
     def run(self) -> Iterator[None]:
+        me = threading.get_ident()
         with self._cond:
-            self._cond.wait_for(lambda: not self._capturing and not self._waiting)
-            self._runs += 1
+            if self._capturer == me:  # exclusive already: nothing more to take
+                shared = False
+            else:
+                shared = True
+                if not self._held.get(me):
+                    self._cond.wait_for(lambda: not self._capturing and not self._waiting)
+                self._runs += 1
+                self._held[me] = self._held.get(me, 0) + 1
         try:
             yield
         finally:
-            with self._cond:
-                self._runs -= 1
-                self._cond.notify_all()
+            if shared:
+                self._leave_run(me)
+
+    def _leave_run(self, me: int) -> None:
+        with self._cond:
+            self._runs -= 1
+            self._held[me] -= 1
+            if not self._held[me]:
+                del self._held[me]
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
@@ -99,12 +118,12 @@ class _CaptureGate:
                 self._cond.wait_for(lambda: not self._capturing and self._runs == 0)
             finally:
                 self._waiting -= 1
-            self._capturing = True
+            self._capturing, self._capturer = True, threading.get_ident()
         try:
             yield
         finally:
             with self._cond:
-                self._capturing = False
+                self._capturing, self._capturer = False, None
                 self._cond.notify_all()
 
 
@@ -333,7 +352,13 @@ class DeviceState(DeviceStateBase):
     of this provider and device binds it as its output; ``.numpy()`` is one device-to-host
     copy, ``set_state`` one host-to-device copy (``OrtValue.update_inplace``; from another
     device buffer through the host: ORT's Python API has no device-to-device copy). ``device``
-    is ("cuda", id), or ("cpu", 0) in the CPU tests, as :class:`DeviceStaging`'s."""
+    is ("cuda", id), or ("cpu", 0) in the CPU tests, as :class:`DeviceStaging`'s.
+
+    Every copy here (``set``, ``zero``, ``to_host``) shares the GPU through :data:`CUDA_GATE`
+    as a run does: a blocking ``cudaMemcpy`` from this thread during another thread's capture
+    (``cudaStreamCaptureModeGlobal``) invalidates that capture. A state exists only on CUDA
+    (or the tests' faked CUDA), so the gate is always taken; it is reentrant for the thread
+    creating the executor, which zeroes the state holding the capture side."""
 
     def __init__(self, plan: Any, device: tuple[str, int]) -> None:
         self.plan, self.device, self.parity = plan, device, 0
@@ -354,25 +379,33 @@ class DeviceState(DeviceStateBase):
         return not self.closed
 
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
-        """One device-to-host copy (``OrtValue.numpy()``); a CPU value's ``numpy()`` is a
-        view of it instead, copied once (the tests' host-memory device)."""
-        out = buf.handle.numpy()
-        return out.copy() if self.device[0] == "cpu" else out
+        """One device-to-host copy (``OrtValue.numpy()``), under the capture gate; a CPU
+        value's ``numpy()`` is a view of it instead, copied once (the tests' host-memory
+        device)."""
+        with CUDA_GATE.run():
+            out = buf.handle.numpy()
+            return out.copy() if self.device[0] == "cpu" else out
 
     def set(self, pair: int, value: Any) -> None:
+        """Copy ``value`` (a host array, or a :class:`DeviceBuffer` read to the host first, in
+        a gate section of its own) into the buffer the next run reads: one ``update_inplace``
+        under the capture gate."""
         p = self.plan.pairs[pair]
         host = value.numpy() if isinstance(value, DeviceBuffer) else np.asarray(value)
-        self.values[pair][self.parity].update_inplace(
-            np.ascontiguousarray(host, dtype=p.dtype).reshape(p.shape))
+        host = np.ascontiguousarray(host, dtype=p.dtype).reshape(p.shape)
+        with CUDA_GATE.run():
+            self.values[pair][self.parity].update_inplace(host)
 
     def swap(self) -> None:
         self.parity ^= 1
 
     def zero(self) -> None:
-        for p, values in zip(self.plan.pairs, self.values, strict=True):
-            zeros = np.zeros(p.shape, p.dtype)
-            for v in values:
-                v.update_inplace(zeros)
+        """Zero both buffers of every pair, under the capture gate (a blocking copy each)."""
+        with CUDA_GATE.run():
+            for p, values in zip(self.plan.pairs, self.values, strict=True):
+                zeros = np.zeros(p.shape, p.dtype)
+                for v in values:
+                    v.update_inplace(zeros)
 
 
 def pinned_staging(nbytes: int, device_id: int) -> tuple[np.ndarray, Any] | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import threading
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,14 @@ class FakeMsliteState:
     device_tensors: int = 0
     #: per ModelGroup(SHARE_WEIGHT): the model paths built in it, in order
     weight_groups: list[list[str]] = field(default_factory=list)
+    #: aclrtMalloc fails: ``create_tensor`` / ``create_tensor_by_numpy`` return nullptr
+    #: (tensor_pybind.cc), which tensor.py stores as ``Tensor._tensor = None``
+    malloc_fails: bool = False
+    #: aclrtMemcpy host-to-device fails: SetTensorNumpyData returns false
+    h2d_fails: bool = False
+    #: host-to-device copies that ran on the calling thread's current device while the
+    #: tensor lives on another (bytes, current device, the tensor's): they never reach it
+    misdirected: list[tuple[int, int, int]] = field(default_factory=list)
 
     def calls_named(self, name: str) -> list[Any]:
         return [a for n, a in self.calls if n == name]
@@ -140,6 +149,63 @@ class _TensorImpl:
         return max(int(np.prod(self.shape, dtype=np.int64)), 0) * self.dtype.itemsize
 
 
+class _Devices:
+    """ACL's per-thread current device (hicann/runtime: a thread's context is thread-local;
+    ``Runtime::CurrentContext`` (core/src/runtime.cc) sets no device implicitly unless a
+    default device id was configured): None until something on the thread calls
+    aclrtSetDevice (mindspore-lite acl_allocator.cc Malloc / CopyDeviceDataToHost,
+    model_infer.cc Init, a predict's context left current on a thread that had none)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def current(self) -> int | None:
+        return getattr(self._local, "device", None)
+
+    def set(self, device_id: int) -> None:  # aclrtSetDevice
+        self._local.device = int(device_id)
+
+
+class _TensorBind:
+    """The pybind object ``Tensor._tensor`` (python/src/tensor_pybind.cc ``TensorBind``):
+    ``set_data_from_numpy`` is SetTensorNumpyData, which RETURNS a bool (false on failure,
+    never raises); tensor.py's wrapper ignores it."""
+
+    def __init__(self, impl: _TensorImpl, state: FakeMsliteState, devices: _Devices) -> None:
+        self._impl, self._state, self._devices = impl, state, devices
+
+    def is_null(self) -> bool:
+        return False
+
+    def set_data_from_numpy(self, numpy_obj: np.ndarray) -> bool:
+        """SetTensorNumpyData: false for a non-C-contiguous array, another dtype or byte
+        size; a device tensor's data is copied with CopyHostDataToDevice (acl_allocator.cc:
+        aclrtMemcpy with NO aclrtSetDevice): false on a thread with no current device
+        (MemCopySync: RT_ERROR_CONTEXT_NULL, hicann/runtime api_impl.cc) or a failed copy;
+        on a thread whose current device is another one the copy goes there (the stricter
+        reading, not verified: reported true, the tensor keeps its old data)."""
+        impl, state = self._impl, self._state
+        if not numpy_obj.flags.c_contiguous:
+            state.calls.append(("set_data_from_numpy: not C contiguous", numpy_obj))
+            return False
+        if numpy_obj.dtype != impl.dtype or numpy_obj.nbytes != impl.nbytes:
+            return False
+        state.calls.append(("set_data_from_numpy", numpy_obj))
+        if impl.device_data is None:
+            impl.data = numpy_obj  # zero-copy: read when predict runs
+            return True
+        current = self._devices.current
+        if current is None or state.h2d_fails:
+            return False
+        if current != impl.device_id:
+            state.misdirected.append((numpy_obj.nbytes, current, impl.device_id))
+            return True
+        impl.device_data[:] = np.frombuffer(numpy_obj.tobytes(), np.uint8)
+        state.copies.append(("h2d", numpy_obj.nbytes))
+        return True
+
+
 def _check_device(device: Any) -> None:
     """python/api/_checkparam.py check_tensor_input_param: None, "ascend" or "ascend:N"."""
     if device is None:
@@ -161,6 +227,8 @@ class FakeMslite:
     def __init__(self) -> None:
         self.state = FakeMsliteState()
         state = self.state
+        #: the calling thread's current ACL device (aclrtSetDevice), per thread
+        self.devices = devices = _Devices()
 
         class AscendDeviceInfo:
             def __init__(self) -> None:
@@ -204,10 +272,12 @@ class FakeMslite:
                 """python/api/tensor.py Tensor(tensor=None, shape=None, dtype=None,
                 device=None). A device is honoured only with shape AND dtype (create_tensor)
                 or a numpy array (create_tensor_by_numpy, which keeps the device id -1 when
-                none is given: tensor_pybind.cc sets it before resolving it). The double's
-                own wrappers (get_inputs, predict) pass a _TensorImpl."""
+                none is given: tensor_pybind.cc sets it before resolving it). Either returns
+                nullptr when aclrtMalloc fails (``state.malloc_fails``): ``_tensor`` is then
+                None, as tensor.py stores it unchecked. The double's own wrappers
+                (get_inputs, predict) pass a _TensorImpl."""
                 if isinstance(tensor, _TensorImpl):
-                    self._impl = tensor
+                    self._tensor: _TensorBind | None = _TensorBind(tensor, state, devices)
                     return
                 _check_device(device)
                 kind, dev_id = "", -1
@@ -216,35 +286,57 @@ class FakeMslite:
                     kind, dev_id = parts[0], int(parts[1]) if len(parts) == 2 else -1
                 if tensor is None:
                     if shape is None or dtype is None:
-                        self._impl = _TensorImpl("", [], np.float32)
+                        self._tensor = _TensorBind(_TensorImpl("", [], np.float32), state,
+                                                   devices)
                         return
                     if not isinstance(dtype, DataType):
                         raise TypeError(f"dtype must be DataType, but got {type(dtype)}.")
                     impl = _TensorImpl("", [int(d) for d in shape],
                                        np.dtype(dtype.name.lower()))
                     if kind:  # create_tensor resolves -1 to the current device (types.cc)
-                        self._to_device(impl, "ascend", dev_id if dev_id >= 0 else 0)
+                        if not self._to_device(impl, "ascend", dev_id, keep_given=False):
+                            self._tensor = None
+                            return
                     else:
                         impl.data = np.zeros(impl.shape, impl.dtype)
                 elif isinstance(tensor, np.ndarray):
                     impl = _TensorImpl("", tensor.shape, tensor.dtype)
                     impl.data = tensor
-                    if kind:
-                        self._to_device(impl, "ascend", dev_id)  # -1 kept: the pitfall
+                    if kind:  # -1 kept on the tensor: the pitfall
+                        if not self._to_device(impl, "ascend", dev_id, keep_given=True):
+                            self._tensor = None
+                            return
                         impl.device_data[:] = np.frombuffer(
                             np.ascontiguousarray(tensor).tobytes(), np.uint8)
                         state.copies.append(("h2d", impl.nbytes))
                 else:
                     raise TypeError(f"tensor must be numpy.ndarray or Tensor, but got "
                                     f"{type(tensor)}.")
-                self._impl = impl
+                self._tensor = _TensorBind(impl, state, devices)
+
+            @property
+            def _impl(self) -> _TensorImpl:
+                # a null tensor (``_tensor`` None) fails here as tensor.py's does: an
+                # AttributeError on the first use
+                return self._tensor._impl  # type: ignore[union-attr]
 
             @staticmethod
-            def _to_device(impl: _TensorImpl, kind: str, dev_id: int) -> None:
-                # aclrtMalloc'd and NOT zeroed (types.cc: no memset): garbage until written
+            def _to_device(impl: _TensorImpl, kind: str, dev_id: int, keep_given: bool) -> bool:
+                """AscendAllocatorPlugin::Malloc (acl_allocator.cc): the current device (set
+                to 0 when none), then aclrtSetDevice(device) and aclrtMalloc; False when it
+                fails. The memory is NOT zeroed (types.cc: no memset): garbage until written.
+                ``keep_given``: the tensor records ``dev_id`` as given (-1 kept:
+                create_tensor_by_numpy), else the resolved one (create_tensor)."""
+                if devices.current is None:
+                    devices.set(0)  # GetCurrentDeviceId: aclrtSetDevice(0)
+                resolved = devices.current if dev_id < 0 else dev_id
+                devices.set(resolved)
+                if state.malloc_fails:
+                    return False
                 impl.device_data = np.full(max(impl.nbytes, 1), 0xAB, np.uint8)[:impl.nbytes]
-                impl.device, impl.device_id = kind, dev_id
+                impl.device, impl.device_id = kind, dev_id if keep_given else resolved
                 state.device_tensors += 1
+                return True
 
             @property
             def device(self) -> str:
@@ -269,31 +361,23 @@ class FakeMslite:
                 return max(n, 0) * self._impl.dtype.itemsize
 
             def set_data_from_numpy(self, numpy_obj: np.ndarray) -> None:
+                """tensor.py: the type, dtype and size checks raise; then the binding's
+                SetTensorNumpyData (:class:`_TensorBind`), whose bool tensor.py IGNORES:
+                a Fortran-ordered array (``flags['FORC']`` passes it through), a device copy
+                on a thread with no device or a failed copy leave the tensor as it was,
+                silently. Arrays neither C- nor F-contiguous are made contiguous first."""
                 if not isinstance(numpy_obj, np.ndarray):
                     raise TypeError(f"numpy_obj must be numpy.ndarray, but got "
                                     f"{type(numpy_obj)}.")
+                if not (numpy_obj.flags.c_contiguous or numpy_obj.flags.f_contiguous):
+                    numpy_obj = np.ascontiguousarray(numpy_obj)
                 if numpy_obj.dtype != self._impl.dtype:
                     raise RuntimeError(f"data type not equal! Numpy type: {numpy_obj.dtype}, "
                                        f"Tensor type: {self.dtype}")
                 if numpy_obj.nbytes != self.data_size:
                     raise RuntimeError(f"data size not equal! Numpy size: {numpy_obj.nbytes}, "
                                        f"Tensor size: {self.data_size}")
-                state.calls.append(("set_data_from_numpy", numpy_obj))
-                if self._impl.device_data is not None:  # copied into the device memory
-                    self._impl.device_data[:] = np.frombuffer(
-                        np.ascontiguousarray(numpy_obj).tobytes(), np.uint8)
-                    state.copies.append(("h2d", numpy_obj.nbytes))
-                    return
-                # tensor.py makes only arrays that are neither C- nor F-contiguous contiguous
-                # (`if not numpy_obj.flags['FORC']`); SetTensorNumpyData (tensor_pybind.cc)
-                # then refuses a non-C-contiguous one with a log line and returns false, which
-                # tensor.py ignores: a Fortran-ordered array leaves the input UNSET, silently.
-                if not numpy_obj.flags.c_contiguous and numpy_obj.flags.f_contiguous:
-                    state.calls.append(("set_data_from_numpy: not C contiguous", numpy_obj))
-                    return
-                # zero-copy: the tensor reads the caller's memory when predict runs
-                self._impl.data = numpy_obj if numpy_obj.flags.c_contiguous else \
-                    np.ascontiguousarray(numpy_obj)
+                self._tensor.set_data_from_numpy(numpy_obj)  # type: ignore[union-attr]
 
             def get_data_to_numpy(self) -> np.ndarray:
                 if any(d <= 0 for d in self._impl.shape):
@@ -304,7 +388,11 @@ class FakeMslite:
                 impl = self._impl
                 if impl.device_data is not None:
                     # GetPyBufferInfo: a device-to-host copy into the tensor's host mirror,
-                    # returned as a VIEW of it (the next call overwrites it)
+                    # returned as a VIEW of it (the next call overwrites it);
+                    # CopyDeviceDataToHost calls aclrtSetDevice(its device id) first
+                    # (acl_allocator.cc): this thread's current device from now on
+                    if impl.device_id >= 0:
+                        devices.set(impl.device_id)
                     if impl.data is None or impl.data.nbytes != impl.nbytes:
                         impl.data = np.empty(impl.shape, impl.dtype)
                     impl.data.reshape(-1).view(np.uint8)[:] = impl.device_data
@@ -376,6 +464,8 @@ class FakeMslite:
                 if context is not None:
                     self._device_id = context.ascend.device_id
                     self._provider = context.ascend.provider
+                # model_infer.cc ModelInfer::Init: aclrtSetDevice(device_id) on this thread
+                devices.set(self._device_id)
                 # model_group_impl.cc writes group_id into the model's config, which only the
                 # GE executor reads (as its session id): other providers ignore it
                 if self._group is not None and self._provider == "ge":
@@ -435,6 +525,7 @@ class FakeMslite:
                     raise ValueError(f"inputs' size does not match dims' size, but got inputs: "
                                      f"{len(inputs)} and dims: {len(dims)}.")
                 self._record("resize", [list(d) for d in dims])
+                self._enter_context()
                 bad = [v for d in dims for v in d if v <= 0 or v > 2**31 - 1]
                 if bad:  # ModelImpl::Resize, before anything else
                     raise RuntimeError(f"resize failed! Error is Invalid shape! dim: {bad[0]}")
@@ -462,6 +553,7 @@ class FakeMslite:
                     raise RuntimeError(f"model input len:{len(self._inputs)} not equal input "
                                        f"len:{len(inputs)}!")
                 self._record("predict", [t.shape for t in inputs])
+                self._enter_context()
                 gear = self._gear()
                 if gear is None and not (self._hybrid and all(
                         d > 0 for t in self._inputs for d in t.shape)):
@@ -478,6 +570,13 @@ class FakeMslite:
                     t.data[:] = r.ravel()
                     state.copies.append(("d2h", r.nbytes))  # GetOutputs: host outputs
                 return [Tensor(t) for t in self._outputs]
+
+            def _enter_context(self) -> None:
+                """model_infer.cc Inference / Resize: ModelInferContextGuard restores the
+                thread's context only when it had one (aclrtGetCurrentContext succeeded):
+                on a thread with none, the model's context stays current afterwards."""
+                if devices.current is None:
+                    devices.set(self._device_id)
 
             def _device_check(self, what: str, impl: _TensorImpl) -> None:
                 """A device tensor at predict: the GE provider never reads a device address

@@ -23,8 +23,9 @@ from gear_runtime.backends.base import (
     DeviceBuffer,
     DeviceStateBase,
     check_layout_fits,
+    locks_in_order,
 )
-from gear_runtime.errors import BackendError
+from gear_runtime.errors import BackendError, ClosedError
 
 
 class AclSession(BackendSession):
@@ -235,22 +236,31 @@ class AclSession(BackendSession):
     def run_gear_into(self, gear: int, out: dict[int, Any]) -> list[Any]:
         """Outputs given as :class:`DeviceBuffer` (another executor's device state on this
         device) are written on the device, never copied to the host: the output dataset of
-        this run points at that buffer where it holds the model's output size (ACL checks a
-        buffer against the model's size, the largest gear's), else the output is copied into
-        it device to device after the run. A numpy buffer (C-contiguous, the gear's shape:
-        the executor checked) is the destination of the output's one device-to-host copy
-        (aclrtMemcpy takes pageable host memory), not the session's pinned buffer."""
+        this run points at that buffer where it holds the model's output size
+        (:meth:`_out_bindable`), else the output is copied into it device to device after
+        the run. The states owning those buffers stay locked from their check through the
+        run (their close, which frees them, waits). A numpy buffer (C-contiguous, the gear's
+        shape: the executor checked) is the destination of the output's one device-to-host
+        copy (aclrtMemcpy takes pageable host memory), not the session's pinned buffer."""
         self._model.info.spec.gear_number(gear, "model")
-        bound = {k: b.handle for k, b in out.items() if isinstance(b, DeviceBuffer)}
+        device = {k: b for k, b in out.items() if isinstance(b, DeviceBuffer)}
         host = {k: b for k, b in out.items() if not isinstance(b, DeviceBuffer)}
-        with self._model.lock:
+        with locks_in_order(self._model.lock, *(b.lock for b in device.values())):
             if self._closed:
                 raise BackendError("this acl session is closed")
+            bound = {k: self._bound_address(k, b) for k, b in device.items()}
             self._model.activate()
             outputs = self._run_locked(gear, bound, {k: b.ctypes.data for k, b in host.items()})
         for k, buf in out.items():
             outputs[k] = buf
         return outputs
+
+    def _bound_address(self, k: int, buf: DeviceBuffer) -> int:
+        """The device address of ``buf`` (output ``k``'s target), checked with its state's
+        lock held (:meth:`run_gear_into`): still allocated (ClosedError), handed out by
+        gear_runtime and not stale (InputError: its executor ran since)."""
+        buf.check_genuine(f"out[{self._model.info.output_names[k]!r}]")
+        return int(buf.handle)
 
     def _bound_dataset(self, bound: dict[int, int], scratch: Scratch) -> int:
         """An output dataset like the parity's own, output ``k`` at ``bound[k]`` instead
@@ -303,13 +313,21 @@ class AclSession(BackendSession):
 
     def _out_bindable(self, k: int, gear: int) -> bool:
         """Whether a caller's buffer of output ``k`` at gear ``gear`` (exactly the gear's
-        output bytes) holds the model's output size, which ACL checks it against."""
+        output bytes) holds the model's output size (the largest gear's), the most the model
+        may write there. GE would not stop a smaller one: DavinciModel::CheckUserAndModelSize
+        (hicann/ge runtime/v1/graph/load/model_manager/davinci_model.cc) skips the check for
+        a run that selected a gear (``is_dynamic_``) and otherwise lets a buffer be up to 64
+        bytes short (kDataMemAlignSizeCompare): binding one would risk a silent overrun, so
+        a smaller buffer gets the output by a device-to-device copy instead."""
         return self._model.info.output_size(gear, k) >= self._out_sizes[k]
 
     def commit_state(self) -> None:
-        """After a successful run: the buffers it wrote are what the next run reads."""
+        """After a successful run: the buffers it wrote are what the next run reads (a new
+        generation: buffers handed out before are stale). Under the model's lock: a handoff
+        into this state checks the buffer's generation under it."""
         if self.state is not None:
-            self.state.parity ^= 1
+            with self._model.lock:
+                self.state.parity ^= 1
 
     def close(self) -> None:
         """Destroy the datasets and free the buffers; idempotent. Takes the model's lock, so a
@@ -352,6 +370,7 @@ class DeviceState(DeviceStateBase):
             return
         dev, host = self.buffers[pair][parity], self._host[pair]
         with session._model.lock:
+            self._check_alive()
             session._model.activate()
             if kind == ACL_MEMCPY_HOST_TO_DEVICE:
                 session._memcpy(dev, p.nbytes, host, p.nbytes, kind, "state, host to device")
@@ -363,6 +382,16 @@ class DeviceState(DeviceStateBase):
 
     def alive(self) -> bool:
         return not self._session._closed
+
+    @property
+    def lock(self) -> Any:
+        """The model's lock: runs, state copies and the session's close hold it."""
+        return self._session._model.lock
+
+    def _check_alive(self) -> None:
+        """ClosedError once the session freed the buffers (call with :attr:`lock` held)."""
+        if self._session._closed:
+            raise ClosedError("this acl executor's state is freed: the executor is closed")
 
     def to_host(self, buf: DeviceBuffer) -> np.ndarray:
         found = self.find(buf.handle)
@@ -378,8 +407,10 @@ class DeviceState(DeviceStateBase):
         if isinstance(value, DeviceBuffer) and value.backend == self.backend and \
                 value.device_id == self.device_id:
             p, session = self.plan.pairs[pair], self._session
-            if p.nbytes:
-                with session._model.lock:
+            if p.nbytes:  # both states locked through the copy: neither is freed under it
+                with locks_in_order(self.lock, value.lock):
+                    self._check_alive()
+                    value.check_genuine(f"set_state({p.input_name!r})'s value")
                     session._model.activate()
                     session._memcpy(self.buffers[pair][self.parity], p.nbytes, value.handle,
                                     p.nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE,
