@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gearfile",),
     ("compiler", "backends", "examples", "_core"),
     ("runtime",),
-    ("tools",),
+    ("tools", "llm"),
     ("<facade>",),
     ("serving",),
     ("cli",),

@@ -150,8 +150,10 @@ def _rms(g: _Graph, x: str, weight: str) -> str:
     return g.op("Mul", [g.op("Mul", [x, scale]), weight])
 
 
-def build(sizes: Sizes = SMALL, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
-    """The graph (dynamic S and T), weights inline."""
+def build(sizes: Sizes = SMALL, weights: dict[str, np.ndarray] | None = None,
+          batch: bool = False) -> onnx.ModelProto:
+    """The graph (dynamic S and T; with ``batch``, a dynamic batch axis B too, as
+    onnxruntime-genai's builder writes it), weights inline."""
     w = make_weights(sizes) if weights is None else weights
     g = _Graph()
     for name, value in w.items():
@@ -180,10 +182,11 @@ def build(sizes: Sizes = SMALL, weights: dict[str, np.ndarray] | None = None) ->
         x = g.op("Add", [x, g.op("MatMul", [g.op("Mul", [up, g.op("Sigmoid", [up])]),
                                             p + "down"])])
     g.op("MatMul", [_rms(g, x, "final_norm"), "lm_head"], ["logits"])
-    cache = list(sizes.cache_shape)
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "S"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "T"])]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "S", sizes.vocab])]
+    b = "B" if batch else 1
+    cache = [b, *sizes.cache_shape[1:]]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [b, "S"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [b, "T"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [b, "S", sizes.vocab])]
     for i in range(sizes.layers):
         for kv in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}",
@@ -209,15 +212,17 @@ def gear_text(sizes: Sizes) -> tuple[str, str]:
 
 
 def write_model(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
-                compile_gears: bool = True) -> tuple[Path, Path | None]:
-    """Write ``gqa_lm.onnx`` (weights in ``gqa_lm.onnx.data``) and, with ``compile_gears``,
-    its gear file ``gqa_lm.gear.onnx``; their paths."""
+                compile_gears: bool = True, batch: bool = False) -> tuple[Path, Path | None]:
+    """Write ``gqa_lm.onnx`` (weights in ``gqa_lm.onnx.data``; ``batch``: with a dynamic
+    batch axis) and, with ``compile_gears``, its gear file ``gqa_lm.gear.onnx`` (batch 1);
+    their paths."""
     import gear_runtime as gr
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / "gqa_lm.onnx"
-    onnx.save(build(sizes, make_weights(sizes, seed)), str(source), save_as_external_data=True,
+    onnx.save(build(sizes, make_weights(sizes, seed), batch), str(source),
+              save_as_external_data=True,
               all_tensors_to_one_file=True, location="gqa_lm.onnx.data", size_threshold=1024)
     if not compile_gears:
         return source, None
@@ -227,11 +232,13 @@ def write_model(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
     return source, Path(out)
 
 
-def write_genai_folder(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0) -> Path:
-    """A folder onnxruntime-genai opens (``og.Model(folder)``): the model and its
-    ``genai_config.json`` (:func:`write_genai_config`)."""
+def write_genai_folder(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
+                       batch: bool = False) -> Path:
+    """A folder onnxruntime-genai opens (``og.Model(folder)``): the model (``batch``: with a
+    dynamic batch axis, as the builder writes it) and its ``genai_config.json``
+    (:func:`write_genai_config`)."""
     directory = Path(directory)
-    write_model(directory, sizes, seed, compile_gears=False)
+    write_model(directory, sizes, seed, compile_gears=False, batch=batch)
     write_genai_config(directory, sizes)
     return directory
 

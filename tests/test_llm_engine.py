@@ -1,0 +1,223 @@
+"""The LLM engine: every live sequence's decode step in one run of the covering batch gear.
+
+The model is onnxruntime-genai's layout (GroupQueryAttention, the cache in place, a dynamic
+batch: :func:`gear_runtime.examples.gqa_lm.write_genai_folder`); every sequence's greedy
+tokens are checked against plain ONNX Runtime on the source graph, one sequence alone,
+unpadded, the mask growing (what onnxruntime-genai does).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gear_runtime.errors import ClosedError, InputError
+from gear_runtime.examples import gqa_lm
+from gear_runtime.llm import Engine, EngineFullError
+
+SIZES = gqa_lm.SMALL  # max_seq 128, vocab 512
+PAIRS = gqa_lm.state_pairs(SIZES)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gqa_lm.write_genai_folder(tmp_path_factory.mktemp("llm") / "model", SIZES,
+                                     batch=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def engine(folder, cache):
+    with Engine.from_folder(folder, max_sequences=4, cache_dir=cache) as eng:
+        yield eng
+
+
+def _prompt(n: int, seed: int | None = None) -> list[int]:
+    return gqa_lm.prompt(n, SIZES, seed=n if seed is None else seed)[0].tolist()
+
+
+_REFERENCE: dict[tuple[int, ...], list[int]] = {}
+
+
+def _solo(folder: Path, prompt: list[int], new: int) -> list[int]:
+    """Greedy tokens of plain ORT on the source graph: one sequence, unpadded."""
+    import onnxruntime as ort
+
+    key = (*prompt, -1, new)
+    if key in _REFERENCE:
+        return _REFERENCE[key]
+    sess = ort.InferenceSession(str(folder / "gqa_lm.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    cache = {n: np.zeros(SIZES.cache_shape, np.float32) for n in PAIRS}
+    ids, out = np.array([prompt], np.int64), []
+    for _ in range(new):
+        res = sess.run(None, {"input_ids": ids, **cache,
+                              "attention_mask": np.ones((1, len(prompt) + len(out)), np.int64)})
+        out.append(int(res[0][0, -1].argmax()))
+        cache = {n: res[names.index(o)] for n, o in PAIRS.items()}
+        ids = np.array([[out[-1]]], np.int64)
+    _REFERENCE[key] = out
+    return out
+
+
+def test_every_sequence_of_a_batch_gets_its_solo_tokens(engine, folder) -> None:
+    """Six prompts of 5-90 tokens (two longer than the largest prompt gear 64: chunked),
+    four rows: all at once, each its solo greedy tokens; steps ran on batch gears."""
+    prompts = [_prompt(n) for n in (5, 12, 90, 40, 70, 9)]
+    outs = engine.generate(prompts, max_new_tokens=8, stop_token_ids=[])
+    assert outs == [_solo(folder, p, 8) for p in prompts]
+    stats = engine.stats
+    assert stats.prompt_runs == 8  # 90 = 64 + 26 (gear 32), 70 = 64 + 6 (gear 16)
+    assert set(stats.batch_gears) <= {1, 2, 4} and stats.batch_gears[4] > 0
+    assert stats.generated_tokens == 48
+
+
+def test_joins_and_leaves_mid_run_keep_every_sequences_tokens(engine, folder) -> None:
+    """Sequences of different lengths finish at different steps (the last live row moves
+    into each hole: counted), new ones join while others decode; each gets its solo
+    tokens; a step's batch gear follows the live count."""
+    first = [(_prompt(n), k) for n, k in ((7, 3), (20, 12), (33, 6), (11, 14))]
+    streams = [engine.submit(p, k, stop_token_ids=[]) for p, k in first]
+    streams[0].result()
+    late = [(_prompt(n, seed=100 + n), k) for n, k in ((15, 5), (3, 9))]
+    streams += [engine.submit(p, k, stop_token_ids=[]) for p, k in late]
+    for s, (p, k) in zip(streams, first + late, strict=True):
+        assert s.result() == _solo(folder, p, k)
+        assert s.finish_reason == "length"
+    assert engine.stats.row_copies >= 1
+    assert engine.live == 0
+    assert sum(engine.stats.batch_gears.values()) == engine.stats.steps
+
+
+def test_a_cancelled_sequence_frees_its_row_and_leaves_the_others_unchanged(
+        engine, folder) -> None:
+    prompts = [_prompt(n) for n in (6, 17, 25)]
+    streams = [engine.submit(p, 30, stop_token_ids=[]) for p in prompts]
+    it = iter(streams[1])
+    next(it), next(it)
+    streams[1].cancel()
+    rest = list(it)
+    assert streams[1].finish_reason == "cancelled" and len(rest) < 28
+    for k in (0, 2):
+        assert streams[k].result() == _solo(folder, prompts[k], 30)
+    deadline = time.monotonic() + 30
+    while engine.live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.live == 0
+
+
+def test_a_stop_token_ends_the_sequence(engine, folder) -> None:
+    prompt = _prompt(12)
+    want = _solo(folder, prompt, 8)
+    stop = want[3]
+    got = engine.submit(prompt, 8, stop_token_ids=[stop]).result()
+    assert got == want[:want.index(stop) + 1]
+
+
+def test_the_state_runs_in_place_and_no_row_moves_at_steady_state(engine) -> None:
+    """Four sequences decoding together: the cache is updated in place (one buffer per
+    pair, the same address every step) and no row is copied until one finishes."""
+    ex = engine._ex
+    assert set(ex.state_modes.values()) == {"in place"}
+    before = {n: ex.state[n].__array_interface__["data"][0] for n in PAIRS}
+    streams = [engine.submit(_prompt(n), 10, stop_token_ids=[]) for n in (4, 8, 16, 30)]
+    for s in streams:
+        s.result()
+    assert engine.stats.row_copies == 0  # all four ended at the same step
+    assert {n: ex.state[n].__array_interface__["data"][0] for n in PAIRS} == before
+
+
+def test_sampling_with_a_seed_repeats_whatever_runs_beside_it(engine) -> None:
+    prompt = _prompt(9)
+    kw = {"temperature": 0.8, "top_p": 0.9, "seed": 11, "stop_token_ids": []}
+    alone = engine.submit(prompt, 12, **kw).result()
+    crowd = [engine.submit(_prompt(n), 12, temperature=1.2, seed=n, stop_token_ids=[])
+             for n in (5, 30)]
+    again = engine.submit(prompt, 12, **kw).result()
+    for s in crowd:
+        s.result()
+    assert again == alone
+    assert engine.submit(prompt, 12, **{**kw, "seed": 12}).result() != alone
+
+
+@pytest.mark.parametrize(("prompt", "kwargs", "message"), [
+    ([], {}, "the prompt is empty"),
+    ([1] * 120, {"max_new_tokens": 16}, r"a prompt of 120 tokens with max_new_tokens 16 does "
+                                        r"not fit max_length 128: at most 112"),
+    ([3, 512], {}, r"token id 512, outside the vocabulary \(0..511\)"),
+    ([3], {"temperature": -1.0}, "temperature is -1.0"),
+    ([3], {"stop_token_ids": [600]}, "stop_token_ids holds 600"),
+    ("abc", {}, "a prompt is a list of token ids"),
+])
+def test_a_bad_request_is_refused_alone(engine, folder, prompt, kwargs, message) -> None:
+    running = engine.submit(_prompt(10), 6, stop_token_ids=[])
+    with pytest.raises(InputError, match=message):
+        engine.submit(prompt, **kwargs)
+    assert running.result() == _solo(folder, _prompt(10), 6)
+
+
+def test_engine_options_are_checked(folder, cache) -> None:
+    with pytest.raises(InputError, match="max_sequences 9 is above the largest batch gear 8"):
+        Engine.from_folder(folder, max_sequences=9, batch_gears=[1, 2, 8], cache_dir=cache)
+    with pytest.raises(InputError, match="prompt_gears .* must be below max_length 128"):
+        Engine.from_folder(folder, prompt_gears=[16, 128], cache_dir=cache)
+    with pytest.raises(InputError, match="max_length 200 is over the model's context_length"):
+        Engine.from_folder(folder, max_length=200, cache_dir=cache)
+    with pytest.raises(InputError, match="no genai_config.json"):
+        Engine.from_folder(folder / "nowhere", cache_dir=cache)
+
+
+def test_a_full_queue_refuses_and_close_ends_every_stream(folder, cache) -> None:
+    eng = Engine.from_folder(folder, max_sequences=1, batch_gears=[1], cache_dir=cache,
+                             max_waiting=2)
+    streams = [eng.submit(_prompt(5), 100, stop_token_ids=[])]
+    deadline = time.monotonic() + 30
+    while eng.waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    streams += [eng.submit(_prompt(6), 5), eng.submit(_prompt(7), 5)]
+    with pytest.raises(EngineFullError, match="max_waiting 2"):
+        eng.submit(_prompt(8), 5)
+    eng.close()
+    assert {s.finish_reason for s in streams} <= {"cancelled", "length"}
+    assert streams[-1].finish_reason == "cancelled"
+    with pytest.raises(ClosedError):
+        eng.submit(_prompt(5), 5)
+
+
+def test_the_compiled_gears_are_cached_and_the_users_folder_untouched(folder,
+                                                                      tmp_path) -> None:
+    listing = sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+    first = Engine.from_folder(folder, max_sequences=2, cache_dir=tmp_path)
+    first.close()
+    files = list(tmp_path.rglob("engine.gear.onnx"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    second = Engine.from_folder(folder, max_sequences=2, cache_dir=tmp_path)
+    second.close()
+    assert files[0].stat().st_mtime_ns == stamp
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == listing
+    assert second.gears.batch == (1, 2) and second.gears.prompt == (16, 32, 64)
+
+
+def test_submit_from_many_threads(engine, folder) -> None:
+    """Streams submitted from eight threads at once: each its solo tokens."""
+    prompts = [_prompt(n, seed=200 + n) for n in range(3, 11)]
+    results: dict[int, list[int]] = {}
+
+    def run(k: int) -> None:
+        results[k] = engine.submit(prompts[k], 5, stop_token_ids=[]).result()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [results[k] for k in range(8)] == [_solo(folder, p, 5) for p in prompts]
