@@ -89,6 +89,16 @@ async def _entered(event: threading.Event) -> None:
 
 
 # ---- finding 1: a cut-off request holds its slot until its run is done --------------------
+async def _running(slots: SequenceSlots, control: SequenceControl, name: str,
+                   **kw) -> tuple[asyncio.Future, threading.Event]:
+    """``slots.call(control, ...)`` started and inside its run, held at its gate: the task
+    and the gate that lets the run finish."""
+    gate, entered = threading.Event(), threading.Event()
+    task = asyncio.ensure_future(slots.call(control, _run(name, gate, entered, **kw)))
+    await _entered(entered)
+    return task, gate
+
+
 def test_a_cancelled_start_holds_the_slot_until_its_run_is_done() -> None:
     """The start's task is cancelled mid-run (the client went away): the next step of the
     sequence waits for that run and sees what it wrote, never an empty state, and never
@@ -96,10 +106,8 @@ def test_a_cancelled_start_holds_the_slot_until_its_run_is_done() -> None:
     slots = _slots(2)  # two slot threads: a step released early would run at once
 
     async def main() -> None:
-        gate, entered = threading.Event(), threading.Event()
-        first = asyncio.ensure_future(slots.call(
-            SequenceControl(1, True, False), _run("start", gate, entered, writes="prompt")))
-        await _entered(entered)
+        first, gate = await _running(slots, SequenceControl(1, True, False), "start",
+                                     writes="prompt")
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
@@ -121,10 +129,7 @@ def test_a_cancelled_step_keeps_the_next_one_behind_it() -> None:
 
     async def main() -> None:
         await slots.call(SequenceControl(1, True, False), _run("start"))
-        gate, entered = threading.Event(), threading.Event()
-        cut = asyncio.ensure_future(slots.call(
-            SequenceControl(1, False, False), _run("slow", gate, entered, writes="slow")))
-        await _entered(entered)
+        cut, gate = await _running(slots, SequenceControl(1, False, False), "slow", writes="slow")
         cut.cancel()
         nxt = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
                                                _run("next")))
@@ -146,10 +151,7 @@ def test_a_start_cancelled_before_it_ran_leaves_the_sequence_not_live() -> None:
 
     async def main() -> None:
         await slots.call(SequenceControl(1, True, False), _run("start"))
-        gate, entered = threading.Event(), threading.Event()
-        busy = asyncio.ensure_future(slots.call(
-            SequenceControl(1, False, False), _run("busy", gate, entered)))
-        await _entered(entered)
+        busy, gate = await _running(slots, SequenceControl(1, False, False), "busy")
         again = asyncio.ensure_future(slots.call(SequenceControl(1, True, False),
                                                  _run("again")))
         after = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
@@ -337,10 +339,7 @@ def test_the_bound_refuses_only_requests_that_would_wait() -> None:
     slots = _slots(2, max_waiting=1)
 
     async def main() -> None:
-        gate, entered = threading.Event(), threading.Event()
-        held = asyncio.ensure_future(slots.call(SequenceControl(1, True, False),
-                                                _run("held", gate, entered)))
-        await _entered(entered)
+        held, gate = await _running(slots, SequenceControl(1, True, False), "held")
         queued = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
                                                   _run("queued")))
         await asyncio.sleep(0)  # the task is admitted
@@ -403,10 +402,7 @@ def test_an_end_then_an_immediate_start_of_the_same_id() -> None:
 
     async def main() -> None:
         await slots.call(SequenceControl(5, True, False), _run("start", writes="old"))
-        gate, entered = threading.Event(), threading.Event()
-        end = asyncio.ensure_future(slots.call(SequenceControl(5, False, True),
-                                               _run("end", gate, entered)))
-        await _entered(entered)
+        end, gate = await _running(slots, SequenceControl(5, False, True), "end")
         again = asyncio.ensure_future(slots.call(SequenceControl(5, True, False),
                                                  _run("again")))
         gate.set()
@@ -450,10 +446,7 @@ def test_idle_expiry_never_frees_a_sequence_whose_step_runs(cancelled) -> None:
     slots = _slots(1, idle_s=0.0)
 
     async def main() -> None:
-        gate, entered = threading.Event(), threading.Event()
-        held = asyncio.ensure_future(slots.call(SequenceControl(1, True, False),
-                                                _run("held", gate, entered)))
-        await _entered(entered)
+        held, gate = await _running(slots, SequenceControl(1, True, False), "held")
         if cancelled:  # the client went away: its task ends, its run goes on
             held.cancel()
             await asyncio.gather(held, return_exceptions=True)
@@ -474,10 +467,7 @@ def test_a_step_queued_behind_its_end_never_runs() -> None:
 
     async def main() -> None:
         await slots.call(SequenceControl(1, True, False), _run("start"))
-        gate, entered = threading.Event(), threading.Event()
-        end = asyncio.ensure_future(slots.call(SequenceControl(1, False, True),
-                                               _run("end", gate, entered)))
-        await _entered(entered)
+        end, gate = await _running(slots, SequenceControl(1, False, True), "end")
         late = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
                                                 _run("late")))
         gate.set()
@@ -501,10 +491,7 @@ def test_past_the_drain_deadline_sequence_requests_are_refused() -> None:
     slots = _slots(1)
 
     async def main() -> None:
-        gate, entered = threading.Event(), threading.Event()
-        held = asyncio.ensure_future(slots.call(SequenceControl(1, True, False),
-                                                _run("held", gate, entered)))
-        await _entered(entered)
+        held, gate = await _running(slots, SequenceControl(1, True, False), "held")
         queued = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
                                                   _run("queued")))
         await asyncio.sleep(0)
