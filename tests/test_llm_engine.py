@@ -36,7 +36,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engine(folder, cache):
-    with Engine.from_folder(folder, max_sequences=4, cache_dir=cache) as eng:
+    with Engine.from_folder(folder, max_sequences=4, prompt_gears=[16, 32, 64],
+                            cache_dir=cache) as eng:
         yield eng
 
 
@@ -204,7 +205,7 @@ def test_the_compiled_gears_are_cached_and_the_users_folder_untouched(folder,
     second.close()
     assert files[0].stat().st_mtime_ns == stamp
     assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir()) == listing
-    assert second.gears.batch == (1, 2) and second.gears.prompt == (16, 32, 64)
+    assert second.gears.batch == (1, 2) and second.gears.prompt == (16, 32, 48, 64, 96)
 
 
 def test_submit_from_many_threads(engine, folder) -> None:

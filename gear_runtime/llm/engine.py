@@ -80,9 +80,10 @@ class Stream:
         self._cancelled = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
-        #: monotonic times: submitted, first token
+        #: perf_counter times: submitted, first token, each token as it was handed over
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
+        self.token_times: list[float] = []
 
     def cancel(self) -> None:
         """Stop generating: the sequence leaves (its row freed) at the engine's next step."""
@@ -114,8 +115,10 @@ class Stream:
 
     # ---- the engine's side ---------------------------------------------------------------
     def _put(self, token: int) -> None:
+        now = time.perf_counter()
         if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
+            self.first_token_at = now
+        self.token_times.append(now)
         self.tokens.append(token)
         self._queue.put(token)
 

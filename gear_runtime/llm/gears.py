@@ -37,8 +37,10 @@ from gear_runtime.version import __version__
 
 LOGITS_INDEX = "gear_logits_index"
 CACHE_ENV = "GEAR_RUNTIME_LLM_CACHE"
-#: prompt gears the engine picks by default (those below max_length)
-DEFAULT_PROMPT_GEARS = (16, 32, 64, 128, 256, 512)
+#: prompt gears the engine picks by default (those below max_length): fine steps, since a
+#: prompt's run is compute-bound and a pad costs what a token does; ONNX Runtime runs them
+#: all in one session, so a gear costs its bindings alone
+DEFAULT_PROMPT_GEARS = (16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,10 @@ def choose_gears(folder: ModelFolder, max_sequences: int,
                  prompt_gears: Sequence[int] | None = None,
                  batch_gears: Sequence[int] | None = None,
                  max_length: int | None = None) -> EngineGears:
-    """The engine's gears: the ones given, else the defaults (prompt gears the powers of two
-    16..512 below ``max_length``; batch gears the powers of two below ``max_sequences``, and
-    ``max_sequences``). InputError naming the value and the limit for anything else."""
+    """The engine's gears: the ones given, else the defaults (prompt gears
+    :data:`DEFAULT_PROMPT_GEARS` below ``max_length``; batch gears the powers of two below
+    ``max_sequences``, and ``max_sequences``). InputError naming the value and the limit for
+    anything else."""
     length = folder.context_length if max_length is None else _positive("max_length",
                                                                         max_length)
     if length > folder.context_length:
