@@ -25,10 +25,11 @@ Per N and way (median over ``--rounds``; the ways' order rotates every round): a
 tokens/s (all generated tokens / wall time), per-token latency p50 / p99 (the gaps between a
 sequence's tokens), time to first token p50 / max, and the engine's greedy tokens checked
 equal to the per-sequence executors'. Also this machine's ceiling measured in the same run:
-the weight stream (weight bytes / the read bandwidth of ORT's ReduceSum over 256 MiB at
-``--threads``: the floor of one step) and ORT's fp32 MatMul peak at ``--threads``; steady
-decode at N cannot beat ``N / max(stream, 2 * params * N / peak)`` tokens/s (prompts add
-their own compute on top).
+the weight stream (the engine's steady step at N = 1, which reads every weight once for one
+token: the floor of any step; the read bandwidth it implies is printed) and ORT's fp32
+MatMul peak at ``--threads``; steady decode at N cannot beat ``N / max(stream, 2 * params *
+N / peak)`` tokens/s (prompts add their own compute on top). "vs genai": the engine's
+tokens/s over onnxruntime-genai's.
 """
 
 from __future__ import annotations
@@ -178,19 +179,10 @@ def _session(graph: Any, threads: int) -> Any:
                                 providers=["CPUExecutionProvider"])
 
 
-def ceiling(weight_bytes: int, params: int, threads: int) -> dict[str, float]:
-    """The read bandwidth (GB/s: ORT's ReduceSum over 256 MiB of float32 at ``threads``)
-    and ORT's fp32 MatMul peak (GFLOP/s, [256, 1024] x [1024, 4096] at ``threads``)."""
+def matmul_peak(threads: int) -> float:
+    """ORT's fp32 MatMul peak (GFLOP/s, [256, 1024] x [1024, 4096] at ``threads``)."""
     from onnx import TensorProto, helper
 
-    a = np.ones((1 << 14, 1 << 12), np.float32)
-    reduce = _session(helper.make_graph(
-        [helper.make_node("ReduceSum", ["a"], ["s"], keepdims=0)], "sum",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
-        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])]), threads)
-    reduce.run(None, {"a": a})
-    bandwidth = a.nbytes / min(_timed(lambda: reduce.run(None, {"a": a}))
-                               for _ in range(5)) / 1e9
     w = np.random.default_rng(0).standard_normal((1024, 4096)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
@@ -201,12 +193,17 @@ def ceiling(weight_bytes: int, params: int, threads: int) -> dict[str, float]:
     x = np.ones((256, 1024), np.float32)
     sess.run(None, {"x": x})
     mm = min(_timed(lambda: sess.run(None, {"x": x})) for _ in range(10))
-    peak = 2 * 256 * 1024 * 4096 / mm / 1e9
-    step_floor = weight_bytes / (bandwidth * 1e9)
-    return {"bandwidth_gb_s": bandwidth, "matmul_gflop_s": peak,
+    return 2 * 256 * 1024 * 4096 / mm / 1e9
+
+
+def ceiling(weight_bytes: int, step_floor: float, peak: float,
+            counts: Sequence[int]) -> dict[str, float]:
+    """Steady decode's ceiling at each N: ``N / max(step_floor, 2 * params * N / peak)``."""
+    params = weight_bytes // 4
+    return {"read_gb_s": weight_bytes / step_floor / 1e9, "matmul_gflop_s": peak,
             "step_floor_ms": step_floor * 1e3,
             **{f"ceiling_{n}": n / max(step_floor, 2 * params * n / (peak * 1e9))
-               for n in (1, 2, 4, 8, 16)}}
+               for n in counts}}
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -255,10 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gear_runtime.gearfile.reader import read_gear_file
 
     weight_bytes = read_gear_file(str(gear)).weight_bytes
-    machine = ceiling(weight_bytes, weight_bytes // 4, args.threads)
-    print(f"model: {weight_bytes / 2**20:.0f} MiB of weights; read {machine['bandwidth_gb_s']:.1f}"
-          f" GB/s -> step floor {machine['step_floor_ms']:.1f} ms; ORT fp32 MatMul "
-          f"{machine['matmul_gflop_s']:.0f} GFLOP/s at {args.threads} threads", flush=True)
+    peak = matmul_peak(args.threads)
     for way in ways.values():  # warm-up: every gear the runs touch, once
         way.run(prompts_for(min(4, max(counts)), sizes.vocab, LENGTHS[args.size], seed=99), 4)
     results: dict[tuple[int, str], list[Result]] = {}
@@ -277,6 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.setdefault((n, name), []).append(result)
                 print(f"round {r} N={n} {name}: "
                       f"{results[(n, name)][-1]['tokens_per_s']:.1f} tok/s", flush=True)
+    one = [r.get("steady_tokens_per_s") for r in results.get((1, "engine"), [])]
+    floor = 1 / max(one) if one and all(one) else float("nan")
+    machine = ceiling(weight_bytes, floor, peak, counts)
+    print(f"\nmodel: {weight_bytes / 2**20:.0f} MiB of weights; one step at N = 1 "
+          f"{machine['step_floor_ms']:.1f} ms (reads {machine['read_gb_s']:.1f} GB/s); ORT "
+          f"fp32 MatMul {peak:.0f} GFLOP/s at {args.threads} threads", flush=True)
     table = report(results, counts, order, machine)
     if "engine" in ways and "per-sequence" in ways:
         for n in counts:
@@ -301,15 +301,15 @@ def _decode_stats(way: Any) -> tuple[int, float] | None:
 def report(results: dict[tuple[int, str], list[Result]], counts: Sequence[int],
            order: Sequence[str], machine: dict[str, float]) -> list[Result]:
     rows = []
-    print("\n| N | way | tokens/s | per-token p50 / p99 ms | TTFT p50 / max ms | vs best peer |"
+    print("\n| N | way | tokens/s | per-token p50 / p99 ms | TTFT p50 / max ms | vs genai |"
           " steady decode tok/s | decode ceiling tok/s |")
     print("|---|---|---|---|---|---|---|---|")
     for n in counts:
         med = {w: {k: statistics.median(r.get(k, float("nan")) for r in results[(n, w)])
                    for k in results[(n, w)][0]} for w in order if (n, w) in results}
-        peers = [med[w]["tokens_per_s"] for w in med if w != "engine"]
+        genai = med.get("genai", {}).get("tokens_per_s")
         for w, m in med.items():
-            vs = (f"{m['tokens_per_s'] / max(peers):.2f}x" if w == "engine" and peers else "")
+            vs = f"{m['tokens_per_s'] / genai:.2f}x" if w == "engine" and genai else ""
             print(f"| {n} | {w} | {m['tokens_per_s']:.1f} | {m['token_p50_ms']:.1f} / "
                   f"{m['token_p99_ms']:.1f} | {m['ttft_p50_ms']:.0f} / {m['ttft_max_ms']:.0f} |"
                   f" {vs} | {m.get('steady_tokens_per_s', float('nan')):.0f} |"
