@@ -69,6 +69,28 @@ def _solo(folder: Path, prompt: list[int], new: int) -> list[int]:
     return out
 
 
+def _solo_sampled(folder: Path, prompt: list[int], new: int, seed: int) -> list[int]:
+    """Tokens sampled at temperature 1 (``seed``) from plain ORT's logits, one sequence
+    alone: a row whose cache is wrong shows here even where its argmax would not (the
+    small model's greedy tokens hardly depend on the cache)."""
+    import onnxruntime as ort
+
+    from gear_runtime.llm import SamplingParams, SequenceSampler, sample
+
+    sampler = SequenceSampler(SamplingParams(new, temperature=1.0, seed=seed))
+    sess = ort.InferenceSession(str(folder / "gqa_lm.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    cache = {n: np.zeros(SIZES.cache_shape, np.float32) for n in PAIRS}
+    ids, out = np.array([prompt], np.int64), []
+    for _ in range(new):
+        res = sess.run(None, {"input_ids": ids, **cache,
+                              "attention_mask": np.ones((1, len(prompt) + len(out)), np.int64)})
+        out.append(int(sample(res[0][:, -1], [sampler])[0]))
+        cache = {n: res[names.index(o)] for n, o in PAIRS.items()}
+        ids = np.array([[out[-1]]], np.int64)
+    return out
+
+
 def test_every_sequence_of_a_batch_gets_its_solo_tokens(engine, folder) -> None:
     """Six prompts of 5-90 tokens (two longer than the largest prompt gear 64: chunked),
     four rows: all at once, each its solo greedy tokens; steps ran on batch gears."""
@@ -222,3 +244,30 @@ def test_submit_from_many_threads(engine, folder) -> None:
     for t in threads:
         t.join(60)
     assert [results[k] for k in range(8)] == [_solo(folder, p, 5) for p in prompts]
+
+
+def test_a_prompt_fills_its_row_a_chunk_between_steps(folder, cache) -> None:
+    """While sequences decode, a long prompt fills the next free row 16 tokens at a time
+    between steps (its row a padding row of the steps on gear 4); another sequence leaves
+    meanwhile, so the filled row moves down once whole. Every sequence gets its solo
+    sampled tokens (sampling shows a wrong cache where the argmax would not)."""
+    with Engine.from_folder(folder, max_sequences=4, prompt_gears=[16, 32, 64],
+                            cache_dir=cache, prefill_chunk=16) as eng:
+        kw = {"temperature": 1.0, "stop_token_ids": []}
+        first = [eng.submit(_prompt(n), 40, seed=n, **kw) for n in (6, 7)]
+        next(iter(first[0]))  # rows 0 and 1 decode
+        b = eng.submit(_prompt(9), 5, seed=2, **kw)  # fills row 2 at once, leaves soon
+        c = eng.submit(_prompt(100), 20, seed=3, **kw)  # row 3: a padding row of gear 4
+        for stream, n in zip(first, (6, 7), strict=True):
+            assert stream.result() == _solo_sampled(folder, _prompt(n), 40, n)
+        assert b.result() == _solo_sampled(folder, _prompt(9), 5, 2)
+        assert c.result() == _solo_sampled(folder, _prompt(100), 20, 3)
+        stats = eng.stats
+        assert stats.prompt_runs >= 2 + 1 + 7  # c: 100 tokens in chunks of 16
+        assert stats.batch_gears[4] > 0
+        assert stats.row_copies >= 1
+
+
+def test_prefill_chunk_is_checked(folder, cache) -> None:
+    with pytest.raises(InputError, match="prefill_chunk must be a positive integer, got 0"):
+        Engine.from_folder(folder, cache_dir=cache, prefill_chunk=0)

@@ -14,8 +14,12 @@ cancel); the last live row moves into its place (one row copy per finished seque
 counted in :attr:`Engine.stats`).
 
 Policy between prompts and steps (time to first token against inter-token latency): while
-sequences decode, at most one waiting prompt is taken in between two steps; with nothing
-decoding, every waiting prompt that has a row is taken at once. One thread runs it all (the
+sequences decode, one waiting prompt at a time fills the next free row, one chunk of about
+``prefill_chunk`` tokens (default 64: the prompt gear holding that many) between two steps,
+so a step waits at most one chunk; it joins the step after its last chunk. In the steps
+meanwhile its row, when the step's gear covers it, is a padding row whose one written
+position is the one its next chunk overwrites. With nothing decoding, every waiting prompt
+that has a row runs whole at once. One thread runs it all (the
 engine's); :meth:`Engine.submit` and :meth:`Engine.generate` may be called from any thread.
 """
 
@@ -39,6 +43,8 @@ from gear_runtime.llm.sampling import SamplingParams, SequenceSampler, sample
 
 #: requests waiting for a row, at most (then submit raises EngineFullError)
 DEFAULT_MAX_WAITING = 1024
+#: the most prompt tokens run between two decode steps (about: a chunk is a prompt gear)
+DEFAULT_PREFILL_CHUNK = 64
 
 
 class EngineFullError(GearRuntimeError, RuntimeError):
@@ -141,12 +147,29 @@ class _Live:
     length: int  # tokens written into its row of the cache
 
 
+@dataclass
+class _Filling:
+    """A sequence whose prompt fills its row a chunk at a time between steps."""
+
+    seq: _Live
+    row: int
+    done: int = 0  # prompt tokens written
+
+
 class Engine:
     """Continuous batching on batch gears over one model folder (see the module doc)."""
 
     def __init__(self, folder: ModelFolder, gears: EngineGears, model: Any,
-                 max_waiting: int = DEFAULT_MAX_WAITING) -> None:
-        """``model``: the loaded gear file of :func:`gear_file` (a GearModel)."""
+                 max_waiting: int = DEFAULT_MAX_WAITING,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        """``model``: the loaded gear file of :func:`gear_file` (a GearModel);
+        ``prefill_chunk``: the most prompt tokens run between two steps (see the module
+        doc)."""
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or \
+                prefill_chunk < 1:
+            raise InputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
+        self._filling: _Filling | None = None
         self.folder, self.gears, self.model = folder, gears, model
         self._ex = model.create_executor(state=folder.state_pairs, in_place_state=True)
         self._rows: list[_Live] = []  # row i is self._rows[i]: the live rows lead
@@ -164,7 +187,8 @@ class Engine:
                     prompt_gears: Sequence[int] | None = None,
                     batch_gears: Sequence[int] | None = None, max_length: int | None = None,
                     cache_dir: str | Path | None = None, threads: int | None = None,
-                    max_waiting: int = DEFAULT_MAX_WAITING) -> Engine:
+                    max_waiting: int = DEFAULT_MAX_WAITING,
+                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Engine:
         """An engine over an onnxruntime-genai builder folder: its gears chosen
         (:func:`~gear_runtime.llm.gears.choose_gears`; :attr:`gears` says which), compiled
         into the cache (or found there), loaded on ONNX Runtime's CPU (``threads``: its
@@ -175,7 +199,7 @@ class Engine:
         gears = choose_gears(folder, max_sequences, prompt_gears, batch_gears, max_length)
         options = {} if threads is None else {"intra_op_num_threads": threads}
         return cls(folder, gears, load(str(gear_file(folder, gears, cache_dir)), **options),
-                   max_waiting)
+                   max_waiting, prefill_chunk)
 
     # ---- requests ------------------------------------------------------------------------
     def submit(self, prompt: Sequence[int], max_new_tokens: int = 16, *,
@@ -266,13 +290,15 @@ class Engine:
         try:
             while True:
                 with self._cond:
-                    while not self._closed and not self._waiting and not self._rows:
+                    while not self._closed and not self._waiting and not self._rows \
+                            and self._filling is None:
                         self._cond.wait()
                     if self._closed:
                         break
                     joining = self._take_waiting()
-                for stream in joining:
+                for stream in joining:  # nothing decodes: whole prompts, one after another
                     self._join(stream)
+                self._fill()
                 self._drop_cancelled()
                 if self._rows:
                     self._step()
@@ -282,6 +308,9 @@ class Engine:
                 self._closed = True
         for seq in self._rows:
             seq.stream._end(ending)
+        if self._filling is not None:
+            self._filling.seq.stream._end(ending)
+            self._filling = None
         with self._cond:
             for stream in self._waiting:
                 stream._end(ending)
@@ -289,18 +318,59 @@ class Engine:
         self._rows.clear()
 
     def _take_waiting(self) -> list[Stream]:
-        """The waiting requests that take a row before the next step (the module doc's
-        policy); cancelled ones end here."""
+        """With nothing decoding, the waiting requests that take a row now, their prompts
+        run whole; while sequences decode, the next one starts filling the next free row
+        (:meth:`_fill`). Cancelled ones end here."""
+        if self._filling is not None:
+            return []
         free = self.gears.rows - len(self._rows)
-        limit = free if not self._rows else min(free, 1)
         out: list[Stream] = []
-        while self._waiting and len(out) < limit:
+        while self._waiting and len(out) < free:
             stream = self._waiting.popleft()
             if stream.cancelled:
                 stream._end("cancelled")
                 continue
+            if self._rows:  # others decode: this one fills its row between their steps
+                seq = _Live(stream, SequenceSampler(stream.params), 0)
+                self._filling = _Filling(seq, len(self._rows))
+                return []
             out.append(stream)
         return out
+
+    def _fill(self) -> None:
+        """One chunk (at most :attr:`prefill_chunk` tokens while others decode; the rest of
+        the prompt when none does) of the prompt filling its row; once it is whole, the
+        sequence moves to the next live row (a row copy when others left meanwhile), takes
+        its first token and decodes with the others."""
+        f = self._filling
+        if f is None:
+            return
+        stream = f.seq.stream
+        if stream.cancelled:
+            stream._end("cancelled")
+            self._filling = None
+            return
+        start = time.perf_counter()
+        try:
+            while True:
+                logits, f.done = self._prefill_chunk(f.row, stream.prompt, f.done,
+                                                     self.prefill_chunk if self._rows else None)
+                if f.done == len(stream.prompt) or self._rows:
+                    break
+        except GearRuntimeError as exc:  # a request the runtime refused fails alone
+            stream._end(exc)
+            self._filling = None
+            return
+        finally:
+            self.stats.prefill_seconds += time.perf_counter() - start
+        if f.done < len(stream.prompt):
+            return
+        self._filling = None
+        row = len(self._rows)  # rows only left while it filled: f.row >= row
+        if f.row != row:
+            self._ex.copy_state_rows(f.row, row)
+            self.stats.row_copies += 1
+        self._admit(f.seq, logits)
 
     def _join(self, stream: Stream) -> None:
         """Run ``stream``'s prompt into the next free row; its first token; it then decodes
@@ -309,47 +379,53 @@ class Engine:
         seq = _Live(stream, SequenceSampler(stream.params), 0)
         start = time.perf_counter()
         try:
-            logits = self._prefill(row, stream.prompt)
+            done, logits = 0, None
+            while done < len(stream.prompt):
+                logits, done = self._prefill_chunk(row, stream.prompt, done, None)
         except GearRuntimeError as exc:  # a request the runtime refused fails alone
             stream._end(exc)
             return
         finally:
             self.stats.prefill_seconds += time.perf_counter() - start
-        seq.length = len(stream.prompt)
+        assert logits is not None
+        self._admit(seq, logits)
+
+    def _admit(self, seq: _Live, logits: np.ndarray) -> None:
+        """A sequence whose prompt is whole in the next live row: its first token, sampled
+        from the prompt's last logits; it decodes from the next step unless that ended it."""
+        seq.length = len(seq.stream.prompt)
         token = int(sample(logits, [seq.sampler])[0])
         self._rows.append(seq)
         if self._emit(seq, token):
-            self._leave([row])
+            self._leave([len(self._rows) - 1])
 
-    def _prefill(self, row: int, prompt: list[int]) -> np.ndarray:
-        """The prompt written into row ``row`` in chunks; the last token's logits [1, vocab]."""
-        done, logits = 0, None
-        while done < len(prompt):
-            left = len(prompt) - done
-            gear = self._prompt_gear(done, left)
-            chunk = prompt[done:done + min(gear, left)]
-            ids = np.zeros((1, gear), np.int64)
-            ids[0, :len(chunk)] = chunk
-            mask = np.zeros((1, self.gears.max_length), np.int64)
-            mask[0, :done + gear] = 1  # the pads after the chunk are overwritten before read
-            feeds = {self.folder.input_ids: ids, self.folder.attention_mask: mask,
-                     LOGITS_INDEX: np.array([len(chunk) - 1], np.int64)}
-            if self.folder.position_ids:
-                feeds[self.folder.position_ids] = np.arange(done, done + gear)[None]
-            (logits,) = self._ex.execute(feeds, first_row=row)
-            self.stats.prompt_runs += 1
-            done += len(chunk)
-        self.stats.prompt_tokens += len(prompt)
-        assert logits is not None
-        return logits[:, 0]
+    def _prefill_chunk(self, row: int, prompt: list[int], done: int,
+                       limit: int | None) -> tuple[np.ndarray, int]:
+        """The next chunk of ``prompt`` (after ``done`` tokens; at most about ``limit``)
+        written into row ``row``: its last token's logits [1, vocab] and the tokens done."""
+        left = len(prompt) - done
+        gear = self._prompt_gear(done, left if limit is None else min(left, limit))
+        chunk = prompt[done:done + min(gear, left)]
+        ids = np.zeros((1, gear), np.int64)
+        ids[0, :len(chunk)] = chunk
+        mask = np.zeros((1, self.gears.max_length), np.int64)
+        mask[0, :done + gear] = 1  # the pads after the chunk are overwritten before read
+        feeds = {self.folder.input_ids: ids, self.folder.attention_mask: mask,
+                 LOGITS_INDEX: np.array([len(chunk) - 1], np.int64)}
+        if self.folder.position_ids:
+            feeds[self.folder.position_ids] = np.arange(done, done + gear)[None]
+        (logits,) = self._ex.execute(feeds, first_row=row)
+        self.stats.prompt_runs += 1
+        self.stats.prompt_tokens += len(chunk)
+        return logits[:, 0], done + len(chunk)
 
-    def _prompt_gear(self, done: int, left: int) -> int:
-        """Tokens of the next chunk's gear: the smallest prompt gear holding what is left,
-        else the largest; one that would write past the cache's end is skipped (the batch
-        gear 1, a single token, always fits)."""
+    def _prompt_gear(self, done: int, want: int) -> int:
+        """Tokens of the next chunk's gear: the smallest prompt gear holding ``want``
+        tokens, else the largest; one that would write past the cache's end is skipped (the
+        batch gear 1, a single token, always fits)."""
         room = self.gears.max_length - done
         fits = [g for g in self.gears.prompt if g <= room]
-        return next((g for g in fits if g >= left), fits[-1] if fits else 1)
+        return next((g for g in fits if g >= want), fits[-1] if fits else 1)
 
     def _step(self) -> None:
         """One decode step of every live sequence on the covering batch gear."""
@@ -359,6 +435,9 @@ class Engine:
         mask = self._mask[:batch]
         mask.fill(0)
         mask[live:, 0] = 1  # padding rows: one position, in free rows
+        f = self._filling
+        if f is not None and f.row < batch:  # at its length: the next chunk writes there
+            mask[f.row, :f.done + 1] = 1
         for r, seq in enumerate(self._rows):
             ids[r, 0] = seq.stream.tokens[-1]
             mask[r, :seq.length + 1] = 1
@@ -411,4 +490,5 @@ class Engine:
         self._leave(gone)
 
 
-__all__ = ["DEFAULT_MAX_WAITING", "Engine", "EngineFullError", "EngineStats", "Stream"]
+__all__ = ["DEFAULT_MAX_WAITING", "DEFAULT_PREFILL_CHUNK", "Engine", "EngineFullError",
+           "EngineStats", "Stream"]
