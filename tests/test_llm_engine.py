@@ -48,36 +48,20 @@ def _prompt(n: int, seed: int | None = None) -> list[int]:
 _REFERENCE: dict[tuple[int, ...], list[int]] = {}
 
 
-def _solo(folder: Path, prompt: list[int], new: int) -> list[int]:
-    """Greedy tokens of plain ORT on the source graph: one sequence, unpadded."""
-    import onnxruntime as ort
-
-    key = (*prompt, -1, new)
-    if key in _REFERENCE:
-        return _REFERENCE[key]
-    sess = ort.InferenceSession(str(folder / "gqa_lm.onnx"), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    cache = {n: np.zeros(SIZES.cache_shape, np.float32) for n in PAIRS}
-    ids, out = np.array([prompt], np.int64), []
-    for _ in range(new):
-        res = sess.run(None, {"input_ids": ids, **cache,
-                              "attention_mask": np.ones((1, len(prompt) + len(out)), np.int64)})
-        out.append(int(res[0][0, -1].argmax()))
-        cache = {n: res[names.index(o)] for n, o in PAIRS.items()}
-        ids = np.array([[out[-1]]], np.int64)
-    _REFERENCE[key] = out
-    return out
-
-
-def _solo_sampled(folder: Path, prompt: list[int], new: int, seed: int) -> list[int]:
-    """Tokens sampled at temperature 1 (``seed``) from plain ORT's logits, one sequence
-    alone: a row whose cache is wrong shows here even where its argmax would not (the
-    small model's greedy tokens hardly depend on the cache)."""
+def _solo(folder: Path, prompt: list[int], new: int, seed: int | None = None) -> list[int]:
+    """Tokens of plain ORT on the source graph, one sequence alone, unpadded, the mask
+    growing: greedy, or with ``seed`` sampled at temperature 1 (a row whose cache is wrong
+    shows there even where its argmax would not: the small model's greedy tokens hardly
+    depend on the cache)."""
     import onnxruntime as ort
 
     from gear_runtime.llm import SamplingParams, SequenceSampler, sample
 
-    sampler = SequenceSampler(SamplingParams(new, temperature=1.0, seed=seed))
+    key = (*prompt, -1, new, -1 if seed is None else seed)
+    if key in _REFERENCE:
+        return _REFERENCE[key]
+    sampler = None if seed is None else SequenceSampler(
+        SamplingParams(new, temperature=1.0, seed=seed))
     sess = ort.InferenceSession(str(folder / "gqa_lm.onnx"), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     cache = {n: np.zeros(SIZES.cache_shape, np.float32) for n in PAIRS}
@@ -85,9 +69,11 @@ def _solo_sampled(folder: Path, prompt: list[int], new: int, seed: int) -> list[
     for _ in range(new):
         res = sess.run(None, {"input_ids": ids, **cache,
                               "attention_mask": np.ones((1, len(prompt) + len(out)), np.int64)})
-        out.append(int(sample(res[0][:, -1], [sampler])[0]))
+        row = res[0][:, -1]
+        out.append(int(row[0].argmax()) if sampler is None else int(sample(row, [sampler])[0]))
         cache = {n: res[names.index(o)] for n, o in PAIRS.items()}
         ids = np.array([[out[-1]]], np.int64)
+    _REFERENCE[key] = out
     return out
 
 
@@ -259,9 +245,9 @@ def test_a_prompt_fills_its_row_a_chunk_between_steps(folder, cache) -> None:
         b = eng.submit(_prompt(9), 5, seed=2, **kw)  # fills row 2 at once, leaves soon
         c = eng.submit(_prompt(100), 20, seed=3, **kw)  # row 3: a padding row of gear 4
         for stream, n in zip(first, (6, 7), strict=True):
-            assert stream.result() == _solo_sampled(folder, _prompt(n), 40, n)
-        assert b.result() == _solo_sampled(folder, _prompt(9), 5, 2)
-        assert c.result() == _solo_sampled(folder, _prompt(100), 20, 3)
+            assert stream.result() == _solo(folder, _prompt(n), 40, seed=n)
+        assert b.result() == _solo(folder, _prompt(9), 5, seed=2)
+        assert c.result() == _solo(folder, _prompt(100), 20, seed=3)
         stats = eng.stats
         assert stats.prompt_runs >= 2 + 1 + 7  # c: 100 tokens in chunks of 16
         assert stats.batch_gears[4] > 0
