@@ -81,7 +81,9 @@ def test_every_sequence_of_a_batch_gets_its_solo_tokens(engine, folder) -> None:
     """Six prompts of 5-90 tokens (two longer than the largest prompt gear 64: chunked),
     four rows: all at once, each its solo greedy tokens; steps ran on batch gears."""
     prompts = [_prompt(n) for n in (5, 12, 90, 40, 70, 9)]
-    outs = engine.generate(prompts, max_new_tokens=8, stop_token_ids=[])
+    with engine._cond:  # the engine waits on this lock: all six arrive in one turn
+        streams = [engine.submit(p, 8, stop_token_ids=[]) for p in prompts]
+    outs = [s.result() for s in streams]
     assert outs == [_solo(folder, p, 8) for p in prompts]
     stats = engine.stats
     assert stats.prompt_runs == 8  # 90 = 64 + 26 (gear 32), 70 = 64 + 6 (gear 16)
@@ -94,7 +96,8 @@ def test_joins_and_leaves_mid_run_keep_every_sequences_tokens(engine, folder) ->
     into each hole: counted), new ones join while others decode; each gets its solo
     tokens; a step's batch gear follows the live count."""
     first = [(_prompt(n), k) for n, k in ((7, 3), (20, 12), (33, 6), (11, 14))]
-    streams = [engine.submit(p, k, stop_token_ids=[]) for p, k in first]
+    with engine._cond:  # all four arrive in one turn: they decode together from the start
+        streams = [engine.submit(p, k, stop_token_ids=[]) for p, k in first]
     streams[0].result()
     late = [(_prompt(n, seed=100 + n), k) for n, k in ((15, 5), (3, 9))]
     streams += [engine.submit(p, k, stop_token_ids=[]) for p, k in late]
@@ -137,7 +140,8 @@ def test_the_state_runs_in_place_and_no_row_moves_at_steady_state(engine) -> Non
     ex = engine._ex
     assert set(ex.state_modes.values()) == {"in place"}
     before = {n: ex.state[n].__array_interface__["data"][0] for n in PAIRS}
-    streams = [engine.submit(_prompt(n), 10, stop_token_ids=[]) for n in (4, 8, 16, 30)]
+    with engine._cond:  # the engine waits on this lock: all four arrive in one turn
+        streams = [engine.submit(_prompt(n), 10, stop_token_ids=[]) for n in (4, 8, 16, 30)]
     for s in streams:
         s.result()
     assert engine.stats.row_copies == 0  # all four ended at the same step
@@ -257,3 +261,13 @@ def test_a_prompt_fills_its_row_a_chunk_between_steps(folder, cache) -> None:
 def test_prefill_chunk_is_checked(folder, cache) -> None:
     with pytest.raises(InputError, match="prefill_chunk must be a positive integer, got 0"):
         Engine.from_folder(folder, cache_dir=cache, prefill_chunk=0)
+
+
+def test_generate_returns_every_prompts_tokens_in_order(engine, folder) -> None:
+    prompts = [_prompt(n, seed=300 + n) for n in (14, 3, 27)]
+    assert engine.generate(prompts, max_new_tokens=5, stop_token_ids=[]) == \
+        [_solo(folder, p, 5) for p in prompts]
+    steps = engine.stats.steps
+    with pytest.raises(InputError, match="the prompt is empty"):
+        engine.generate([prompts[0], []], max_new_tokens=5)
+    assert engine.stats.steps == steps  # a batch holding a bad prompt runs nothing
