@@ -68,13 +68,12 @@ class ShapeRunner:
         if self._guarded is None:
             from onnx import numpy_helper
 
-            from gear_runtime.gearfile.kernel_guards import find_guards
+            from gear_runtime.gearfile.kernel_guards import guarded_inputs
 
-            model, folder = self._source.model, self._source.folder
-            by_name = {t.name: t for t in model.graph.initializer}
-            guard = find_guards(model.graph, model.opset_import, weight_value=lambda n: (
-                numpy_helper.to_array(by_name[n], base_dir=folder or "")))
-            self._guarded = frozenset(guard.inputs if guard is not None else ())
+            graph, folder = self._source.model.graph, self._source.folder
+            by_name = {t.name: t for t in graph.initializer}
+            self._guarded = guarded_inputs(graph, lambda n: numpy_helper.to_array(
+                by_name[n], base_dir=folder or ""))
         return {n: np.ones_like(a) if n in self._guarded else a for n, a in zeros.items()}
 
     def _get_session(self) -> Any:

@@ -69,6 +69,7 @@ class KernelGuard:
                  cone_inputs: Sequence[str]) -> None:
         self.attentions = tuple(attentions)
         self._cone = cone
+        self._cone_outputs = [o.name for o in cone.get_outputs()]
         self.cone_inputs = tuple(cone_inputs)
 
     @property
@@ -81,12 +82,9 @@ class KernelGuard:
         """InputError naming the kernel, the row and the bounds unless every row of every
         kernel stays within its buffers. ``feeds``: the cone's inputs as staged for the run;
         ``shapes`` / ``outputs``: the run's static input / output shapes by name."""
-        values = dict(zip(self._cone_outputs(), self._cone.run(None, dict(feeds)), strict=True))
+        values = dict(zip(self._cone_outputs, self._cone.run(None, dict(feeds)), strict=True))
         for att in self.attentions:
             self._check_one(att, values, shapes, outputs)
-
-    def _cone_outputs(self) -> list[str]:
-        return [o.name for o in self._cone.get_outputs()]
 
     def _check_one(self, att: _Attention, values: Mapping[str, np.ndarray],
                    shapes: Mapping[str, Sequence[int]],
@@ -134,37 +132,15 @@ def find_guards(graph: Any, opset_imports: Iterable[Any],
     GroupQueryAttention, or when their lengths are not computed from the request by a small
     cone of standard nodes (logged: such a model runs unguarded, as before). ``weights``:
     initializers kept outside the graph (a gear file's shared weights: name -> TensorProto,
-    its data possibly external) and ``weight_value`` reading one's values."""
-    from onnx import numpy_helper
+    its data possibly external) and ``weight_value`` reading one's values (only the cone's
+    few constants are read)."""
+    found = _lengths_cone(graph, weights, weight_value)
+    if found is None:
+        return None
+    import onnxruntime as ort
+    from onnx import helper, shape_inference
 
-    outside = dict(weights or {})
-    inits: dict[str, Any] = {}
-    for name, tensor in {**outside, **{i.name: i for i in graph.initializer}}.items():
-        # the small ones as in-memory constants, for the cone (a weight stored in a data
-        # file is read; without a reader it stays out, and a cone needing it is refused)
-        external = name in outside or bool(tensor.external_data)
-        if not external:
-            inits[name] = tensor
-        elif _tensor_bytes(tensor) <= MAX_CONE_CONST_BYTES and weight_value is not None:
-            inits[name] = numpy_helper.from_array(weight_value(name), name)
-        else:
-            inits[name] = tensor
-    nodes = [n for n in graph.node if (n.op_type, n.domain or "") == _GQA
-             and len(n.input) > _TOTAL and n.input[_SEQLENS] and n.input[_TOTAL]]
-    if not nodes:
-        return None
-    try:
-        import onnxruntime as ort
-        from onnx import helper, shape_inference
-    except ImportError:  # pragma: no cover - onnxruntime is a dependency
-        return None
-    targets = sorted({t for n in nodes for t in (n.input[_SEQLENS], n.input[_TOTAL])})
-    cone = _cone(graph, targets, inits)
-    if cone is None:
-        logger.warning("GroupQueryAttention lengths are not computed from the request by a "
-                       "small standard subgraph: its inputs are not checked before runs")
-        return None
-    cone_nodes, cone_inputs, consts = cone
+    nodes, targets, (cone_nodes, cone_inputs, consts) = found
     model = helper.make_model(
         helper.make_graph(cone_nodes, "gear_guard",
                           [i for i in graph.input if i.name in cone_inputs],
@@ -175,19 +151,74 @@ def find_guards(graph: Any, opset_imports: Iterable[Any],
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    weights_all = {**outside, **{i.name: i for i in graph.initializer}}
-    tokens = _query_tokens(graph, nodes, weights_all, list(opset_imports), shape_inference,
+    tensors = {**(weights or {}), **{i.name: i for i in graph.initializer}}
+    tokens = _query_tokens(graph, nodes, tensors, list(opset_imports), shape_inference,
                            helper)
-    attentions = [_attention(graph, n, t, inits) for n, t in zip(nodes, tokens, strict=True)]
+    attentions = [_attention(graph, n, t, tensors) for n, t in zip(nodes, tokens, strict=True)]
     return KernelGuard(attentions, session, [i.name for i in graph.input
                                              if i.name in cone_inputs])
 
 
+def guarded_inputs(graph: Any, weight_value: Callable[[str], np.ndarray] | None = None
+                   ) -> frozenset[str]:
+    """The graph inputs :func:`find_guards` would check (an attention mask), found without
+    building its guard: what compile's probe run feeds valid values."""
+    found = _lengths_cone(graph, None, weight_value)
+    return frozenset(found[2][1]) if found is not None else frozenset()
+
+
+def _lengths_cone(graph: Any, weights: Mapping[str, Any] | None,
+                  weight_value: Callable[[str], np.ndarray] | None
+                  ) -> tuple[list[Any], list[str], tuple[list[Any], set[str], list[Any]]] | None:
+    """(the GroupQueryAttention nodes, their length tensors, the cone computing those from
+    the request: :func:`_cone`), or None without such a node or such a cone (logged)."""
+    nodes = [n for n in graph.node if (n.op_type, n.domain or "") == _GQA
+             and len(n.input) > _TOTAL and n.input[_SEQLENS] and n.input[_TOTAL]]
+    if not nodes:
+        return None
+    targets = sorted({t for n in nodes for t in (n.input[_SEQLENS], n.input[_TOTAL])})
+    cone = _cone(graph, targets, _constants(graph, weights or {}, weight_value))
+    if cone is None:
+        logger.warning("GroupQueryAttention lengths are not computed from the request by a "
+                       "small standard subgraph: its inputs are not checked before runs")
+        return None
+    return nodes, targets, cone
+
+
+#: what :func:`_constants` answers for an initializer a cone may not copy
+_TOO_BIG = object()
+
+
+def _constants(graph: Any, outside: Mapping[str, Any],
+               weight_value: Callable[[str], np.ndarray] | None) -> Callable[[str], Any]:
+    """name -> that initializer as an in-memory TensorProto a cone can copy (a small one;
+    read through ``weight_value`` where its data is in a file), :data:`_TOO_BIG` for one it
+    may not copy (large, or in a file with no reader), None for no initializer. Reads only
+    what is asked."""
+    from onnx import numpy_helper
+
+    inline = {i.name: i for i in graph.initializer}
+
+    def resolve(name: str) -> Any:
+        tensor = inline.get(name, outside.get(name))
+        if tensor is None:
+            return None
+        if _tensor_bytes(tensor) > MAX_CONE_CONST_BYTES:
+            return _TOO_BIG
+        if name in inline and not tensor.external_data:
+            return tensor
+        if weight_value is None:
+            return _TOO_BIG
+        return numpy_helper.from_array(weight_value(name), name)
+
+    return resolve
+
+
 def _cone(graph: Any, targets: Sequence[str],
-          inits: Mapping[str, Any]) -> tuple[list[Any], set[str], list[Any]] | None:
+          constant: Callable[[str], Any]) -> tuple[list[Any], set[str], list[Any]] | None:
     """The nodes computing ``targets`` from graph inputs, the inputs they read and the
-    constants (of ``inits``) they copy; None past the limits or through a non-standard
-    node."""
+    constants (:func:`_constants`' ``constant``) they copy; None past the limits or through
+    a non-standard node."""
     producer = {o: n for n in graph.node for o in n.output}
     inputs = {i.name for i in graph.input}
     seen: dict[int, Any] = {}
@@ -198,10 +229,11 @@ def _cone(graph: Any, targets: Sequence[str],
         name = stack.pop()
         if not name or name in reached or name in consts:
             continue
-        if name in inits:
-            if _tensor_bytes(inits[name]) > MAX_CONE_CONST_BYTES or inits[name].external_data:
-                return None
-            consts[name] = inits[name]
+        tensor = constant(name)
+        if tensor is _TOO_BIG:
+            return None
+        if tensor is not None:
+            consts[name] = tensor
         elif name in inputs:
             reached.add(name)
         elif name in producer:
@@ -228,7 +260,7 @@ def _tensor_bytes(tensor: Any) -> int:
 
 
 def _attention(graph: Any, node: Any, tokens: tuple[str, int] | int | None,
-               inits: Mapping[str, Any]) -> _Attention:
+               tensors: Mapping[str, Any]) -> _Attention:
     """The sizes of one kernel: the cache's rows (its past key's axis 2, a graph input or
     one of its presents as a graph output), the rotary table's rows where it rotates."""
     rows: tuple[str, int] | int | None = None
@@ -240,7 +272,7 @@ def _attention(graph: Any, node: Any, tokens: tuple[str, int] | int | None,
     rotary = None
     attrs = {a.name: a for a in node.attribute}
     if "do_rotary" in attrs and attrs["do_rotary"].i == 1 and len(node.input) > _COS:
-        cos = inits.get(node.input[_COS])
+        cos = tensors.get(node.input[_COS])  # its dims alone: nothing is read
         rotary = int(cos.dims[0]) if cos is not None and len(cos.dims) else None
     return _Attention(node.name or node.output[0], node.input[_SEQLENS], node.input[_TOTAL],
                       rows, tokens, rotary)
@@ -280,4 +312,4 @@ def _query_tokens(graph: Any, nodes: Sequence[Any], weights: Mapping[str, Any],
     return [by_lengths.get(n.input[_SEQLENS]) for n in nodes]
 
 
-__all__ = ["KernelGuard", "MAX_CONE_NODES", "find_guards"]
+__all__ = ["KernelGuard", "MAX_CONE_NODES", "find_guards", "guarded_inputs"]
