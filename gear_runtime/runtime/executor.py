@@ -93,6 +93,8 @@ class Executor:
         self.model = model
         self._session = session
         self._plan = state
+        #: the state pairs with rows (their axis 0 follows the gear; see execute's first_row)
+        self._row_pairs = [p for p in state.pairs if p.rows] if state is not None else []
         # what execute takes and returns: the model's inputs / outputs less the state's
         staged = range(len(spec.input_names)) if state is None else state.inputs
         self._returned = list(range(len(info.output_names)) if state is None else state.outputs)
@@ -418,7 +420,6 @@ class Executor:
             self._check_out(k, buf, gear)
         if outs:
             self._check_aliasing(outs, arrays)
-        if outs:
             outputs = self._session.run_gear_into(gear, outs)
         else:
             outputs = list(self._session.run_gear(gear))
@@ -433,7 +434,7 @@ class Executor:
     def _bind_rows(self, gear: int, first_row: object) -> None:
         """Gear ``gear``'s state rows from ``first_row`` (see execute); InputError naming
         the rows and the buffers' when they do not fit, or when no state has rows."""
-        rows = [p for p in self._plan.pairs if p.rows] if self._plan is not None else []
+        rows = self._row_pairs
         if first_row == 0 and type(first_row) is int:
             if rows:
                 self._session.bind_rows(gear, 0)
@@ -455,7 +456,7 @@ class Executor:
         run reads). InputError naming the row when it is outside the buffers."""
         owner = self._enter("copy_state_rows")
         try:
-            rows = [p for p in self._plan.pairs if p.rows] if self._plan is not None else []
+            rows = self._row_pairs
             if not rows:
                 raise InputError("copy_state_rows needs a state with rows (a state input "
                                  "whose axis 0 follows the gear); this executor has none")
@@ -476,9 +477,7 @@ class Executor:
     def state_rows(self) -> int:
         """Rows of the states with rows (the most a gear runs: a batched decode's slots);
         0 when no state has rows."""
-        if self._plan is None:
-            return 0
-        return next((p.shape[0] for p in self._plan.pairs if p.rows), 0)
+        return self._row_pairs[0].shape[0] if self._row_pairs else 0
 
     def _out_indices(self, out: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray]:
         """``out`` as output index -> array; InputError for anything but a dict of this
@@ -864,8 +863,9 @@ class _StateView(Mapping[str, np.ndarray]):
 
 class _StagedGuard:
     """A model's :class:`~gear_runtime.gearfile.kernel_guards.KernelGuard` over one executor's
-    staging buffer: the guarded inputs read where the core staged them for a gear (what the
-    kernel will see, padding included), the gear's static shapes by name."""
+    staging buffer: the guarded inputs read where the core stages them for a gear (what the
+    kernel will see, padding included: views of the staging buffer, made once per gear), the
+    gear's static shapes by name."""
 
     def __init__(self, guard: KernelGuard, model: ExecutorModel, names: Sequence[str],
                  dtypes: Sequence[Any], layout: Any, session: BackendSession) -> None:
@@ -874,17 +874,13 @@ class _StagedGuard:
         self._staging = session.staging
         self._inputs = [(n, names.index(n), np.dtype(dtypes[names.index(n)]))
                         for n in guard.inputs]
-        self._shapes: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        #: per gear: the staged views of the guarded inputs, input shapes, output shapes
+        self._gears: dict[int, tuple[dict[str, np.ndarray], dict[str, Any],
+                                     dict[str, Any]]] = {}
 
     def check(self, gear: int) -> None:
         """InputError (see KernelGuard.check) unless gear ``gear``'s staged request is safe."""
-        shapes, outputs = self._gear_shapes(gear)
-        feeds = {}
-        for name, k, dtype in self._inputs:
-            at = self._layout.offset(gear, k)
-            flat = self._staging[at:at + self._layout.nbytes(gear, k)].view(dtype)
-            feeds[name] = flat[:int(np.prod(shapes[name]))].reshape(shapes[name])
-        self._guard.check(feeds, shapes, outputs)
+        self._guard.check(*self._of(gear))
 
     def check_arrays(self, arrays: Sequence[np.ndarray]) -> None:
         """The same for a hybrid miss's unstaged request (its own shapes)."""
@@ -892,13 +888,19 @@ class _StagedGuard:
         shapes = {n: a.shape for n, a in staged.items()}
         self._guard.check({n: staged[n] for n, _, _ in self._inputs}, shapes, {})
 
-    def _gear_shapes(self, gear: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        found = self._shapes.get(gear)
+    def _of(self, gear: int) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+        found = self._gears.get(gear)
         if found is None:
             info = self._model.info
-            found = ({n: tuple(s) for n, s in self._model.spec.shapes(gear).items()},
+            shapes = {n: tuple(s) for n, s in self._model.spec.shapes(gear).items()}
+            views = {}
+            for name, k, dtype in self._inputs:
+                at, count = self._layout.offset(gear, k), int(np.prod(shapes[name]))
+                views[name] = self._staging[at:at + count * dtype.itemsize].view(
+                    dtype).reshape(shapes[name])
+            found = (views, shapes,
                      dict(zip(info.output_names, info.output_shapes[gear], strict=True)))
-            self._shapes[gear] = found
+            self._gears[gear] = found
         return found
 
 
