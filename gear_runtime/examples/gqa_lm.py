@@ -235,11 +235,15 @@ def write_model(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
 def write_genai_folder(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
                        batch: bool = False) -> Path:
     """A folder onnxruntime-genai opens (``og.Model(folder)``): the model (``batch``: with a
-    dynamic batch axis, as the builder writes it) and its ``genai_config.json``
-    (:func:`write_genai_config`)."""
+    dynamic batch axis, as the builder writes it), its ``genai_config.json``
+    (:func:`write_genai_config`) and a tokenizer of ``sizes.vocab`` ids whose id 0 is the
+    end of sequence (:func:`gear_runtime.examples.tokenizer.write_tokenizer`)."""
+    from gear_runtime.examples.tokenizer import write_tokenizer
+
     directory = Path(directory)
     write_model(directory, sizes, seed, compile_gears=False, batch=batch)
     write_genai_config(directory, sizes)
+    write_tokenizer(directory, sizes.vocab, model_max_length=sizes.max_seq)
     return directory
 
 
