@@ -248,10 +248,18 @@ def test_a_prompt_fills_its_row_a_chunk_between_steps(folder, cache) -> None:
     with Engine.from_folder(folder, max_sequences=4, prompt_gears=[16, 32, 64],
                             cache_dir=cache, prefill_chunk=16) as eng:
         kw = {"temperature": 1.0, "stop_token_ids": []}
-        first = [eng.submit(_prompt(n), 40, seed=n, **kw) for n in (6, 7)]
-        next(iter(first[0]))  # rows 0 and 1 decode
-        b = eng.submit(_prompt(9), 5, seed=2, **kw)  # fills row 2 at once, leaves soon
-        c = eng.submit(_prompt(100), 20, seed=3, **kw)  # row 3: a padding row of gear 4
+        later: list = []
+
+        def join_now() -> None:  # on the engine's thread, at the first token: rows 0, 1
+            if first[0].tokens and not later:  # decode when b and c are taken, however
+                later.append(eng.submit(_prompt(9), 5, seed=2, **kw))  # slow this thread
+                later.append(eng.submit(_prompt(100), 20, seed=3, **kw))
+
+        with eng._cond:
+            first = [eng.submit(_prompt(n), 40, seed=n, **kw) for n in (6, 7)]
+            first[0].on_update(join_now)
+        first[0].result()
+        b, c = later  # b fills row 2 at once, leaves soon; c's row 3 pads the gear-4 steps
         for stream, n in zip(first, (6, 7), strict=True):
             assert stream.result() == _solo(folder, _prompt(n), 40, seed=n)
         assert b.result() == _solo(folder, _prompt(9), 5, seed=2)
