@@ -8,6 +8,7 @@ its own greedy picks, ending with sequence_end."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -261,6 +262,13 @@ def test_a_start_model_takes_the_prompt_in_one_request(pair) -> None:
                 result = client.infer("decode", step, sequence_id=21, sequence_end=t == 6)
                 tokens.append(int(result.as_numpy("logits").argmax()))
             assert tokens == want, kind
+            # the metadata and /config say what the start request carries
+            meta = json.loads(request(running.port, "GET", "/v2/models/decode")[2])
+            start = meta["parameters"]["sequences"]["start"]
+            assert [(i["name"], i["datatype"], i["shape"]) for i in start["inputs"]] == [
+                ("input_ids", "INT64", [1, -1]), ("attention_mask", "INT64", [1, -1])]
+            config = json.loads(request(running.port, "GET", "/v2/models/decode/config")[2])
+            assert json.loads(config["parameters"]["sequence_start"]["string_value"]) == start
             status, _, text = request(running.port, "GET", "/metrics")
             assert 'gear="start:64,64"' in text.decode()  # the start model's gear, labelled
 

@@ -57,12 +57,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "v2 REST and gRPC, with Triton's binary tensor, model configuration, "
                        "statistics and model repository extensions): one pool of executors "
                        "per model, gear-aware dynamic batching for batch-mode models, "
-                       "Prometheus metrics at /metrics, a graceful drain on SIGTERM. Needs "
+                       "Prometheus metrics at /metrics, a graceful drain on SIGTERM. A causal "
+                       "LM folder (genai_config.json: onnxruntime-genai's builder, or "
+                       "gear-runtime llm build) is served through the engine's continuous "
+                       "batching on OpenAI's /v1/completions and /v1/chat/completions and "
+                       "Triton's generate / generate_stream. Needs "
                        'the serve extra: pip install "gear_runtime[serve]" ([grpc] for '
                        "--grpc-port, [ray] for --ray).")
     p.add_argument("files", nargs="*", metavar="FILE",
                    help="gear files written by compile (with --backend acl: .om files; "
-                   "mindspore_lite: .mindir files with --config)")
+                   "mindspore_lite: .mindir files with --config), or causal LM folders "
+                   "(MODEL_DIR with genai_config.json and tokenizer.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1)")
     p.add_argument("--port", type=port, default=8000,
@@ -141,9 +146,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "writes, where the graph updates it in place (onnxruntime-genai's "
                    "GroupQueryAttention: no copy of the cache per token); refused naming "
                    "the pair where the graph does not")
-    p.add_argument("--max-sequences", type=int_at_least(1), default=4, metavar="N",
+    p.add_argument("--max-sequences", type=int_at_least(1), default=None, metavar="N",
                    help="with --state: sequences live at once, one executor (and one copy "
-                   "of the state) each (default 4)")
+                   "of the state) each (default 4); a causal LM folder: the engine's rows, "
+                   "the largest decode batch gear (default: what llm build chose, else 8)")
     p.add_argument("--sequence-idle-seconds", type=float_at_least(0.001), default=60.0,
                    metavar="S", help="with --state: a sequence idle this long gives its slot "
                    "to a new one (Triton's max_sequence_idle_microseconds; default 60)")
@@ -208,13 +214,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "gear-runtime check-padding on each model first (--padding-checked silences "
               "this)", file=sys.stderr)
     for path in args.files:
-        existing_file(path, "gear file")
+        if os.path.isdir(path):
+            _check_llm_folder(args, path)
+        else:
+            existing_file(path, "gear file")
     try:  # the extra is optional: a missing one is one line, not a traceback
         import gear_runtime.serving.app  # noqa: F401
     except ImportError as exc:
         error(str(exc))
         return EXIT_FAILED
     return serve_from_args(args)
+
+
+def _check_llm_folder(args: argparse.Namespace, path: str) -> None:
+    """A folder to serve is a causal LM's: it has genai_config.json, and the flags of
+    tensor models' sequences or of other backends do not apply to it."""
+    from gear_runtime.llm.folder import CONFIG
+
+    if not os.path.isfile(os.path.join(path, CONFIG)):
+        raise UsageError(f"{path!r} is a folder without {CONFIG}: serve gear files, or a "
+                         "causal LM folder (gear-runtime llm build, or onnxruntime-genai's "
+                         "model builder)")
+    if args.backend != "onnxruntime" or args.state or args.sequence_start or args.ray:
+        raise UsageError(f"{path!r} is a causal LM folder: it is served by the engine on "
+                         "ONNX Runtime's CPU in this server (no --backend, --state, "
+                         "--sequence-start or --ray)")
 
 
 def _check_repository(directory: str, files_given: bool) -> None:
@@ -388,8 +412,10 @@ def serve_forever(files: Sequence[str], names: Sequence[str] | None, options: Se
         where = f"http://{http_host}:{http_port}"
         if running.grpc_address is not None:
             where += f" and grpc {running.grpc_address[0]}:{running.grpc_address[1]}"
-        print(f"gear-runtime: serving {', '.join(server.models) or '(no model)'} at {where} "
-              "(KServe v2; metrics at /metrics)", flush=True)
+        names = [*server.models, *server.llms]
+        print(f"gear-runtime: serving {', '.join(names) or '(no model)'} at {where} "
+              "(KServe v2" + ("; OpenAI at /v1" if server.llms else "") +
+              "; metrics at /metrics)", flush=True)
         if options.worker_dir is not None and options.worker is not None:
             from gear_runtime.serving.workers import mark_started
 

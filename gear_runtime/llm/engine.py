@@ -25,11 +25,12 @@ engine's); :meth:`Engine.submit` and :meth:`Engine.generate` may be called from 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
 from gear_runtime.llm.folder import ModelFolder, read_folder
 from gear_runtime.llm.gears import LOGITS_INDEX, EngineGears, choose_gears, gear_file
 from gear_runtime.llm.sampling import SamplingParams, SequenceSampler, sample
+
+logger = logging.getLogger("gear_runtime.llm")
 
 #: requests waiting for a row, at most (then submit raises EngineFullError)
 DEFAULT_MAX_WAITING = 1024
@@ -73,8 +76,11 @@ class EngineStats:
 
 
 class Stream:
-    """One request's tokens as they come (iterate it), ``finish_reason`` once it ends
-    (``"stop"``, ``"length"``, ``"cancelled"``); :meth:`cancel` ends it at the next step."""
+    """One request's tokens as they come, ``finish_reason`` once it ends (``"stop"``,
+    ``"length"``, ``"cancelled"``, ``"error"``); :meth:`cancel` ends it at the next step.
+
+    Read it one way: iterate it (blocks), or, from an event loop, :meth:`on_update` plus
+    :meth:`take` (never blocks)."""
 
     def __init__(self, engine: Engine, prompt: list[int], params: SamplingParams) -> None:
         self._engine = engine
@@ -90,6 +96,40 @@ class Stream:
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
         self.token_times: list[float] = []
+        self._listener: Callable[[], None] | None = None
+
+    def on_update(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (from the engine's thread: it must not block) after each
+        token and at the end; called once now, so nothing that came before is missed. An
+        exception it raises is logged, never the engine's."""
+        self._listener = listener
+        self._notify()
+
+    def take(self) -> tuple[list[int], bool]:
+        """The tokens not yet taken and whether the stream has ended (all taken then),
+        without waiting; raises the engine's error where it failed."""
+        tokens: list[int] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return tokens, False
+            if item is None or isinstance(item, BaseException):
+                self._queue.put(item)  # every later take ends (or raises) too
+                if item is None:
+                    return tokens, True
+                if tokens:  # these first; the error with the next take
+                    return tokens, False
+                raise item
+            tokens.append(item)
+
+    def _notify(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a reader's bug must not stop every stream
+                logger.exception("a stream's listener failed")
 
     def cancel(self) -> None:
         """Stop generating: the sequence leaves (its row freed) at the engine's next step."""
@@ -127,6 +167,7 @@ class Stream:
         self.token_times.append(now)
         self.tokens.append(token)
         self._queue.put(token)
+        self._notify()
 
     def _end(self, reason: str | BaseException) -> None:
         if isinstance(reason, BaseException):
@@ -136,6 +177,7 @@ class Stream:
             self.finish_reason = reason
             self._queue.put(None)
         self._done.set()
+        self._notify()
 
 
 @dataclass

@@ -9,11 +9,15 @@
     POST /v2/repository/index                                   Triton model repository
     POST /v2/repository/models/{name}/load, .../unload          (with --model-repository)
     GET  /metrics                                               Prometheus text format
+    GET  /v1/models                                             OpenAI: the language models
+    POST /v1/completions, /v1/chat/completions                  OpenAI (stream: SSE)
+    POST /v2/models/{name}[/versions/1]/generate[_stream]       Triton's generate extension
 
 The routes are declared once (:data:`ROUTES`); each is a thin REST front of the data plane
 (serving/dataplane.py), which gRPC (serving/grpc_app.py) fronts as well. Every failure is
 answered, never raised into the server: ``{"error": "[code] message", "code": code}`` with
-the status of :func:`~gear_runtime.serving.errors.http_status`. :class:`GearServer` is
+the status of :func:`~gear_runtime.serving.errors.http_status` (the OpenAI routes answer
+in OpenAI's error shape: serving/openai_api.py). :class:`GearServer` is
 served by :mod:`gear_runtime.serving.http` (``gear-runtime serve``) and by any ASGI server
 through ``GearServer.app`` (Ray Serve).
 """
@@ -31,15 +35,18 @@ from urllib.parse import unquote
 import numpy as np
 
 from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
+from gear_runtime.serving import openai_api, triton_generate
 from gear_runtime.serving.dataplane import DataPlane
 from gear_runtime.serving.errors import (
     RETRY_AFTER_S,
     HeadersTooLargeError,
+    ModelNotFoundError,
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
     StatusError,
 )
+from gear_runtime.serving.generation import ServedLlm, is_llm_folder
 from gear_runtime.serving.http import HttpReply, HttpRequest
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
@@ -70,8 +77,9 @@ class GearServer(DataPlane):
     """The data plane (serving/dataplane.py) with its REST routes in front of it."""
 
     def __init__(self, models: dict[str, ServedModel], options: ServeOptions,
-                 metrics: Metrics, repository: ModelRepository | None = None) -> None:
-        super().__init__(models, options, metrics, repository)
+                 metrics: Metrics, repository: ModelRepository | None = None,
+                 llms: dict[str, ServedLlm] | None = None) -> None:
+        super().__init__(models, options, metrics, repository, llms)
         from gear_runtime.serving.asgi import AsgiApp
 
         #: the same routes as an ASGI application (Ray Serve, any ASGI server)
@@ -138,10 +146,15 @@ class GearServer(DataPlane):
 
     async def model_metadata(self, request: HttpRequest, name: str,
                              version: str = "") -> HttpReply:
+        if name in self.llms and version in ("", "1"):
+            return _json(_llm_metadata(self.llms[name]))
         return _json(self.model(name, version).metadata())
 
     async def model_ready(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
-        ready = self.model_is_ready(self.model(name, version))
+        if name in self.llms and version in ("", "1"):
+            ready = self.is_ready()
+        else:
+            ready = self.model_is_ready(self.model(name, version))
         return _json({"name": name, "ready": ready}, 200 if ready else 503)
 
     async def model_config(self, request: HttpRequest, name: str,
@@ -213,6 +226,80 @@ class GearServer(DataPlane):
         await self.unload_model(name)
         return _json({})
 
+    # ---- the text routes (serving/generation.py) ------------------------------------------
+    async def openai_models(self, request: HttpRequest) -> HttpReply:
+        return _json({"object": "list",
+                      "data": [self.llms[n].describe() for n in sorted(self.llms)]})
+
+    async def completions(self, request: HttpRequest) -> HttpReply:
+        return await self._openai(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest) -> HttpReply:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: HttpRequest, chat: bool) -> HttpReply:
+        """A completion or chat completion: the whole answer, or its SSE stream. Every
+        failure before the stream starts is an error reply in OpenAI's shape."""
+        name = ""
+        try:
+            doc = _json_body(request.body)
+            model = doc.get("model")
+            if not isinstance(model, str):
+                raise InputError(f'"model" must be a string naming a served model, got '
+                                 f"{model!r:.80}; models: {', '.join(sorted(self.llms))}")
+            served = self.llm(model)
+            name = served.name
+            decode = openai_api.chat_request if chat else openai_api.completion_request
+            text_request = decode(doc, served)
+            stream, include_usage = openai_api.stream_wanted(doc)
+            reply = openai_api.Reply(served.name, chat, openai_api.token_ids_wanted(doc))
+            generation = self.start_generation(served, text_request)
+        except Exception as exc:
+            return self._openai_error(exc, name)
+        if stream:
+            return _event_stream(openai_api.events(
+                reply, generation, include_usage,
+                lambda exc: openai_api.error_doc(exc, self.count_error(exc, name))))
+        try:
+            text = await generation.text()
+        except Exception as exc:
+            return self._openai_error(exc, name)
+        return _json(reply.whole(text, generation))
+
+    def _openai_error(self, exc: BaseException, model: str) -> HttpReply:
+        status = self.count_error(exc, model)
+        headers = {"retry-after": str(RETRY_AFTER_S)} if status == 503 else {}
+        return HttpReply(status, json.dumps(openai_api.error_doc(exc, status)).encode(), JSON,
+                         headers)
+
+    async def generate(self, request: HttpRequest, name: str, version: str = "") -> HttpReply:
+        return await self._generate(request, name, version, stream=False)
+
+    async def generate_stream(self, request: HttpRequest, name: str,
+                              version: str = "") -> HttpReply:
+        return await self._generate(request, name, version, stream=True)
+
+    async def _generate(self, request: HttpRequest, name: str, version: str,
+                        stream: bool) -> HttpReply:
+        """Triton's generate / generate_stream (serving/triton_generate.py)."""
+        try:
+            if version not in ("", "1"):
+                raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r}")
+            served = self.llm(name)
+            text_request = triton_generate.generate_request(_json_body(request.body), served)
+            generation = self.start_generation(served, text_request)
+        except Exception as exc:
+            return self._error(exc, name if name in self.llms else "")
+        if stream:
+            return _event_stream(triton_generate.events(
+                served, generation,
+                lambda exc: {"error": f"{exc}", "code": self.count_error(exc, name)}))
+        try:
+            text = await generation.text()
+        except Exception as exc:
+            return self._error(exc, name)
+        return _json(triton_generate.answer(served, text, generation))
+
     # ---- errors --------------------------------------------------------------------------
     def _error(self, exc: BaseException, model: str) -> HttpReply:
         status = self.count_error(exc, model)
@@ -233,12 +320,16 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v2/repository/index", "repository_index"),
     ("POST", "/v2/repository/models/{name}/load", "load"),
     ("POST", "/v2/repository/models/{name}/unload", "unload"),
+    ("GET", "/v1/models", "openai_models"),
+    ("POST", "/v1/completions", "completions"),
+    ("POST", "/v1/chat/completions", "chat_completions"),
     *((method, f"/v2/models/{{name}}{version}{tail}", handler)
       for version in ("", "/versions/{version}")
       for method, tail, handler in (
           ("GET", "", "model_metadata"), ("GET", "/ready", "model_ready"),
           ("GET", "/config", "model_config"), ("GET", "/stats", "statistics"),
-          ("POST", "/infer", "infer_route"))),
+          ("POST", "/infer", "infer_route"), ("POST", "/generate", "generate"),
+          ("POST", "/generate_stream", "generate_stream"))),
 )
 
 
@@ -302,6 +393,21 @@ def _segments(path: str) -> list[str]:
 def _model_in_path(path: str) -> str:
     parts = _segments(path)
     return parts[2] if len(parts) >= 3 and parts[:2] == ["v2", "models"] else ""
+
+
+def _event_stream(events: Any) -> HttpReply:
+    """A reply of Server-Sent Events (sent as they come)."""
+    return HttpReply(200, b"", "text/event-stream",
+                     {"cache-control": "no-cache", "x-accel-buffering": "no"}, stream=events)
+
+
+def _llm_metadata(served: ServedLlm) -> dict[str, Any]:
+    """v2 model metadata of a language model: what Triton's generate extension takes."""
+    return {"name": served.name, "versions": ["1"], "platform": "gear_runtime_llm",
+            "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
+            "parameters": {"max_length": served.max_length,
+                           "max_sequences": served.engine.gears.rows}}
 
 
 def _json(doc: Any, status: int = 200) -> HttpReply:
@@ -383,5 +489,31 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
         extra = [n for n in repository.names() if n not in names]
         files += [str(repository.path_of(n)) for n in extra]
         names += extra
-    return GearServer(load_models(files, names, options, metrics), options, metrics,
-                      repository)
+    if len(set(names)) != len(names):
+        raise InputError(f"two models would be served as the same name: {names}; use --name")
+    text = [(n, f) for n, f in zip(names, files, strict=True) if is_llm_folder(f)]
+    llms = load_llms(text, options, metrics)
+    try:
+        tensors = [(n, f) for n, f in zip(names, files, strict=True) if not is_llm_folder(f)]
+        models = load_models([f for _, f in tensors], [n for n, _ in tensors], options,
+                             metrics)
+    except BaseException:
+        for served in llms.values():
+            served.engine.close()
+        raise
+    return GearServer(models, options, metrics, repository, llms)
+
+
+def load_llms(folders: Sequence[tuple[str, str]], options: ServeOptions,
+              metrics: Metrics) -> dict[str, ServedLlm]:
+    """Each (name, causal LM folder) with its engine started; none left running when one
+    fails."""
+    served: dict[str, ServedLlm] = {}
+    try:
+        for name, path in folders:
+            served[name] = ServedLlm.load(name, path, options, metrics)
+    except BaseException:
+        for s in served.values():
+            s.engine.close()
+        raise
+    return served

@@ -5,6 +5,7 @@ server; the timeouts, connection limits and drain are then the hosting server's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Protocol
 
@@ -76,7 +77,44 @@ class AsgiApp:
             if not message.get("more_body", False):
                 break
         request.body = b"".join(chunks)
-        await _send(send, await self.server.handle(request), request.method == "HEAD")
+        reply = await self.server.handle(request)
+        if reply.stream is None:
+            await _send(send, reply, request.method == "HEAD")
+            return
+        await _send_stream(send, receive, reply, request.method == "HEAD")
+
+
+async def _send_stream(send: Any, receive: Any, reply: HttpReply, head_only: bool) -> None:
+    """A streamed reply, piece by piece; a client that disconnects meanwhile closes the
+    stream where it waits (its ``finally`` frees what it holds)."""
+    assert reply.stream is not None
+    stream = reply.stream
+    headers = [(b"content-type", reply.content_type.encode("latin-1"))]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+
+    async def pump() -> None:
+        if not head_only:
+            async for piece in stream:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    pumping, watching = asyncio.ensure_future(pump()), asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait((pumping, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (pumping, watching):
+            task.cancel()
+        await asyncio.gather(pumping, watching, return_exceptions=True)
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+    if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
+        raise pumping.exception()  # type: ignore[misc]
 
 
 async def _send(send: Any, reply: HttpReply, head_only: bool = False) -> None:

@@ -34,6 +34,7 @@ from gear_runtime.serving.errors import (
     error_code,
     http_status,
 )
+from gear_runtime.serving.generation import ServedLlm, TextRequest
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.peers import Peers
 from gear_runtime.serving.protocol import MODEL_VERSION, InferRequest
@@ -51,9 +52,12 @@ class DataPlane:
     """The served models, the flow every request takes, and the shutdown state."""
 
     def __init__(self, models: dict[str, ServedModel], options: ServeOptions,
-                 metrics: Metrics, repository: ModelRepository | None = None) -> None:
+                 metrics: Metrics, repository: ModelRepository | None = None,
+                 llms: dict[str, ServedLlm] | None = None) -> None:
         self.models, self.options, self.metrics = models, options, metrics
         self.repository = repository
+        #: the causal LM folders behind the text routes (serving/generation.py)
+        self.llms: dict[str, ServedLlm] = dict(llms or {})
         #: not ready: set at the first SIGTERM (the drain) and at close
         self.closing = False
         #: past the drain deadline: inference is answered 503 (until then, answered)
@@ -125,6 +129,21 @@ class DataPlane:
                                       f"/v2/repository/models/{name}/load")
         raise ModelNotFoundError(f"unknown model {name[:200]!r}; models: "
                                  f"{', '.join(sorted(self.models)) or '(none)'}")
+
+    def llm(self, name: str) -> ServedLlm:
+        """The causal LM served as ``name``; ModelNotFoundError naming the ones served."""
+        served = self.llms.get(name)
+        if served is None:
+            raise ModelNotFoundError(f"the model {name[:200]!r} does not exist; language "
+                                     f"models: {', '.join(sorted(self.llms)) or '(none)'}")
+        return served
+
+    def start_generation(self, served: ServedLlm, request: TextRequest) -> Any:
+        """Admit a text request (503 past the drain deadline) and start it: its
+        :class:`~gear_runtime.serving.generation.Generation`."""
+        if self.refusing:
+            raise ClosedError("the server is shutting down (past its drain deadline)")
+        return served.start(request)
 
     # ---- statistics ----------------------------------------------------------------------
     def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
@@ -282,13 +301,17 @@ class DataPlane:
         self.refusing = True
         for model in self.models.values():
             model.refuse_waiting()
+        for served in self.llms.values():
+            served.end_running()
 
     async def close(self) -> None:
         """Stop every model (batchers, executors, the models) and the connections to the
         other workers; idempotent."""
         self.closing = self.refusing = True
         models, self.models = self.models, {}
-        await asyncio.gather(*(m.close() for m in models.values()), *self._retiring,
+        llms, self.llms = self.llms, {}
+        await asyncio.gather(*(m.close() for m in models.values()),
+                             *(m.close() for m in llms.values()), *self._retiring,
                              return_exceptions=True)
         if self.peers is not None:
             self.peers.close()

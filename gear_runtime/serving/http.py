@@ -28,7 +28,7 @@ import sys
 import termios
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,12 +79,16 @@ class HttpRequest:
 
 @dataclass
 class HttpReply:
-    """One response: ``body`` is bytes or a sequence of buffers sent one after the other."""
+    """One response: ``body`` is bytes or a sequence of buffers sent one after the other;
+    or, with ``stream``, the body is what the stream yields, each piece sent as it comes
+    (chunked transfer encoding: Server-Sent Events). A streamed reply whose client goes
+    away is closed (``aclose``) where it waits: its ``finally`` frees what it holds."""
 
     status: int
     body: bytes | Sequence[bytes | memoryview] = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[bytes] | None = None
 
 
 class HttpApp(Protocol):
@@ -107,6 +111,13 @@ class HttpApp(Protocol):
 
 #: raw body bytes allowed past twice the body limit: framing of ordinary chunk sizes
 RAW_BODY_SLACK = 2**20
+
+
+async def _close_stream(reply: HttpReply) -> None:
+    """Close a streamed reply's stream (an async generator's ``finally`` runs now)."""
+    close = getattr(reply.stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class _Refused(Exception):
@@ -367,11 +378,21 @@ class _Connection(asyncio.Protocol):
                 reply = await self.server.answer(item)
                 self.current = None
             if self.transport is None:
+                await _close_stream(reply)
                 return
             keep_alive = keep_alive and not self.server.draining and not (
                 self.closing and not self.queue)
-            self._write(reply, keep_alive, head_only=isinstance(item, HttpRequest)
-                        and item.method == "HEAD")
+            head_only = isinstance(item, HttpRequest) and item.method == "HEAD"
+            if reply.stream is not None:
+                self.current = item if isinstance(item, HttpRequest) else None
+                try:  # a drain waits for it: the request is current until its stream ends
+                    keep_alive = await self._write_stream(reply, keep_alive, head_only)
+                finally:
+                    self.current = None
+                if self.transport is None:
+                    return
+            else:
+                self._write(reply, keep_alive, head_only)
             if not keep_alive:
                 self.close_after_reply()
                 return
@@ -401,6 +422,38 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"".join([head, *parts]))  # one segment for a small reply
         else:
             self.transport.writelines([head, *parts])
+
+    async def _write_stream(self, reply: HttpReply, keep_alive: bool, head_only: bool) -> bool:
+        """Write a streamed reply's head, then each piece as its stream yields it (waiting
+        while the client reads slowly); the stream is closed however this ends. Returns
+        whether the connection stays open (not when the stream failed mid-body: the client
+        sees a body cut off, never a truncated reply passed for whole)."""
+        assert reply.stream is not None and self.transport is not None
+        lines = [f"HTTP/1.1 {reply.status} {_reason(reply.status)}",
+                 f"content-type: {reply.content_type}", "transfer-encoding: chunked"]
+        lines += [f"{k}: {v}" for k, v in reply.headers.items()]
+        if not keep_alive:
+            lines.append("connection: close")
+        self.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if head_only:
+            await _close_stream(reply)
+            return keep_alive
+        try:
+            async for piece in reply.stream:
+                if self.transport is None:
+                    return False
+                if piece:
+                    self.transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                await self.writable.wait()
+        except Exception as exc:  # the app's bug mid-body: logged, the body cut off
+            logger.error("a streamed reply failed", exc_info=exc)
+            return False
+        finally:
+            await _close_stream(reply)
+        if self.transport is None:
+            return False
+        self.transport.write(b"0\r\n\r\n")
+        return keep_alive
 
     def close_after_reply(self) -> None:
         """Close once the reply is sent: half-close first and read (discarding) until the

@@ -51,6 +51,13 @@ from gear_runtime.serving.peers import OWN_HEADER, scrape_peer
 #: Request latency buckets (seconds): sub-millisecond gears to multi-second prefills.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                    10.0)
+#: Time to first token / end-to-end buckets (seconds), and inter-token ones: vLLM's
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+#: How long a made token waits before its reader has it (seconds)
+DELIVERY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 #: Fill ratio buckets: real rows / gear rows of a batch.
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 #: How often a worker refreshes its snapshot for the other workers' scrapes (seconds).
@@ -119,9 +126,72 @@ class Metrics:
                                  "Sequences of a stateful model by what happened: started, "
                                  "ended (sequence_end), expired (idle past "
                                  "--sequence-idle-seconds)", ["model", "event"], registry=r)
+        self._llm_families(r)
         self.refused = Counter("gear_refused_connections",
                                "Connections answered 503 at once: past --max-connections",
                                registry=r)
+
+    def _llm_families(self, r: CollectorRegistry) -> None:
+        """The text routes' metrics, named as vLLM names them (``vllm:``: what dashboards
+        for LLM serving read), labelled ``model_name`` as vLLM labels them."""
+        m = ["model_name"]
+        self.llm_running = Gauge("vllm:num_requests_running",
+                                 "Sequences holding a row of the engine", m, registry=r)
+        self.llm_waiting = Gauge("vllm:num_requests_waiting",
+                                 "Requests waiting for a row of the engine", m, registry=r)
+        self.llm_slots = Gauge("vllm:kv_cache_usage_perc",
+                               "Rows of the engine's cache in use (1 = all)", m, registry=r)
+        self.llm_prompt = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests",
+                                  m, registry=r)
+        self.llm_generated = Counter("vllm:generation_tokens",
+                                     "Tokens generated for finished requests", m, registry=r)
+        self.llm_success = Counter("vllm:request_success", "Finished requests by reason",
+                                   ["model_name", "finished_reason"], registry=r)
+        self.llm_ttft = Histogram("vllm:time_to_first_token_seconds",
+                                  "Time from a request's arrival to its first token", m,
+                                  buckets=TTFT_BUCKETS, registry=r)
+        self.llm_itl = Histogram("vllm:inter_token_latency_seconds",
+                                 "Time between two tokens of a request", m,
+                                 buckets=ITL_BUCKETS, registry=r)
+        self.llm_e2e = Histogram("vllm:e2e_request_latency_seconds",
+                                 "Time from a request's arrival to its last token", m,
+                                 buckets=LATENCY_BUCKETS + (20.0, 40.0, 80.0), registry=r)
+        self.llm_delivery_s = Histogram(
+            "gear_llm_token_delivery_seconds", "From the engine making a token to the "
+            "server handing it to its client's stream", m, buckets=DELIVERY_BUCKETS,
+            registry=r)
+
+    def track_llm(self, model: str, running: Callable[[], float],
+                  waiting: Callable[[], float], slots: Callable[[], float]) -> None:
+        """Report an LLM's running and waiting sequences and the rows in use at every
+        scrape."""
+        self.llm_running.labels(model).set_function(running)
+        self.llm_waiting.labels(model).set_function(waiting)
+        self.llm_slots.labels(model).set_function(slots)
+
+    def untrack_llm(self, model: str) -> None:
+        for gauge in (self.llm_running, self.llm_waiting, self.llm_slots):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model)
+
+    def llm_request(self, model: str, submitted: float, first: float | None,
+                    token_times: list[float], prompt_tokens: int, generated: int,
+                    reason: str) -> None:
+        """One finished generation: its token counts, reason, time to first token,
+        inter-token latencies and end-to-end latency (perf_counter times)."""
+        self.llm_prompt.labels(model).inc(prompt_tokens)
+        self.llm_generated.labels(model).inc(generated)
+        self.llm_success.labels(model, reason).inc()
+        if first is not None:
+            self.llm_ttft.labels(model).observe(first - submitted)
+            itl = self.llm_itl.labels(model)
+            for a, b in zip(token_times, token_times[1:], strict=False):
+                itl.observe(b - a)
+        self.llm_e2e.labels(model).observe(
+            (token_times[-1] if token_times else time.perf_counter()) - submitted)
+
+    def llm_delivery(self, model: str, seconds: float) -> None:
+        self.llm_delivery_s.labels(model).observe(seconds)
 
     def track_queue(self, model: str, depth: Callable[[], float]) -> None:
         """Report ``depth()`` as the model's queue depth at every scrape."""

@@ -16,6 +16,7 @@ unloaded through the model repository is closed only once its last request is an
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import threading
@@ -67,6 +68,10 @@ T = TypeVar("T")
 DEFAULT_EXECUTORS = max(1, min(4, os.cpu_count() or 1))
 
 
+#: sequence slots of a stateful model when --max-sequences is not given
+DEFAULT_SEQUENCE_SLOTS = 4
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """How models are served (the ``gear-runtime serve`` flags)."""
@@ -102,8 +107,10 @@ class ServeOptions:
     #: resident state pairs (input, output) of a stateful model (``--state past_kv=present_kv``):
     #: the model is served over Triton's sequence protocol (serving/sequences.py)
     state: tuple[tuple[str, str], ...] = ()
-    #: sequences live at once (one executor each) and how long an idle one keeps its slot
-    max_sequences: int = 4
+    #: sequences live at once (a stateful model: one executor each, None: 4; a causal LM
+    #: folder: the engine's rows, None: what its build chose, else 8) and how long an idle
+    #: one keeps its slot
+    max_sequences: int | None = None
     sequence_idle_s: float = DEFAULT_IDLE_S
     #: this process's index under ``serve --workers`` (its metrics are labelled with it)
     worker: int | None = None
@@ -463,7 +470,8 @@ class ServedModel:
         #: the start model (None: a start runs the step model like any step)
         self.start: StartModel | None = None
         if state:
-            self.sequences = SequenceSlots(model, state, options.max_sequences, name,
+            self.sequences = SequenceSlots(model, state, options.max_sequences or
+                                           DEFAULT_SEQUENCE_SLOTS, name,
                                            options.sequence_idle_s,
                                            on_event=partial(metrics.sequence, name),
                                            in_place=options.in_place_state,
@@ -550,6 +558,8 @@ class ServedModel:
             params["sequences"] = {"max": self.sequences.size,
                                    "idle_seconds": self.sequences.idle_s,
                                    "state": dict(self.options.state)}
+            if self.start is not None:  # what a sequence_start request carries
+                params["sequences"]["start"] = self.start.describe()
         return {"name": self.name, "versions": [MODEL_VERSION],
                 "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
                 "outputs": outputs, "parameters": params}
@@ -591,6 +601,9 @@ class ServedModel:
         }
         if self.sequences is not None:
             config["sequence_batching"] = self._sequence_config()
+            if self.start is not None:
+                config["parameters"]["sequence_start"] = {
+                    "string_value": json.dumps(self.start.describe())}
         if self.batcher is not None:
             config["dynamic_batching"] = {
                 "preferred_batch_size": list(self.batcher.plan.sizes),
@@ -841,6 +854,16 @@ class StartModel:
             raise InputError(f"--sequence-start {path!r} answers {others}, the step model "
                              f"{list(answered)}: a sequence's answers must have one set of "
                              "outputs")
+
+    def describe(self) -> dict[str, Any]:
+        """What a sequence_start request carries: the start model's inputs (-1 where its
+        gears differ: padded to the covering gear) and gears."""
+        spec = self.model.spec
+        shapes = [spec.shapes(g) for g in range(self.model.gear_count)]
+        return {"inputs": [{"name": n, "datatype": d,
+                            "shape": _merged_shape([s[n] for s in shapes])}
+                           for n, d in zip(self.names, self.datatypes, strict=True)],
+                "gears": [list(g) for g in self.model.gears]}
 
     def inputs(self, request: InferRequest) -> list[np.ndarray]:
         """The start request's arrays in the start model's input order, checked."""
