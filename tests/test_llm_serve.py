@@ -424,3 +424,24 @@ def test_the_asgi_app_streams_and_a_disconnect_frees_the_row(folder) -> None:
         assert engine.stats.generated_tokens - before < 120  # cut off, not run out
     finally:
         engine.close()
+
+
+def test_a_generation_closed_before_it_is_read_ends_its_sequence(served) -> None:
+    """A client gone before its streamed reply started: the reply's stream is closed
+    unread, and its sequence must still leave the engine (never run to max_tokens)."""
+    import asyncio
+
+    from gear_runtime.serving.generation import TextRequest
+
+    llm = served[0].llms["tiny"]
+    request = TextRequest(tuple(_ids(served, "Hello")), 100, 0.0, ignore_eos=True)
+
+    async def start_and_close():
+        generation = llm.start(request)
+        await generation.aclose()
+        return generation
+
+    generation = asyncio.run(start_and_close())
+    assert len(generation.stream.result()) < 100
+    assert generation.stream.finish_reason == "cancelled"
+    assert generation not in llm.running

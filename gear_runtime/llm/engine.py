@@ -225,16 +225,17 @@ class Engine:
         self._thread.start()
 
     @classmethod
-    def from_folder(cls, path: str | Path, max_sequences: int = 8, *,
+    def from_folder(cls, path: str | Path, max_sequences: int | None = None, *,
                     prompt_gears: Sequence[int] | None = None,
                     batch_gears: Sequence[int] | None = None, max_length: int | None = None,
                     cache_dir: str | Path | None = None, threads: int | None = None,
                     max_waiting: int = DEFAULT_MAX_WAITING,
                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Engine:
         """An engine over an onnxruntime-genai builder folder: its gears chosen
-        (:func:`~gear_runtime.llm.gears.choose_gears`; :attr:`gears` says which), compiled
-        into the cache (or found there), loaded on ONNX Runtime's CPU (``threads``: its
-        intra-op threads)."""
+        (:func:`~gear_runtime.llm.gears.choose_gears`: what is given, else what
+        ``gear-runtime llm build`` stored in the folder, else the defaults; :attr:`gears`
+        says which), compiled into the cache (or found there, or in the folder a build
+        wrote), loaded on ONNX Runtime's CPU (``threads``: its intra-op threads)."""
         from gear_runtime.runtime.model import load
 
         folder = read_folder(path)

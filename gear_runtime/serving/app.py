@@ -259,7 +259,8 @@ class GearServer(DataPlane):
         if stream:
             return _event_stream(openai_api.events(
                 reply, generation, include_usage,
-                lambda exc: openai_api.error_doc(exc, self.count_error(exc, name))))
+                lambda exc: openai_api.error_doc(exc, self.count_error(exc, name))),
+                generation)
         try:
             text = await generation.text()
         except Exception as exc:
@@ -293,7 +294,8 @@ class GearServer(DataPlane):
         if stream:
             return _event_stream(triton_generate.events(
                 served, generation,
-                lambda exc: {"error": f"{exc}", "code": self.count_error(exc, name)}))
+                lambda exc: {"error": f"{exc}", "code": self.count_error(exc, name)}),
+                generation)
         try:
             text = await generation.text()
         except Exception as exc:
@@ -395,10 +397,31 @@ def _model_in_path(path: str) -> str:
     return parts[2] if len(parts) >= 3 and parts[:2] == ["v2", "models"] else ""
 
 
-def _event_stream(events: Any) -> HttpReply:
-    """A reply of Server-Sent Events (sent as they come)."""
+def _event_stream(events: Any, generation: Any) -> HttpReply:
+    """A reply of Server-Sent Events (sent as they come); closing it closes
+    ``generation`` too, even where the events never started (the client went away first)."""
     return HttpReply(200, b"", "text/event-stream",
-                     {"cache-control": "no-cache", "x-accel-buffering": "no"}, stream=events)
+                     {"cache-control": "no-cache", "x-accel-buffering": "no"},
+                     stream=_Events(events, generation))
+
+
+class _Events:
+    """An event stream that ends its generation however it ends."""
+
+    def __init__(self, events: Any, generation: Any) -> None:
+        self.events, self.generation = events, generation
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self.events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.events.aclose()
+        finally:
+            await self.generation.aclose()
 
 
 def _llm_metadata(served: ServedLlm) -> dict[str, Any]:

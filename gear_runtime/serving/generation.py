@@ -77,7 +77,10 @@ class Generation:
         return self._iterator
 
     async def aclose(self) -> None:
+        """End reading (idempotent); a sequence still running leaves the engine at its next
+        step, also when nobody ever read it (a client gone before its reply started)."""
         await self._iterator.aclose()
+        self._done_reading(ended=self.stream.finish_reason is not None)
 
     async def text(self) -> str:
         """The whole text (waits for the end)."""
@@ -112,9 +115,12 @@ class Generation:
                     self.served.delivered(stream)
                 yield TextDelta(text, tokens, finish)
         finally:
-            if not ended:
-                stream.cancel()  # a stop string, or the reader went away: free the row
-            self.served.finished(self)
+            self._done_reading(ended)
+
+    def _done_reading(self, ended: bool) -> None:
+        if not ended:
+            self.stream.cancel()  # a stop string, or the reader went away: free the row
+        self.served.finished(self)
 
 
 def _stop_strings(stops: Sequence[str]) -> Any:
