@@ -283,3 +283,21 @@ def test_generate_returns_every_prompts_tokens_in_order(engine, folder) -> None:
     with pytest.raises(InputError, match="the prompt is empty"):
         engine.generate([prompts[0], []], max_new_tokens=5)
     assert engine.stats.steps == steps  # a batch holding a bad prompt runs nothing
+
+
+def test_prompts_arriving_together_take_their_first_tokens_together(engine) -> None:
+    """No sequence waits between its first and second token for the prompts that came
+    with it: when the first stream has its first token, every prompt has run."""
+    runs_at_first_token: list[int] = []
+    prompts = [_prompt(n) for n in (30, 50, 20)]
+
+    def first_token() -> None:
+        if streams[0].tokens and not runs_at_first_token:
+            runs_at_first_token.append(engine.stats.prompt_runs)
+
+    with engine._cond:  # one turn: the three are taken together
+        streams = [engine.submit(p, 4, stop_token_ids=[]) for p in prompts]
+        streams[0].on_update(first_token)
+    outs = [s.result() for s in streams]
+    assert runs_at_first_token == [3]
+    assert outs == engine.generate(prompts, 4, stop_token_ids=[])

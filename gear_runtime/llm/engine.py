@@ -19,7 +19,8 @@ sequences decode, one waiting prompt at a time fills the next free row, one chun
 so a step waits at most one chunk; it joins the step after its last chunk. In the steps
 meanwhile its row, when the step's gear covers it, is a padding row whose one written
 position is the one its next chunk overwrites. With nothing decoding, every waiting prompt
-that has a row runs whole at once. One thread runs it all (the
+that has a row runs whole, one after another, and then all take their first token together
+(no sequence waits between its first and second token for the prompts that came with it). One thread runs it all (the
 engine's); :meth:`Engine.submit` and :meth:`Engine.generate` may be called from any thread.
 """
 
@@ -339,8 +340,7 @@ class Engine:
                     if self._closed:
                         break
                     joining = self._take_waiting()
-                for stream in joining:  # nothing decodes: whole prompts, one after another
-                    self._join(stream)
+                self._join(joining)  # nothing decodes: whole prompts, one after another
                 self._fill()
                 self._drop_cancelled()
                 if self._rows:
@@ -415,23 +415,38 @@ class Engine:
             self.stats.row_copies += 1
         self._admit(f.seq, logits)
 
-    def _join(self, stream: Stream) -> None:
-        """Run ``stream``'s prompt into the next free row; its first token; it then decodes
-        with the others unless it already finished."""
-        row = len(self._rows)
-        seq = _Live(stream, SequenceSampler(stream.params), 0)
-        start = time.perf_counter()
-        try:
-            done, logits = 0, None
-            while done < len(stream.prompt):
-                logits, done = self._prefill_chunk(row, stream.prompt, done, None)
-        except GearRuntimeError as exc:  # a request the runtime refused fails alone
-            stream._end(exc)
+    def _join(self, streams: list[Stream]) -> None:
+        """Prompts taken while nothing decodes: each runs whole into the next free row, then
+        all take their first token together and decode from the next step. Together, as
+        one prefill step of vLLM's holds every prompt that fits its budget: a sequence never
+        waits between its first and second token for the prompts that came with it (that
+        wait, not the prompt, would be its stream's longest pause)."""
+        ready: list[tuple[_Live, np.ndarray]] = []
+        for stream in streams:
+            row = len(self._rows) + len(ready)
+            start = time.perf_counter()
+            try:
+                done, logits = 0, None
+                while done < len(stream.prompt):
+                    logits, done = self._prefill_chunk(row, stream.prompt, done, None)
+            except GearRuntimeError as exc:  # a request the runtime refused fails alone
+                stream._end(exc)  # (its row is the next one's: overwritten)
+                continue
+            finally:
+                self.stats.prefill_seconds += time.perf_counter() - start
+            assert logits is not None
+            ready.append((_Live(stream, SequenceSampler(stream.params), len(stream.prompt)),
+                          logits))
+        if not ready:
             return
-        finally:
-            self.stats.prefill_seconds += time.perf_counter() - start
-        assert logits is not None
-        self._admit(seq, logits)
+        first = len(self._rows)
+        self._rows += [seq for seq, _ in ready]
+        tokens = sample(np.concatenate([lg for _, lg in ready]), [s.sampler for s, _ in ready])
+        finished = []
+        for i, ((seq, _), token) in enumerate(zip(ready, tokens.tolist(), strict=True)):
+            if self._emit(seq, token):
+                finished.append(first + i)
+        self._leave(finished)
 
     def _admit(self, seq: _Live, logits: np.ndarray) -> None:
         """A sequence whose prompt is whole in the next live row: its first token, sampled
