@@ -116,9 +116,9 @@ def test_a_pipelined_100_continue_comes_after_the_earlier_answer(server, monkeyp
     slow = server.models["conv"]
     real = slow.infer
 
-    async def infer(request):  # the first request takes a while: the 100 would come first
+    async def infer(request, *args):  # the first request takes a while: the 100 comes first
         await aio.sleep(0.3)
-        return await real(request)
+        return await real(request, *args)
 
     monkeypatch.setattr(slow, "infer", infer)
     body = (b'{"inputs":[{"name":"data","shape":[1,3,8,8],"datatype":"FP32","data":['

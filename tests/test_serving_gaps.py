@@ -44,12 +44,16 @@ def test_replicas_without_ray_are_refused(files, capsys) -> None:
     assert code == 2 and "--replicas 2 needs --ray" in err
 
 
-def test_a_triton_layout_repository_is_refused_with_what_to_do(tmp_path, capsys) -> None:
+def test_a_triton_layout_model_that_is_no_gear_file_is_refused_with_what_to_do(
+        tmp_path, capsys) -> None:
+    """Triton's layout is served (tests/test_serving_repository.py); a model.onnx the loader
+    cannot read is refused naming it, with the compile line that makes it a gear file."""
     (tmp_path / "bert" / "1").mkdir(parents=True)
     (tmp_path / "bert" / "1" / "model.onnx").write_bytes(b"x")
     (tmp_path / "bert" / "config.pbtxt").write_text('name: "bert"\n')
-    code, _, err = run_cli(capsys, "serve", "--model-repository", str(tmp_path))
-    assert code == 2 and "Triton's layout (bert" in err
+    code, _, err = run_cli(capsys, "serve", "--model-repository", str(tmp_path), "--port",
+                           "0")
+    assert code == 2 and f"{tmp_path}/bert/1/model.onnx" in err
     assert f"gear-runtime compile {tmp_path}/bert/1/model.onnx" in err
 
 
@@ -57,7 +61,8 @@ def test_an_empty_repository_and_pad_are_warned_about(tmp_path, files, capsys,
                                                       monkeypatch) -> None:
     monkeypatch.setattr(serve_cli, "serve_from_args", lambda args: 0)
     code, _, err = run_cli(capsys, "serve", "--model-repository", str(tmp_path))
-    assert code == 0 and "has no *.gear.onnx file: serving no model" in err
+    assert code == 0 and "has no model (NAME.gear.onnx, or a folder" in err
+    assert "serving no model until one is loaded" in err
     code, _, err = run_cli(capsys, "serve", str(files["prefill"]), "--pad")
     assert code == 0 and "run gear-runtime check-padding" in err
     code, _, err = run_cli(capsys, "serve", str(files["prefill"]), "--pad",
@@ -159,6 +164,10 @@ def test_one_scrape_reports_every_worker_and_the_counts_add_up(files) -> None:
             assert set(counts) == {"0", "1"}, body[:2000]
             assert sum(counts.values()) == n, counts
             assert body.count(b"# TYPE gear_requests_total counter") == 1
+            # each worker's own process metrics (its registry's ProcessCollector)
+            memory = re.findall(rb'^process_resident_memory_bytes\{worker="(\d+)"\} ', body,
+                                re.M)
+            assert sorted(memory) == [b"0", b"1"], body[:2000]
             status, _, body = request(server.port, "GET", "/v2/models/conv/stats")
             (stats,) = json.loads(body)["model_stats"]
             assert (stats["inference_count"], stats["inference_stats"]["success"]["count"]) \

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import os
 import socket
 import sys
@@ -76,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also serve the KServe v2 / Triton gRPC API on this port (0: a free "
                    "one); needs the grpc extra")
     p.add_argument("--model-repository", metavar="DIR",
-                   help="a folder of NAME.gear.onnx files: all are served, and "
+                   help="a folder of models: NAME.gear.onnx files, or Triton's layout "
+                   "(NAME/config.pbtxt, NAME/<version>/model.gear.onnx); all are served, and "
                    "POST /v2/repository/models/NAME/load|unload (re)loads one while serving")
     p.add_argument("--name", action="append", default=[], metavar="NAME",
                    help="model name (one per FILE, in order; default: the file name without "
@@ -180,6 +180,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level (default warning)")
+    p.add_argument("--log-format", default="text", choices=("text", "json"),
+                   help="log lines as text (default) or one JSON object per line: time, "
+                   "level, logger, message and the record's extra fields")
+    p.add_argument("--access-log", action="store_true",
+                   help="one log line per answered HTTP request: method, path, status, "
+                   "seconds, model (at any --log-level)")
     p.set_defaults(handler=cmd_serve)
 
 
@@ -229,41 +235,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _check_llm_folder(args: argparse.Namespace, path: str) -> None:
     """A folder to serve is a causal LM's: it has genai_config.json, and the flags of
     tensor models' sequences or of other backends do not apply to it."""
+    from gear_runtime.backends import DEFAULT_BACKEND
     from gear_runtime.llm.folder import CONFIG
 
     if not os.path.isfile(os.path.join(path, CONFIG)):
         raise UsageError(f"{path!r} is a folder without {CONFIG}: serve gear files, or a "
                          "causal LM folder (gear-runtime llm build, or onnxruntime-genai's "
                          "model builder)")
-    if args.backend != "onnxruntime" or args.state or args.sequence_start or args.ray:
+    if args.backend != DEFAULT_BACKEND or args.state or args.sequence_start or args.ray:
         raise UsageError(f"{path!r} is a causal LM folder: it is served by the engine on "
                          "ONNX Runtime's CPU in this server (no --backend, --state, "
                          "--sequence-start or --ray)")
 
 
 def _check_repository(directory: str, files_given: bool) -> None:
-    """A folder of Triton's layout (``NAME/1/model.onnx`` + ``config.pbtxt``) is refused with
-    what to do; one without gear files is served empty with a warning (models can be
-    loaded into it later through the repository API)."""
-    from pathlib import Path
+    """A repository without models (no ``NAME.gear.onnx``, no model folder of Triton's
+    layout: ``NAME/config.pbtxt``, ``NAME/1/model.gear.onnx``) is served empty with a
+    warning: models can be loaded into it later through the repository API."""
+    from gear_runtime.serving.repository import ModelRepository
 
-    from gear_runtime.serving.repository import SUFFIX
-
-    root = Path(directory)
-    if any(root.glob(f"*{SUFFIX}")):
-        return
-    triton = sorted({p.parent.parent.name for p in root.glob("*/*/model.onnx")}
-                    | {p.parent.name for p in root.glob("*/config.pbtxt")})
-    if triton:
-        name = triton[0]
-        raise UsageError(
-            f"--model-repository {directory!r} has Triton's layout ({', '.join(triton)}: "
-            "NAME/1/model.onnx + config.pbtxt); gear-runtime serves compiled gear files, one "
-            f"per model: gear-runtime compile {directory}/{name}/1/model.onnx --input_shape=... "
-            f"--dynamic_... -o {directory}/{name}{SUFFIX}")
-    if not files_given:
-        print(f"gear-runtime serve: warning: --model-repository {directory!r} has no "
-              f"*{SUFFIX} file: serving no model until one is loaded (POST "
+    if not files_given and not ModelRepository(directory).names():
+        print(f"gear-runtime serve: warning: --model-repository {directory!r} has no model "
+              "(NAME.gear.onnx, or a folder NAME/ with config.pbtxt and version folders "
+              "1/model.gear.onnx): serving no model until one is loaded (POST "
               "/v2/repository/models/NAME/load)", file=sys.stderr)
 
 
@@ -294,7 +288,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         sequence_start=args.sequence_start,
                         in_place_state=args.in_place_state,
                         sequence_idle_s=args.sequence_idle_seconds, worker=args.worker_index,
-                        workers=args.worker_count, worker_dir=args.worker_dir)
+                        workers=args.worker_count, worker_dir=args.worker_dir,
+                        access_log=args.access_log)
 
 
 def _state_pairs(items: Sequence[str], start: str | None = None, in_place: bool = False
@@ -326,8 +321,9 @@ def limits_from_args(args: argparse.Namespace) -> HttpLimits:
 
 def serve_from_args(args: argparse.Namespace) -> int:
     """Serve ``args.files`` until SIGINT / SIGTERM; the exit code."""
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    from gear_runtime.serving.logs import configure
+
+    configure(args.log_level, args.log_format, args.access_log)
     options = options_from_args(args)
     names = args.name or None
     devices = _devices(args)

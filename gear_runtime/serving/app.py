@@ -1,11 +1,11 @@
 """The v2 server's application: KServe v2 REST routes with Triton's extensions.
 
     GET  /v2/health/live, /v2/health/ready, /v2                server health, metadata
-    GET  /v2/models/{name}[/versions/1]                         metadata (+ gears as parameters)
-    GET  /v2/models/{name}[/versions/1]/ready
-    GET  /v2/models/{name}[/versions/1]/config                  Triton model configuration
-    GET  /v2/models/{name}[/versions/1]/stats, /v2/models/stats Triton statistics
-    POST /v2/models/{name}[/versions/1]/infer                   JSON, or JSON + binary tensors
+    GET  /v2/models/{name}[/versions/{v}]                       metadata (+ gears as parameters)
+    GET  /v2/models/{name}[/versions/{v}]/ready                 (no version: the newest)
+    GET  /v2/models/{name}[/versions/{v}]/config                Triton model configuration
+    GET  /v2/models/{name}[/versions/{v}]/stats, /v2/models/stats   Triton statistics
+    POST /v2/models/{name}[/versions/{v}]/infer                 JSON, or JSON + binary tensors
     POST /v2/repository/index                                   Triton model repository
     POST /v2/repository/models/{name}/load, .../unload          (with --model-repository)
     GET  /metrics                                               Prometheus text format
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -48,16 +49,24 @@ from gear_runtime.serving.errors import (
 )
 from gear_runtime.serving.generation import ServedLlm, is_llm_folder
 from gear_runtime.serving.http import HttpReply, HttpRequest
+from gear_runtime.serving.logs import log_access
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
     HEADER_LENGTH,
+    MODEL_VERSION,
     InferRequest,
     decode_request,
     encode_response,
     error_body,
 )
-from gear_runtime.serving.repository import ModelRepository
-from gear_runtime.serving.runner import ServedModel, ServeOptions, load_models, model_name
+from gear_runtime.serving.repository import ModelRepository, RepositoryModel, load_entries
+from gear_runtime.serving.runner import (
+    ServedModel,
+    ServeOptions,
+    close_loaded,
+    load_models,
+    model_name,
+)
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -92,11 +101,11 @@ class GearServer(DataPlane):
         requests are small."""
         parts = _segments(request.path)
         if len(parts) >= 4 and parts[:2] == ["v2", "models"] and parts[-1] == "infer":
-            model = self.models.get(parts[2])
-            if model is not None:
-                return model.max_request_bytes
+            versions = self.versions.get(parts[2])  # the largest of the model's versions
+            if versions:
+                return max(m.max_request_bytes for m in versions.values())
             # an unknown model's body is read (then answered 404) up to any model's limit
-            return max((m.max_request_bytes for m in self.models.values()),
+            return max((m.max_request_bytes for m in self.every_model()),
                        default=SMALL_BODY_BYTES)
         return SMALL_BODY_BYTES
 
@@ -111,15 +120,27 @@ class GearServer(DataPlane):
             if request is None:
                 self.metrics.refused.inc()
         model = _model_in_path(request.path) if request is not None else ""
-        return self._error(kind(message), model if model in self.models else "")
+        reply = self._error(kind(message), model if model in self.models else "")
+        if request is not None:
+            self._access(request, reply)
+        return reply
 
     async def handle(self, request: HttpRequest) -> HttpReply:
         """Route ``request`` and answer it; never raises."""
         try:
             handler, params = self._routes.find(request.method, request.path)
-            return await handler(request, **params)
+            reply = await handler(request, **params)
         except Exception as exc:
-            return self._error(exc, "")
+            reply = self._error(exc, "")
+        self._access(request, reply)
+        return reply
+
+    def _access(self, request: HttpRequest, reply: HttpReply) -> None:
+        """The access line of an answered request (serve --access-log); its seconds run
+        from its headers to its reply (a streamed reply: to its head)."""
+        if self.options.access_log:
+            log_access(request.method, request.path, reply.status,
+                       time.perf_counter() - request.started, _model_in_path(request.path))
 
     def disconnected(self, request: HttpRequest | None) -> None:
         """A client went away before its answer: counted and logged, not an error of ours."""
@@ -204,8 +225,9 @@ class GearServer(DataPlane):
         json_values = sum(a.size for n, a in zip(names, arrays, strict=True)
                           if not request.binary(n))
         if json_values <= OFFLOAD_JSON_VALUES:
-            return encode_response(model.name, request, names, arrays)
-        return await asyncio.to_thread(encode_response, model.name, request, names, arrays)
+            return encode_response(model.name, request, names, arrays, model.version)
+        return await asyncio.to_thread(encode_response, model.name, request, names, arrays,
+                                       model.version)
 
     async def repository_index(self, request: HttpRequest) -> HttpReply:
         doc = _json_body(request.body) if request.body.strip() else {}
@@ -500,31 +522,40 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
                  options: ServeOptions | None = None,
                  model_repository: str | None = None) -> GearServer:
     """Load ``files`` (served as ``names``, default: the file names without ``.gear.onnx``)
-    and, with ``model_repository``, every gear file of that folder; return the server.
-    Raises GearRuntimeError for a file that cannot be served."""
+    and, with ``model_repository``, every model of that folder (gear files, and Triton's
+    layout: serving/repository.py); return the server. Raises GearRuntimeError for a file
+    that cannot be served."""
     options = options or ServeOptions()
     metrics = Metrics(None if options.worker is None else str(options.worker),
                       options.worker_dir)
     repository = ModelRepository(model_repository) if model_repository else None
     files = list(files)
     names = list(names) if names else [model_name(f) for f in files]
+    triton: list[RepositoryModel] = []  # the models of Triton's layout: their versions
     if repository is not None:  # every model of the repository, unless a file is named so
-        extra = [n for n in repository.names() if n not in names]
-        files += [str(repository.path_of(n)) for n in extra]
-        names += extra
+        extra = [repository.entry(n) for n in repository.names() if n not in names]
+        files += [str(e.versions[MODEL_VERSION]) for e in extra if e.triton is None]
+        names += [e.name for e in extra if e.triton is None]
+        triton = [e for e in extra if e.triton is not None]
     if len(set(names)) != len(names):
         raise InputError(f"two models would be served as the same name: {names}; use --name")
     text = [(n, f) for n, f in zip(names, files, strict=True) if is_llm_folder(f)]
     llms = load_llms(text, options, metrics)
+    models: dict[str, ServedModel] = {}
     try:
         tensors = [(n, f) for n, f in zip(names, files, strict=True) if not is_llm_folder(f)]
         models = load_models([f for _, f in tensors], [n for n, _ in tensors], options,
                              metrics)
+        versions = load_entries(triton, options, metrics)
     except BaseException:
+        close_loaded(models.values())
         for served in llms.values():
             served.engine.close()
         raise
-    return GearServer(models, options, metrics, repository, llms)
+    server = GearServer(models, options, metrics, repository, llms)
+    for name, loaded in versions.items():
+        server.install(name, loaded)
+    return server
 
 
 def load_llms(folders: Sequence[tuple[str, str]], options: ServeOptions,

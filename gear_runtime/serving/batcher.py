@@ -50,6 +50,7 @@ import numpy as np
 
 from gear_runtime.errors import ClosedError
 from gear_runtime.runtime.dispatch import GearDispatcher
+from gear_runtime.serving.deadline import Deadline
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -332,9 +333,11 @@ class Batcher:
         """Requests waiting to be batched."""
         return len(self._pending)
 
-    async def submit(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+    async def submit(self, inputs: list[np.ndarray], deadline: Deadline | None = None
+                     ) -> tuple[Any, list[np.ndarray]]:
         """Queue one request (its inputs, batch on axis 0, 1..max_rows rows, already checked
-        against the model) and wait for (how its batch ran, its outputs)."""
+        against the model) and wait for (how its batch ran, its outputs). Still waiting at
+        ``deadline`` (not taken into a batch): dropped, the deadline's error raised."""
         loop = asyncio.get_running_loop()
         self._start(loop)
         rows = inputs[0].shape[0]
@@ -345,7 +348,26 @@ class Batcher:
             self._pending.append(item)
             self._pending_rows += item.rows
         self._arrived.set()
-        return await item.future
+        if deadline is None:
+            return await item.future
+        timer = deadline.arm(partial(self._expire, item, deadline))
+        try:
+            return await item.future
+        finally:
+            timer.cancel()
+
+    def _expire(self, item: _Item, deadline: Deadline) -> None:
+        """``item``'s deadline: failed with its error if it still waits; a batch that took
+        it already (under the same lock) runs it and answers it."""
+        with self._lock:
+            # by identity: _Item's == would compare the arrays
+            index = next((i for i, it in enumerate(self._pending) if it is item), None)
+            if index is None:
+                return
+            del self._pending[index]
+            self._pending_rows -= item.rows
+        if not item.future.done():
+            item.future.set_exception(deadline.error())
 
     async def _run_alone(self, inputs: list[np.ndarray]) -> tuple[Any, list[np.ndarray]]:
         """An idle batcher runs a request at once, in the caller's task: no hop through the

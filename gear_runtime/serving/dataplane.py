@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
+from gear_runtime.serving.deadline import request_deadline
 from gear_runtime.serving.errors import (
     ModelNotFoundError,
     ModelNotLoadedError,
@@ -37,9 +38,9 @@ from gear_runtime.serving.errors import (
 from gear_runtime.serving.generation import ServedLlm, TextRequest
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.peers import Peers
-from gear_runtime.serving.protocol import MODEL_VERSION, InferRequest
+from gear_runtime.serving.protocol import InferRequest
 from gear_runtime.serving.repository import ModelRepository
-from gear_runtime.serving.runner import ServedModel, ServeOptions, load_one
+from gear_runtime.serving.runner import ServedModel, ServeOptions
 from gear_runtime.serving.sequences import sequence_control
 from gear_runtime.serving.stats import RunTiming, merge_statistics
 
@@ -56,6 +57,10 @@ class DataPlane:
                  llms: dict[str, ServedLlm] | None = None) -> None:
         self.models, self.options, self.metrics = models, options, metrics
         self.repository = repository
+        #: name -> version -> model: every version served (``models`` holds the newest of
+        #: each name, what a request naming no version gets)
+        self.versions: dict[str, dict[str, ServedModel]] = {
+            name: {m.version: m} for name, m in models.items()}
         #: the causal LM folders behind the text routes (serving/generation.py)
         self.llms: dict[str, ServedLlm] = dict(llms or {})
         #: not ready: set at the first SIGTERM (the drain) and at close
@@ -115,14 +120,18 @@ class DataPlane:
                 "extensions": self.extensions()}
 
     def model(self, name: str, version: str = "") -> ServedModel:
-        """The served model ``name`` (version "" or "1"); ModelNotFoundError for a name the
-        server does not know, ModelNotLoadedError for a repository model not loaded."""
+        """The served model ``name`` at ``version`` ("": the newest served);
+        ModelNotFoundError for a name or a version the server does not serve,
+        ModelNotLoadedError for a repository model not loaded."""
         model = self.models.get(name)
-        if model is not None and version in ("", MODEL_VERSION):
+        if model is not None and version in ("", model.version):
             return model
         if model is not None:
+            other = self.versions.get(name, {}).get(version)
+            if other is not None:
+                return other
             raise ModelNotFoundError(f"model {name!r} has no version {version[:50]!r} "
-                                     f"(version {MODEL_VERSION} is served)")
+                                     f"(versions served: {', '.join(model.versions)})")
         if self.repository is not None and name in self.repository:
             why = self.unavailable.get(name, "not loaded")
             raise ModelNotLoadedError(f"model {name!r} is not loaded ({why}); load it: POST "
@@ -149,8 +158,11 @@ class DataPlane:
     def model_statistics(self, name: str, version: str = "") -> dict[str, Any]:
         """``{"model_stats": [...]}``: one model's (``name``), or every model's (``""``);
         under ``serve --workers`` every worker's, summed (serving/metrics.py's snapshots)."""
-        models = [self.model(name, version)] if name else \
-            [self.models[n] for n in sorted(self.models)]
+        if name and not version:  # every version of the model, as Triton answers
+            newest = self.model(name)
+            models = list((self.versions.get(name) or {newest.version: newest}).values())
+        else:
+            models = [self.model(name, version)] if name else self.every_model()
         if not self.metrics.shared:
             return {"model_stats": [m.stats.snapshot() for m in models]}
         wanted = {(m.name, m.stats.version) for m in models}
@@ -159,16 +171,26 @@ class DataPlane:
 
     def own_statistics(self) -> dict[str, Any]:
         """This process's statistics of every model (what a worker shares)."""
-        return {"model_stats": [self.models[n].stats.snapshot() for n in sorted(self.models)]}
+        return {"model_stats": [m.stats.snapshot() for m in self.every_model()]}
+
+    def every_model(self) -> list[ServedModel]:
+        """Every model served, every version, by name then version."""
+        found = {id(m): m for name in sorted(self.models)
+                 for m in [*self.versions.get(name, {}).values(), self.models[name]]}
+        return list(found.values())
 
     # ---- inference -----------------------------------------------------------------------
     async def infer(self, model: ServedModel, arrived: float,
                     decode: Callable[[], Awaitable[InferRequest]],
-                    answer: Callable[[InferRequest, list[np.ndarray]], Awaitable[T]]) -> T:
+                    answer: Callable[[InferRequest, list[np.ndarray]], Awaitable[T]],
+                    grpc_remaining: float | None = None) -> T:
         """The one inference flow: admit (503 past the drain deadline), ``decode()`` the
         request, run it (batched, pooled or on its sequence; a sequence another worker owns
-        runs there), ``answer(request, outputs)`` (outputs in model order), count it.
-        Raises what failed, counted in the model's statistics; the front end answers it."""
+        runs there), ``answer(request, outputs)`` (outputs in model order), count it. A
+        request still queued at its deadline (its ``timeout`` parameter, or
+        ``grpc_remaining``: the seconds its gRPC call had left on arrival) is dropped
+        (serving/deadline.py). Raises what failed, counted in the model's statistics; the
+        front end answers it."""
         forwarded = False
         with model.use():
             try:
@@ -182,7 +204,8 @@ class DataPlane:
                     outputs = await self.peers.forward(owner, model.name, request,
                                                        model.output_names)
                     return await answer(request, outputs)
-                timing, outputs = await model.infer(request)
+                deadline = request_deadline(request.parameters, arrived, grpc_remaining)
+                timing, outputs = await model.infer(request, deadline)
                 result = await answer(request, outputs)
             except Exception:
                 if not forwarded:
@@ -232,16 +255,18 @@ class DataPlane:
         return self.repository
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model served or in the repository: name, version, state, reason."""
+        """Every model served or in the repository: name, version, state, reason (one
+        entry per version served; a model not loaded has no version)."""
         names = set(self.models) | set(self.repository.names() if self.repository else [])
         out = []
         for name in sorted(names):
-            state = "READY" if name in self.models else "UNAVAILABLE"
-            if ready_only and state != "READY":
-                continue
-            out.append({"name": name, "version": MODEL_VERSION, "state": state,
-                        "reason": "" if state == "READY"
-                        else self.unavailable.get(name, "not loaded")})
+            served = self.versions.get(name) or \
+                ({self.models[name].version: self.models[name]} if name in self.models else {})
+            out += [{"name": name, "version": v, "state": "READY", "reason": ""}
+                    for v in sorted(served, key=_version_order)]
+            if not served and not ready_only:
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                            "reason": self.unavailable.get(name, "not loaded")})
         return out
 
     def _lock(self) -> asyncio.Lock:
@@ -250,25 +275,52 @@ class DataPlane:
         return self._repository_lock
 
     async def load_model(self, name: str) -> None:
-        """(Re)load ``name`` from the repository. The new model serves every request from
-        the moment it is ready; the one it replaces finishes the requests it has, then
-        closes. A load that fails leaves the model served before (if any) as it was."""
-        path = self.repo().path_of(name)
+        """(Re)load ``name`` from the repository (every version its layout serves). The new
+        versions serve every request from the moment they are ready; the ones they replace
+        finish the requests they have, then close. A load that fails leaves the model
+        served before (if any) as it was."""
+        repo = self.repo()
         if self.closing:
             raise ClosedError("the server is shutting down")
         async with self._lock():
             try:
-                new = await asyncio.to_thread(load_one, name, str(path), self.options,
-                                              self.metrics)
+                entry = repo.entry(name)
+                new = await asyncio.to_thread(entry.load, self.options, self.metrics)
             except GearRuntimeError as exc:
                 if name not in self.models:
                     self.unavailable[name] = f"load failed: {exc}"
+                self._track(name)  # a refused version was made: its gauges are taken back
                 raise
-            old, self.models[name] = self.models.get(name), new
-            self.unavailable.pop(name, None)
-        if old is not None:
-            self._retire(old)
-        logger.info("model %r loaded from %s", name, path)
+            old = self.install(name, new)
+        for model in old:
+            self._retire(model)
+        logger.info("model %r loaded: versions %s", name,
+                    {v: str(m.path) for v, m in new.items()})
+
+    def install(self, name: str, versions: dict[str, ServedModel]) -> list[ServedModel]:
+        """Serve ``versions`` (version -> model, oldest first) as ``name`` from now on, the
+        last one to requests naming no version; returns the models they replace (the
+        caller retires them)."""
+        old = list(self.versions.get(name, {}).values())
+        if name in self.models and self.models[name] not in old:
+            old.append(self.models[name])
+        self.versions[name] = dict(versions)
+        self.models[name] = list(versions.values())[-1]
+        self.unavailable.pop(name, None)
+        self._track(name)
+        return old
+
+    def _track(self, name: str) -> None:
+        """The gauges of model ``name`` read its versions served (metrics are by name): a
+        model made registers its own, also one refused after it was made."""
+        models = list(self.versions.get(name, {}).values())
+        if not models:
+            self.metrics.untrack_queue(name)
+            return
+        self.metrics.track_queue(name, lambda: sum(m.queue_depth() for m in models))
+        if any(m.sequences is not None for m in models):
+            self.metrics.track_sequences(name, lambda: sum(
+                m.sequences.live for m in models if m.sequences is not None))
 
     async def unload_model(self, name: str) -> None:
         """Stop serving ``name``: new requests get 404 (145003); the requests it has are
@@ -280,9 +332,10 @@ class DataPlane:
                 if name not in repo:
                     raise ModelNotFoundError(f"unknown model {name[:200]!r}")
                 return  # not loaded: nothing to do
+            versions = self.versions.pop(name, {}) or {model.version: model}
             self.unavailable[name] = "unloaded"
             self.metrics.untrack_queue(name)
-        await model.retire()
+        await asyncio.gather(*(m.retire() for m in versions.values()))
         logger.info("model %r unloaded", name)
 
     def _retire(self, model: ServedModel) -> None:
@@ -299,7 +352,7 @@ class DataPlane:
         """Past the drain deadline: what waits for an executor, and every inference request
         from now on, is answered 503."""
         self.refusing = True
-        for model in self.models.values():
+        for model in self.every_model():
             model.refuse_waiting()
         for served in self.llms.values():
             served.end_running()
@@ -308,13 +361,19 @@ class DataPlane:
         """Stop every model (batchers, executors, the models) and the connections to the
         other workers; idempotent."""
         self.closing = self.refusing = True
-        models, self.models = self.models, {}
+        models = self.every_model()
+        self.models, self.versions = {}, {}
         llms, self.llms = self.llms, {}
-        await asyncio.gather(*(m.close() for m in models.values()),
+        await asyncio.gather(*(m.close() for m in models),
                              *(m.close() for m in llms.values()), *self._retiring,
                              return_exceptions=True)
         if self.peers is not None:
             self.peers.close()
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    """Versions in numeric order (Triton's are whole numbers)."""
+    return (int(version), "") if version.isdigit() else (-1, version)
 
 
 __all__ = ["DataPlane"]

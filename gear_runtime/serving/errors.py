@@ -88,13 +88,32 @@ class OverloadedError(UnavailableError):
     default_code = "overloaded"
 
 
+class RequestExpiredError(UnavailableError):
+    """A request still waiting in its model's queue when its deadline passed (the request
+    parameter ``timeout``, in microseconds, as Triton names it): dropped before it ran and
+    answered as Triton answers it, 503 / UNAVAILABLE "Request timeout expired"."""
+
+    default_code = "request_timeout"
+
+
+class DeadlineExceededError(RequestExpiredError):
+    """A gRPC call whose deadline passed while its request waited in the queue: answered
+    DEADLINE_EXCEEDED (HTTP 408 in the one status table), what the client's own deadline
+    reports."""
+
+
+class ModelConfigError(GearFileError):
+    """A model of the repository whose Triton ``config.pbtxt`` cannot be served as written
+    (a field that contradicts the gear file, or that describes another kind of model)."""
+
+
 #: Seconds a client is told to wait after a 503 (queue full or shutting down).
 RETRY_AFTER_S = 1
 
 #: error class -> HTTP status, most specific first (the first match wins).
 _STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
     ((ModelNotFoundError, ModelNotLoadedError), 404),
-    (RequestTimeoutError, 408),
+    ((RequestTimeoutError, DeadlineExceededError), 408),
     (HeadersTooLargeError, 431),
     (PayloadTooLargeError, 413),
     # a bad request, or a model file (loaded through the repository) that cannot be served

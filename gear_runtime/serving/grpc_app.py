@@ -12,8 +12,9 @@ message saying what to use instead, and one log line, never a traceback. Needs t
 extra.
 
 Errors: the HTTP status of :func:`~gear_runtime.serving.errors.http_status` mapped to a gRPC
-code (400 INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 500
-INTERNAL), the message ``[code] message`` as over HTTP.
+code (400 INVALID_ARGUMENT, 404 NOT_FOUND, 408 DEADLINE_EXCEEDED: a call whose deadline
+passed while it waited in the queue, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 500 INTERNAL),
+the message ``[code] message`` as over HTTP.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import numpy as np
 from gear_runtime.serving.errors import PayloadTooLargeError
 from gear_runtime.serving.protocol import (
     DATATYPES,
-    MODEL_VERSION,
     InferRequest,
     binary_tensor,
     check_datatype,
@@ -172,8 +172,10 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def answer(infer_request: InferRequest, outputs: list[np.ndarray]) -> Any:
             return _response(model, request, infer_request, outputs)
 
+        remaining = context.time_remaining()  # the call's deadline (None: none)
         return await self._answer(
-            context, lambda: self.server.infer(model, arrived, decode, answer), model.name)
+            context, lambda: self.server.infer(model, arrived, decode, answer, remaining),
+            model.name)
 
     # ---- what is not implemented: UNIMPLEMENTED, one log line, never a traceback --------
     async def _unimplemented(self, context: Any, method: str, why: str) -> Any:
@@ -285,8 +287,8 @@ def _response(model: Any, request: Any, infer_request: InferRequest,
         by_name = dict(zip(names, outputs, strict=True))
         names = list(infer_request.outputs)
         outputs = [by_name[n] for n in names]
-    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=MODEL_VERSION,
-                                              id=request.id)
+    response = service_pb2.ModelInferResponse(model_name=model.name,
+                                              model_version=model.version, id=request.id)
     for name, array in zip(names, outputs, strict=True):
         response.outputs.add(name=name, datatype=datatype_of(array.dtype),
                              shape=list(array.shape))
@@ -298,7 +300,7 @@ def _response(model: Any, request: Any, infer_request: InferRequest,
 async def start_grpc(server: DataPlane, host: str, port: int) -> tuple[Any, tuple[str, int]]:
     """Start the gRPC service on ``host``:``port`` (0: a free port) on the running loop;
     returns (the grpc.aio server, (host, bound port)). OSError when it cannot bind."""
-    limit = max([m.max_request_bytes for m in server.models.values()]
+    limit = max([m.max_request_bytes for m in server.every_model()]
                 + [UNBOUNDED_MODEL_BODY_BYTES])
     grpc_server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),

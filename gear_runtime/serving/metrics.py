@@ -43,6 +43,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -130,6 +131,9 @@ class Metrics:
         self.refused = Counter("gear_refused_connections",
                                "Connections answered 503 at once: past --max-connections",
                                registry=r)
+        # process_* (CPU seconds, resident memory, open fds, start time), as the global
+        # registry has them: each worker's under serve --workers, labelled worker="i"
+        ProcessCollector(registry=r)
 
     def _llm_families(self, r: CollectorRegistry) -> None:
         """The text routes' metrics, named as vLLM names them (``vllm:``: what dashboards

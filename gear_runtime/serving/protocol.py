@@ -261,10 +261,12 @@ def _requested_outputs(value: Any, default: bool) -> dict[str, bool] | None:
 
 
 def encode_response(model_name: str, request: InferRequest, names: Sequence[str],
-                    arrays: Sequence[np.ndarray]) -> tuple[list[bytes | memoryview], int | None]:
-    """The response body for ``arrays`` (named ``names``), as buffers to send one after the
-    other (binary outputs are views of the arrays, not copies), and, when any output is
-    binary, the JSON part's length (for ``Inference-Header-Content-Length``); else None."""
+                    arrays: Sequence[np.ndarray], version: str = MODEL_VERSION
+                    ) -> tuple[list[bytes | memoryview], int | None]:
+    """The response body for ``arrays`` (named ``names``) of model ``model_name``'s version
+    ``version``, as buffers to send one after the other (binary outputs are views of the
+    arrays, not copies), and, when any output is binary, the JSON part's length (for
+    ``Inference-Header-Content-Length``); else None."""
     outputs, chunks = [], []
     for name, array in zip(names, arrays, strict=True):
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype),
@@ -277,7 +279,7 @@ def encode_response(model_name: str, request: InferRequest, names: Sequence[str]
             entry["data"] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))\
                 .ravel()
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": MODEL_VERSION,
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version,
                            "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ from gear_runtime.errors import (
 from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.runtime.inputs import check_names
 from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, run_batch
+from gear_runtime.serving.deadline import Deadline
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
 from gear_runtime.serving.protocol import (
@@ -125,6 +126,8 @@ class ServeOptions:
     #: keep each state pair in ONE buffer where the graph updates it in place
     #: (``create_executor(in_place_state=True)``: onnxruntime-genai's GroupQueryAttention)
     in_place_state: bool = False
+    #: one log line per answered HTTP request (serving/logs.py, ``serve --access-log``)
+    access_log: bool = False
 
     def load_options(self) -> dict[str, Any]:
         """The options ``gr.load`` gets for these serving options."""
@@ -347,10 +350,26 @@ class ExecutorPool:
                 self._lent_to = None
                 self._returned.notify_all()
 
-    async def call(self, fn: Callable[[Any], T], gear: int | None = None) -> T:
+    async def call(self, fn: Callable[[Any], T], gear: int | None = None,
+                   deadline: Deadline | None = None) -> T:
         """``fn(executor)``, a run of gear ``gear``, on a free worker thread, awaited
-        (:meth:`submit`)."""
-        return await asyncio.wrap_future(self.submit(fn, gear))
+        (:meth:`submit`). A task still waiting at ``deadline`` is dropped and raises the
+        deadline's error; one that started finishes."""
+        future = self.submit(fn, gear)
+        if deadline is None:
+            return await asyncio.wrap_future(future)
+        # Future.cancel() fails once a thread took the task: the run and the deadline
+        # settle atomically which came first
+        expired: list[bool] = []
+        timer = deadline.arm(lambda: expired.append(future.cancel()))
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if any(expired):
+                raise deadline.error() from None
+            raise
+        finally:
+            timer.cancel()
 
     def submit(self, fn: Callable[[Any], T], gear: int | None = None) -> Future[T]:
         """``fn(executor)`` on a free worker thread, as a future. The task counts as waiting
@@ -447,9 +466,16 @@ class ServedModel:
     """One model behind the server: metadata, request checks, execution (batched or not)."""
 
     def __init__(self, name: str, model: Any, options: ServeOptions, metrics: Metrics,
-                 path: str | None = None) -> None:
+                 path: str | None = None, version: str = MODEL_VERSION) -> None:
         self.name, self.model, self.options, self.metrics = name, model, options, metrics
-        self.path = path
+        self.path, self.version = path, version
+        #: set by a model repository's Triton layout (serving/triton_config.py): every
+        #: version served under the name (metadata), the version policy (configuration),
+        #: and False where config.pbtxt says max_batch_size 0 (axis 0 is then no batch
+        #: axis to clients, and the configuration's dims keep it)
+        self.versions: tuple[str, ...] = (version,)
+        self.version_policy: dict[str, Any] = {"latest": {"num_versions": 1}}
+        self.batch_axis = True
         spec = model.spec
         state = dict(options.state)
         #: the state pairs' names: neither a request nor an answer carries them
@@ -464,7 +490,7 @@ class ServedModel:
         #: the outputs a request is answered with (model order, state outputs left out)
         self.output_names = [n for n in model.output_names if n not in self.state_names]
         self.max_request_bytes = options.max_body_bytes or request_limit(model)
-        self.stats = ModelStats(name, MODEL_VERSION)
+        self.stats = ModelStats(name, version)
         #: the sequence slots of a stateful model (None: stateless, served by the pool)
         self.sequences: SequenceSlots | None = None
         #: the start model (None: a start runs the step model like any step)
@@ -560,7 +586,7 @@ class ServedModel:
                                    "state": dict(self.options.state)}
             if self.start is not None:  # what a sequence_start request carries
                 params["sequences"]["start"] = self.start.describe()
-        return {"name": self.name, "versions": [MODEL_VERSION],
+        return {"name": self.name, "versions": list(self.versions),
                 "platform": f"gear_runtime_{self.model.backend}", "inputs": inputs,
                 "outputs": outputs, "parameters": params}
 
@@ -576,7 +602,8 @@ class ServedModel:
         out, as Triton's do), else 0; the batch gears are the dynamic batcher's preferred
         sizes; the gears and the mode are parameters."""
         plan = self.plan
-        batched = plan is not None and all(a == 0 for a in plan.output_axes)
+        batched = self.batch_axis and plan is not None and all(a == 0 for a in
+                                                               plan.output_axes)
         skip = 1 if batched else 0
         info = self.model.info
         inputs = [{"name": n, "data_type": f"TYPE_{d}", "dims": list(s[skip:])}
@@ -587,7 +614,7 @@ class ServedModel:
                    if n not in self.state_names]
         config: dict[str, Any] = {
             "name": self.name, "platform": f"gear_runtime_{self.model.backend}",
-            "backend": "gear_runtime", "version_policy": {"latest": {"num_versions": 1}},
+            "backend": "gear_runtime", "version_policy": self.version_policy,
             "max_batch_size": plan.max_rows if batched else 0,
             "input": inputs, "output": outputs,
             "instance_group": [{"name": self.name,
@@ -643,9 +670,14 @@ class ServedModel:
         sequence's requests obey the same bound in SequenceSlots."""
         return self.queue_depth() >= self.options.max_queue
 
-    async def infer(self, request: InferRequest) -> tuple[RunTiming, list[np.ndarray]]:
+    async def infer(self, request: InferRequest, deadline: Deadline | None = None
+                    ) -> tuple[RunTiming, list[np.ndarray]]:
         """Run ``request``: (how it ran, outputs in model order). InputError (400) for a
-        request that does not fit the model, QueueFullError (503) when the queue is full."""
+        request that does not fit the model, QueueFullError (503) when the queue is full,
+        the deadline's error (serving/deadline.py) when ``deadline`` passes while it waits
+        in a queue (or passed before it reached one)."""
+        if deadline is not None and deadline.passed():
+            raise deadline.error()
         control = None
         if self.sequences is not None:
             control = sequence_control(request.parameters)
@@ -653,7 +685,7 @@ class ServedModel:
                 self.check_outputs(request)
                 arrays = self.start.inputs(request)
                 return await self.sequences.call(control, partial(self.start.run, arrays,
-                                                                  self.stats))
+                                                                  self.stats), deadline)
         arrays = self._inputs(request)
         self.check_outputs(request)
         dims = self._dims(request)
@@ -661,16 +693,17 @@ class ServedModel:
             if dims is not None:
                 raise InputError(f"model {self.name!r} is static: its one gear takes no "
                                  '"dynamic_dims"')
-            return await self.sequences.call(control, partial(self._run_one, arrays, None))
+            return await self.sequences.call(control, partial(self._run_one, arrays, None),
+                                             deadline)
         if self.saturated:
             raise QueueFullError(f"model {self.name!r} has {self.queue_depth()} requests "
                                  f"waiting (--max-queue {self.options.max_queue}); retry later")
         if self.batcher is not None and dims is None:
             self._check_batch(arrays)
-            return await self.batcher.submit(arrays)
+            return await self.batcher.submit(arrays, deadline)
         run, gear = partial(self._run_one, arrays, dims), self._gear_of(arrays, dims)
         done = self.pool.run_here(run, gear)  # a short gear, the pool idle: no thread hop
-        return await self.pool.call(run, gear) if done is NOT_HERE else done
+        return await self.pool.call(run, gear, deadline) if done is NOT_HERE else done
 
     def _gear_of(self, arrays: list[np.ndarray], dims: list[int] | None) -> int | None:
         """The gear the executor will run ``arrays`` on (``dims`` set, if any: that gear,
@@ -917,15 +950,21 @@ def load_models(files: Sequence[str], names: Sequence[str] | None, options: Serv
             served[name] = load_one(name, path, options, metrics)
         _check_pad(served, options)
     except BaseException:
-        for m in served.values():
-            m.pool.close()
-            if m.sequences is not None:
-                m.sequences.close()
-            if m.start is not None:
-                m.start.close()
-            m.model.close()
+        close_loaded(served.values())
         raise
     return served
+
+
+def close_loaded(models: Iterable[ServedModel]) -> None:
+    """Close models loaded but never served (a later load failed): their threads, sequence
+    slots and files, at once (no request can be using them)."""
+    for m in models:
+        m.pool.close()
+        if m.sequences is not None:
+            m.sequences.close()
+        if m.start is not None:
+            m.start.close()
+        m.model.close()
 
 
 def _check_pad(served: dict[str, ServedModel], options: ServeOptions) -> None:
@@ -976,8 +1015,10 @@ def attach_profile(model: Any, path: str, model_path: str, backend: str,
                          "bench --json on this gear file") from exc
 
 
-def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> ServedModel:
-    """Load the gear file ``path`` and start its executors, served as ``name``."""
+def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics,
+             version: str = MODEL_VERSION) -> ServedModel:
+    """Load the gear file ``path`` and start its executors, served as ``name`` (version
+    ``version``)."""
     import gear_runtime as gr
 
     # a missing or unreadable file is the loader's GearFileError (its one file rule)
@@ -986,7 +1027,7 @@ def load_one(name: str, path: str, options: ServeOptions, metrics: Metrics) -> S
         if options.profile is not None:
             attach_profile(model, options.profile, path, options.backend,
                            checked=options.profile_checked)
-        return ServedModel(name, model, options, metrics, path=path)
+        return ServedModel(name, model, options, metrics, path=path, version=version)
     except BaseException:
         model.close()
         raise

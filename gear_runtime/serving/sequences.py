@@ -17,7 +17,8 @@ per slot, the "direct" strategy):
   sequence; different sequences run in parallel, one thread per slot). A request whose
   client goes away (a hang-up, a client timeout, a gRPC deadline) holds its place: a run
   under way finishes and one not begun is skipped in its turn, so the requests behind it
-  never run beside it nor before it; the slot is held until then.
+  never run beside it nor before it; the slot is held until then. One whose deadline
+  passes before it begins (serving/deadline.py) is answered at once and skipped alike.
 * past ``--max-queue`` requests waiting, a request that would wait is refused alone with
   503 ``[queue_full]`` (readiness never reads the queue: a probe would take the server
   out for one client's backlog).
@@ -36,14 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
 from gear_runtime.errors import ClosedError, InputError
+from gear_runtime.serving.deadline import Deadline
 from gear_runtime.serving.errors import QueueFullError, UnavailableError
 
 T = TypeVar("T")
@@ -100,11 +103,15 @@ class _Abandoned(Exception):
 @dataclass
 class _Request:
     """One admitted request; ``abandoned`` is set (on the loop) when its caller is
-    cancelled, read on the slot's thread."""
+    cancelled, read on the slot's thread. ``began`` (set on the slot's thread as its run
+    begins) and ``expired`` (set on the loop at its deadline) are settled under the slot's
+    ``claim`` lock: whichever comes first wins."""
 
     control: SequenceControl
     epoch: int
     abandoned: bool = False
+    began: bool = False
+    expired: bool = False
 
 
 @dataclass
@@ -123,6 +130,8 @@ class _Slot:
     # ---- the slot thread's side ----
     #: the epoch whose sequence the executor's state holds (None: no live sequence's)
     running: int | None = None
+    #: settles a request's run beginning against its deadline (_Request.began / expired)
+    claim: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SequenceSlots:
@@ -221,7 +230,7 @@ class SequenceSlots:
                 raise ClosedError(_REFUSING)
             if control.start:
                 slot.running = None  # the state is the new sequence's, or no one's
-                if req.abandoned:
+                if self._skipped(slot, req):
                     raise _Abandoned
                 slot.executor.reset_state()
                 result = fn(slot.executor)
@@ -231,20 +240,31 @@ class SequenceSlots:
                 raise InputError(f"sequence {control.id!r} of model {self.name!r} is not "
                                  "live: it ended, or its start failed, while this request "
                                  "waited")
-            if req.abandoned:
+            if self._skipped(slot, req):
                 raise _Abandoned
             return fn(slot.executor)
         finally:
             if control.end and slot.running == req.epoch:
                 slot.running = None
 
+    @staticmethod
+    def _skipped(slot: _Slot, req: _Request) -> bool:
+        """Whether ``req`` is skipped in its turn (its caller gone, or its deadline passed);
+        if not, it begins now and its deadline can no longer drop it."""
+        with slot.claim:
+            req.began = not (req.abandoned or req.expired)
+            return not req.began
+
     # ---- the caller ----------------------------------------------------------------------
-    async def call(self, control: SequenceControl, fn: Callable[[Any], T]) -> T:
+    async def call(self, control: SequenceControl, fn: Callable[[Any], T],
+                   deadline: Deadline | None = None) -> T:
         """``fn(executor)`` on the sequence's slot, after a reset of its state when the
         request starts the sequence; the slot is freed after an end. One request at a time
         per slot, in arrival order. A caller cancelled (hang-up, timeout) does not free the
         slot: a run under way finishes, a run not begun is skipped in its turn; the slot
-        is held until then. A start that fails leaves the sequence not live."""
+        is held until then. A start that fails leaves the sequence not live. A request not
+        begun at ``deadline`` is answered the deadline's error at once and skipped in its
+        turn as a cancelled one is."""
         slot, req = self._admit(control)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[T] = loop.create_future()
@@ -254,11 +274,27 @@ class SequenceSlots:
             self._finished(slot, req, False)
             raise ClosedError(_REFUSING) from None
         future.add_done_callback(partial(self._done, loop, slot, req, waiter))
+        timer = None if deadline is None else \
+            deadline.arm(partial(self._expire, slot, req, waiter, deadline))
         try:
             return await waiter
         except asyncio.CancelledError:
             req.abandoned = True
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    @staticmethod
+    def _expire(slot: _Slot, req: _Request, waiter: asyncio.Future[T],
+                deadline: Deadline) -> None:
+        """On the loop at ``req``'s deadline: answered its error unless its run began."""
+        with slot.claim:
+            if req.began:
+                return
+            req.expired = True
+        if not waiter.done():
+            waiter.set_exception(deadline.error())
 
     def _done(self, loop: asyncio.AbstractEventLoop, slot: _Slot, req: _Request,
               waiter: asyncio.Future[T], future: Future[T]) -> None:
