@@ -146,8 +146,24 @@ double GearDispatch::elements_of(const int64_t* values) const {
 size_t GearDispatch::match_or_throw(const int64_t* values) const {
   const size_t n = table_.values_per_gear();
   const int64_t gear = table_.find(values, n);
-  if (gear < 0) throw_mismatch(table_.mismatch_message(values, n, dims_.dynamic_axes_text()));
+  if (gear < 0) throw_mismatch(mismatch_message(values));
   return static_cast<size_t>(gear);
+}
+
+std::string GearDispatch::mismatch_message(const int64_t* values) const {
+  const size_t n = table_.values_per_gear();
+  // A miss is often a request between the gears that padding would run: say where (the
+  // gear cover() picks: the cheapest that holds it) and how to ask for it.
+  const int64_t covering = cover_.find(values, n);
+  std::string hint;
+  if (covering >= 0) {
+    const size_t g = static_cast<size_t>(covering);
+    hint = "the cheapest gear holding them is gear " + str(g) + " " +
+           format_tuple(table_.gear(g), n) +
+           ": execute(pad=True) (gear-runtime run / bench: --pad) runs them there, padded, "
+           "the outputs trimmed to them";
+  }
+  return table_.mismatch_message(values, n, dims_.dynamic_axes_text(), hint);
 }
 
 int64_t GearDispatch::find_cover(const int64_t* values) const noexcept {

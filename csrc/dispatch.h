@@ -92,6 +92,9 @@ class GearDispatch {
   // The hot path's forms: `values` holds values_per_gear() values, already read. find_cover
   // is the gear cover() names, or -1 (no allocation, no exception).
   size_t match_or_throw(const int64_t* values) const;
+  // The 145013 message of `values` (values_per_gear() of them) that match no gear: the
+  // inputs' dynamic axes, the gear cover() would pad them to (if any) and the legal gears.
+  std::string mismatch_message(const int64_t* values) const;
   size_t cover_or_throw(const int64_t* values) const;
   int64_t find_cover(const int64_t* values) const noexcept;
   // Count (kind "input"), then every item an array (kind "input", naming the input); their

@@ -99,6 +99,12 @@ int64_t GearTable::find(const int64_t* values, size_t n) const noexcept {
 
 std::vector<size_t> GearTable::nearest(const int64_t* values, size_t n, size_t k) const {
   if (n != width_) throw std::invalid_argument("GearTable::nearest: wrong number of values");
+  // Distance: the L1 distance of the dynamic values, the numbers the user wrote (a gear flag,
+  // the shapes' lengths), so the order can be checked by eye: 100 is nearer 128 (28) than 64
+  // (36), and 32 (68) than 256 (156). Input elements would weigh each value by the other dims
+  // of its inputs (a batch of images against a sequence length); a ratio would rank 256
+  // before 32 for a request that is nearer 32. The gear a padded run would take is named on
+  // its own in GearDispatch's message, so covering gears need not come first here.
   // 128-bit sums: up to 128 differences of up to 2^64 each are exact, as in Python.
   std::vector<std::pair<unsigned __int128, size_t>> order(count_);
   for (size_t g = 0; g < count_; ++g) {
@@ -127,9 +133,11 @@ std::string GearTable::legal_gears_text(const int64_t* values, size_t n) const {
 }
 
 std::string GearTable::mismatch_message(const int64_t* values, size_t n,
-                                        const std::string& axes_text) const {
+                                        const std::string& axes_text,
+                                        const std::string& hint) const {
   return "dynamic dims " + format_tuple(values, n) + " match no gear of the model (inputs: " +
-         axes_text + "); legal gears, nearest first: " + legal_gears_text(values, n);
+         axes_text + ")" + (hint.empty() ? "" : "; " + hint) +
+         "; legal gears, nearest first: " + legal_gears_text(values, n);
 }
 
 }  // namespace gear_runtime

@@ -45,9 +45,10 @@ class GearTable {
 
   // The full 145013 message: "dynamic dims (17,) match no gear of the model (inputs: data
   // axis 0); legal gears, nearest first: (16,), (8,), (1,)". `axes_text` says which inputs'
-  // axes carry the dynamic values (DimsExtractor::dynamic_axes_text()).
-  std::string mismatch_message(const int64_t* values, size_t n,
-                               const std::string& axes_text) const;
+  // axes carry the dynamic values (DimsExtractor::dynamic_axes_text()); `hint`, when not
+  // empty, goes between them and the legal gears ("; " + hint).
+  std::string mismatch_message(const int64_t* values, size_t n, const std::string& axes_text,
+                               const std::string& hint = "") const;
 
  private:
   size_t slot_of(const int64_t* values) const noexcept;

@@ -308,19 +308,28 @@ class ExecutorCore:
     def match(self, values: Sequence[int]) -> int:
         values = self._values(values)
         if values not in self._table:
+            covering = self._covering(values)
+            hint = ("" if covering is None else
+                    f"; the cheapest gear holding them is gear {covering} "
+                    f"{_text(self._gears[covering])}: execute(pad=True) (gear-runtime run / "
+                    "bench: --pad) runs them there, padded, the outputs trimmed to them")
             raise _mismatch(f"dynamic dims {_text(values)} match no gear of the model (inputs: "
-                            f"{self._dims.axes_text}); legal gears, nearest first: "
+                            f"{self._dims.axes_text}){hint}; legal gears, nearest first: "
                             f"{self._legal(values)}")
         return self._table[values]
+
+    def _covering(self, values: tuple[int, ...]) -> int | None:
+        covering = [g for g, gv in enumerate(self._gears)
+                    if all(a >= b for a, b in zip(gv, values, strict=True))]
+        return min(covering, key=lambda g: (self._costs[g], g)) if covering else None
 
     def cover(self, values: Sequence[int]) -> int:
         values = self._values(values)
         if values in self._table:
             return self._table[values]
-        covering = [g for g, gv in enumerate(self._gears)
-                    if all(a >= b for a, b in zip(gv, values, strict=True))]
-        if covering:
-            return min(covering, key=lambda g: (self._costs[g], g))
+        covering = self._covering(values)
+        if covering is not None:
+            return covering
         largest = max(range(len(self._gears)), key=lambda g: (sum(self._gears[g]), -g))
         raise _mismatch(f"dynamic dims {_text(values)} fit in no gear of the model (inputs: "
                         f"{self._dims.axes_text}): padding needs a gear at least as large in "

@@ -179,7 +179,8 @@ def test_json_carries_its_context_and_each_figure_once(example, spy_runs) -> Non
     assert ctx["settings"] == {"backend": "onnxruntime", "providers": ["CPUExecutionProvider"],
                                "threads": 1, "warmup": 1, "iterations": 4, "copy": False,
                                "seed": 0, "gears": [0, 2], "reference": None, "pad": False,
-                               "fill": "inputs=", "request": None}
+                               "fill": "inputs=", "state": None, "in_place_state": False,
+                               "request": None}
     import onnxruntime
 
     assert ctx["versions"] == {"gear_runtime": gr.__version__, "numpy": np.__version__,

@@ -296,6 +296,14 @@ ROWS: list[Row] = [
     row("serve-fifo", "fifo", "serve", "{fifo}", "--port", "0"),
     row("serve-header-timeout-zero", "must be a number >= 0.001", "serve", "{gear}",
         "--header-timeout", "0"),
+    row("serve-folder-not-a-model", "without genai_config.json", "serve", "{tmp}"),
+    row("llm-build-missing-checkpoint", "is not a folder", "llm", "build", "{tmp}/nope", "-o",
+        "{tmp}/out"),
+    row("llm-build-no-output", "-o/--output", "llm", "build", "{tmp}"),
+    row("llm-build-zero-sequences", "must be", "llm", "build", "{tmp}", "-o", "{tmp}/o",
+        "--max-sequences", "0"),
+    row("llm-build-trace-and-gears", "not both", "llm", "build", "{tmp}", "-o", "{tmp}/o",
+        "--trace", "{gear}", "--prompt-gears", "16"),
 ]
 
 

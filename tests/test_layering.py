@@ -28,10 +28,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gearfile",),
     ("compiler", "backends", "examples", "_core"),
     ("runtime",),
-    ("tools", "llm"),
+    ("tools",),
+    ("llm",),  # above the tools: a build plans its prompt gears from a trace
     ("<facade>",),
     ("serving",),
     ("cli",),
+    ("__main__",),  # python -m gear_runtime: runs the CLI
 )
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 #: Folders of scripts run as ``python <folder>/<script>.py``, each of which puts the folder on
@@ -181,16 +183,18 @@ def test_the_checks_see_what_they_claim() -> None:
 
 def test_only_the_export_scripts_need_torch() -> None:
     """Nothing in the package, the tests or the benchmarks imports torch or transformers
-    except the Hugging Face exports benchmarks/hf_prefill.py, benchmarks/export_hf_bert.py and
-    benchmarks/hf_genai_pair.py,
-    each of which says so in the first line of its docstring: the tests must run without them
-    (found through every import, lazy ones included)."""
+    except the Hugging Face exports benchmarks/hf_prefill.py, benchmarks/export_hf_bert.py,
+    benchmarks/hf_genai_pair.py and benchmarks/hf_engine_check.py, the random checkpoint
+    gear_runtime/examples/hf_qwen3.py (lazily) and its test tests/test_llm_build.py (skipped
+    without them), each of which says so in the first line of its docstring: the tests must
+    run without them (found through every import, lazy ones included)."""
     files = {**modules("gear_runtime"), **modules("tests"), **modules("benchmarks")}
     users = sorted(m for m, path in files.items()
                    if any(name.split(".")[0] in ("torch", "transformers")
                           for name in imported(m, path)))
-    assert users == ["benchmarks.export_hf_bert", "benchmarks.hf_genai_pair",
-                     "benchmarks.hf_prefill"]
+    assert users == ["benchmarks.export_hf_bert", "benchmarks.hf_engine_check",
+                     "benchmarks.hf_genai_pair", "benchmarks.hf_prefill",
+                     "gear_runtime.examples.hf_qwen3", "tests.test_llm_build"]
     for m in users:
         doc = ast.get_docstring(ast.parse(files[m].read_text())) or ""
         assert "NEEDS torch + transformers" in doc.splitlines()[0], m

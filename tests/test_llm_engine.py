@@ -301,3 +301,23 @@ def test_prompts_arriving_together_take_their_first_tokens_together(engine) -> N
     outs = [s.result() for s in streams]
     assert runs_at_first_token == [3]
     assert outs == engine.generate(prompts, 4, stop_token_ids=[])
+
+
+def test_processes_loading_a_folder_at_once_compile_it_once(folder, tmp_path) -> None:
+    """serve --workers: every worker loads the folder into the same empty cache at once;
+    each must get the whole gear file (one compiles, the others wait for it)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from gear_runtime.llm import Engine; "
+            "e = Engine.from_folder(sys.argv[1], max_sequences=2, prompt_gears=[16]); "
+            "print(e.generate([[5, 6, 7]], 3, stop_token_ids=[])); e.close()")
+    env = {**os.environ, "GEAR_RUNTIME_LLM_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(folder)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    assert len({out for out, _ in outs}) == 1
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1

@@ -266,14 +266,53 @@ def test_progress_on_a_terminal_and_nothing_on_a_log(tmp_path, capsys, monkeypat
     assert capsys.readouterr().err == ""
 
 
-def test_a_difference_from_an_exact_zero_warns_nothing() -> None:
-    """A padded value far from an exact 0 has an infinite relative difference, reported as
-    such, without numpy's overflow warning on the user's terminal."""
+def test_a_difference_from_an_exact_zero_is_counted_not_divided() -> None:
+    """A padded value far from an exact 0 has no relative difference (not ~1e308 from a tiny
+    divisor): it is counted apart, without numpy's warnings on the user's terminal; a value
+    within atol of an exact 0 agrees and is not counted."""
     import warnings
 
     from gear_runtime.tools.check.padding import _differences
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        absolute, relative = _differences(np.array([1e10, 0.0]), np.array([0.0, 0.0]))
-    assert absolute == 1e10 and relative == np.inf
+        absolute, relative, zeros = _differences(np.array([1e10, 0.0, 1e-6, 3.0]),
+                                                 np.array([0.0, 0.0, 0.0, 2.0]), atol=1e-5)
+        tiny = _differences(np.array([1.0]), np.array([5e-324]))  # past float64: inf, no warning
+    assert (absolute, relative, zeros) == (1e10, 0.5, 1)
+    assert tiny[1] == np.inf and tiny[2] == 0
+
+
+def test_a_cache_padded_to_a_fixed_length_points_to_valid(tmp_path, capsys) -> None:
+    """The seed's prefill: its present_kv is padded to max_seq, and its pad slots hold the pad
+    tokens' K / V where the exact run has zeros. The report says so (no relative difference
+    of ~1e308 from dividing by a tiny number) and points to --valid present_kv:4, which
+    then passes."""
+    from gear_runtime.examples import causal_lm
+    from gear_runtime.tools import generate
+
+    source, gear, _ = generate.build_pair(tmp_path, causal_lm.SMALL)
+    report = gr.check_padding(gear, source, samples=[1, 20, 100])
+    logits, cache = report.outputs
+    assert logits.safe and not cache.safe and cache.failed == [(1, 1), (20, 20), (100, 100)]
+    assert cache.max_rel < 1e3 and cache.zero_reference > 0 and cache.valid_hint == 4
+    assert "differ where the exact output is 0" in cache.verdict
+    assert "only past the request's length along axis 4" in cache.verdict
+    assert "--valid present_kv:4" in report.table()
+    assert report.to_json()["outputs"][1]["valid_axis_hint"] == 4
+    assert main(["check-padding", str(gear), str(source), "--samples", "1;20;100",
+                 "--json", "-"]) == 1
+    doc = json.loads(capsys.readouterr().out)["outputs"][1]
+    assert doc["max_rel_diff"] < 1e3 and doc["zero_reference_diffs"] == cache.zero_reference
+    assert main(["check-padding", str(gear), str(source), "--samples", "1;20;100",
+                 "--valid", "present_kv:4"]) == 0
+    assert "padding is SAFE" in capsys.readouterr().out
+
+
+def test_no_valid_hint_where_the_valid_part_differs_too(tmp_path) -> None:
+    """A mean over the padded axis differs everywhere: no axis to point --valid at (its
+    last axis, 4 long, is longer than the requests but differs within them too)."""
+    source, gear = compiled(tmp_path, mean=True)
+    report = gr.check_padding(gear, source, samples=[2, 3])
+    m = report.outputs[1]
+    assert not m.safe and m.valid_hint is None and "--valid" not in report.table()

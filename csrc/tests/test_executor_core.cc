@@ -83,7 +83,13 @@ TEST(core_match_cover_and_their_errors) {
   CHECK_EQ(m.core.dispatch()->cover({four, 1}), 1u);  // an exact gear is itself
   CHECK_THROWS_ERROR(m.core.dispatch()->match({five, 1}), "mismatch", "145013",
                      "dynamic dims (5,) match no gear of the model (inputs: x axis 1; mask "
-                     "axis 0); legal gears, nearest first: (4,), (2,), (8,)");
+                     "axis 0); the cheapest gear holding them is gear 2 (8,): "
+                     "execute(pad=True) (gear-runtime run / bench: --pad) runs them there, "
+                     "padded, the outputs trimmed to them; legal gears, nearest first: (4,), "
+                     "(2,), (8,)");
+  // nothing holds 9: no gear to pad to is named
+  CHECK_THROWS_ERROR(m.core.dispatch()->match({nine, 1}), "mismatch", "145013",
+                     "mask axis 0); legal gears, nearest first: (8,), (4,), (2,)");
   CHECK_THROWS_ERROR(m.core.dispatch()->cover({nine, 1}), "mismatch", "145013",
                      "the largest gear is (8,)");
   CHECK_THROWS_ERROR(m.core.dispatch()->match({four, 0}), "length", "145012",

@@ -204,8 +204,9 @@ def check_providers(providers: Sequence[Any] | None) -> list[str]:
     if missing:
         raise BackendError(
             f"ONNX Runtime here has no {', '.join(missing)} (available: {', '.join(available)})"
-            "; for CUDA install onnxruntime-gpu (pip install 'gear_runtime[cuda]') and run on "
-            "a machine with an NVIDIA GPU")
+            "; for CUDA, onnxruntime-gpu in place of onnxruntime (pip uninstall -y onnxruntime "
+            f"&& pip install 'onnxruntime-gpu>={'.'.join(map(str, ORT_FLOOR))}': the two share "
+            "one import package) on a machine with an NVIDIA GPU")
     return names
 
 

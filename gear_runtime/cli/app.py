@@ -9,6 +9,8 @@
     gear-runtime serve FILE... [--port N] [--ray]
     gear-runtime check-padding GEAR SOURCE.onnx [--samples V]
     gear-runtime plan MODEL.onnx --input-shape S --trace FILE --max-gears K
+    gear-runtime -q COMMAND ... / -v COMMAND ...   (warnings only / the package's log)
+    gear-runtime --version                         (and each backend runtime's)
 
 Each command lives in its own module of this package (``add_parser`` and its ``cmd_*``);
 :mod:`gear_runtime.cli.common` holds what they share. Exit codes: 0 success; 2 usage errors
@@ -24,7 +26,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gear_runtime.cli import bench, compile, demo, inspect, padding, plan, run, serve
+from gear_runtime.cli import (
+    bench,
+    compile,
+    demo,
+    inspect,
+    llm,
+    padding,
+    plan,
+    run,
+    serve,
+    verbosity,
+    versions,
+)
 from gear_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -40,16 +54,16 @@ TRACEBACK_ENV = "GEAR_RUNTIME_TRACEBACK"
 #: The exit code of a command whose stdout was closed early (128 + SIGPIPE, as a shell has it).
 EXIT_BROKEN_PIPE = 141
 #: The subcommands in the order ``--help`` lists them.
-COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan)
+COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan, llm)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: every subcommand with its flags and its handler."""
-    from gear_runtime.version import __version__
-
+    """The whole command line: every subcommand with its flags and its handler, and the
+    global ``--version`` and ``-v`` / ``-q``."""
     parser = Parser(prog=PROG, description="Run models compiled with dynamic gears (CANN GE "
                     "dynamic batch / image size / dims) on ONNX Runtime or Ascend.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=versions.VersionAction)
+    verbosity.add_flags(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMAND_MODULES:
         module.add_parser(sub)
@@ -77,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # --help / --version print and exit 0
         return int(exc.code or 0)
+    except BrokenPipeError:  # --help / --version | head
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # serve --workers re-runs it
+    verbosity.apply(args)
     _quiet_onnxruntime()
     try:
         return args.handler(args)

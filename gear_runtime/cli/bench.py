@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,9 +18,11 @@ from gear_runtime.cli.common import (
     add_backend_flags,
     add_json_flag,
     add_memory_flag,
+    add_state_flags,
     backend_options,
     check_output_file,
     check_run_memory,
+    check_state_names,
     device_options,
     existing_file,
     float_at_least,
@@ -27,9 +30,11 @@ from gear_runtime.cli.common import (
     model_file,
     opens_own_files,
     request_shapes,
+    state_pairs,
     synthetic_nbytes,
 )
 from gear_runtime.cli.run import add_gear_flags, gear_flag
+from gear_runtime.cli.verbosity import info
 from gear_runtime.tools.bench.context import model_context
 from gear_runtime.tools.bench.report import MAX_ITERATIONS
 from gear_runtime.tools.common import jsonout
@@ -92,6 +97,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="write a latency plot as PNG (needs matplotlib)")
     p.add_argument("--reference", metavar="ORIGINAL.onnx",
                    help="the original dynamic model, for the dynamic-model comparison")
+    add_state_flags(p, "execute is timed with the state resident, one step as a service runs "
+                    "it (each run reads what the one before wrote), naive with the state fed "
+                    "and returned every run")
     add_memory_flag(p)
     add_backend_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -108,6 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            "--compare BEFORE.json AFTER.json")
     if args.fail_on_regression is not None:
         raise UsageError("--fail-on-regression needs --compare BEFORE.json AFTER.json")
+    state = state_pairs(args.state, args.in_place_state)
     existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
     if args.reference is not None:
         existing_file(args.reference, "reference model")
@@ -128,14 +137,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     select = gear_flag(args) if picked else None
     backend, options = backend_options(args)
     with _loaded(args, backend, options) as model:
-        _check_memory(model, args, request)
+        if state is not None:
+            check_state_names(state, model.input_names, model.output_names)
+        _check_memory(model, args, request, state or {})
         report = bench_model(model, gears=args.gears, iterations=args.iterations,
                              warmup=args.warmup, threads=args.threads,
                              reference=args.reference, backend=backend,
                              progress=not args.no_progress, copy=not args.no_copy,
                              request=request, pad=args.pad, fill=args.fill,
                              batchsize=args.batchsize, select=select,
-                             max_bytes=args.max_memory)
+                             max_bytes=args.max_memory, state=state,
+                             in_place_state=args.in_place_state)
         # the file, as bench_model reports a model it loads itself (files, digest)
         report.context["model"] = model_context(args.file, model)
     report.model = args.file
@@ -145,11 +157,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print()
         print(report.ais_bench_summary())
     if args.json is not None and jsonout.write(args.json, report.to_dict()) is not None:
-        print(f"wrote {args.json}")
+        info(f"wrote {args.json}")
     if args.plot is not None:
         written = plot_report(report, args.plot)
         if not quiet:
-            print(f"wrote {written}")
+            info(f"wrote {written}")
     return EXIT_OK
 
 
@@ -170,9 +182,12 @@ def _loaded(args: argparse.Namespace, backend: str, options: Mapping[str, Any]) 
 
 
 def _check_memory(model: Any, args: argparse.Namespace,
-                  request: Mapping[str, tuple[int, ...]] | None) -> None:
+                  request: Mapping[str, tuple[int, ...]] | None,
+                  state: Mapping[str, str]) -> None:
     """The executor's buffers and the largest gear's synthetic inputs (one gear's inputs are
-    alive at a time) against the budget, before either is allocated: MemoryBudgetError."""
+    alive at a time; a ``state`` input's too, fed to the naive run) against the budget,
+    before either is allocated: MemoryBudgetError (the state's own buffers are the
+    executor's to check when it is created)."""
     from gear_runtime.runtime.model import memory_budget
     from gear_runtime.tools.bench.engine import parse_gears
 
@@ -180,10 +195,13 @@ def _check_memory(model: Any, args: argparse.Namespace,
     check_run_memory(model, budget)
     dtypes = model.info.input_dtype_map
     if request is not None:
-        if set(request) != set(dtypes):
+        if set(request) != set(dtypes) - set(state):
             return  # bench_model refuses it, naming the inputs, before making any
         check_request_shapes(model, request, "request shapes")  # bench_model's words first
-        shapes = [dict(request)]
+        # the state inputs at their largest gear's shapes (the request's gear is not known yet)
+        shapes = [{**request, **{n: max((model.spec.shapes(g)[n]
+                                         for g in range(model.gear_count)), key=_size)
+                                 for n in state}}]
     elif args.gears.strip().lower() == "all":
         shapes = [model.spec.shapes(g) for g in range(model.gear_count)]
     else:
@@ -192,6 +210,10 @@ def _check_memory(model: Any, args: argparse.Namespace,
     shown = ", ".join(f"{n}{list(largest[n])}" for n in dtypes)
     check_run_memory(model, budget, f" and the synthetic inputs {shown}",
                      synthetic_nbytes(dtypes, largest, args.fill))
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
 
 
 def _bench_compare(args: argparse.Namespace) -> int:
@@ -218,7 +240,7 @@ def _bench_compare(args: argparse.Namespace) -> int:
         print(f"{PROG}: warning: {line}", file=sys.stderr)
     print(cmp.table())
     if args.plot is not None:
-        print(f"wrote {bench_compare.plot_comparison(cmp, before, after, args.plot)}")
+        info(f"wrote {bench_compare.plot_comparison(cmp, before, after, args.plot)}")
     if args.fail_on_regression is not None:
         slow = cmp.regressions(args.fail_on_regression)
         if slow:

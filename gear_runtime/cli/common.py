@@ -268,6 +268,51 @@ def parse_pad_values(items: list[str], flag: str = "--pad-value") -> dict[str, i
     return pads
 
 
+def add_state_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--state IN=OUT`` (repeatable) and ``--in-place-state``: the resident state pairs of a
+    stateful model, as ``serve`` takes them; ``what``: what the command does with them."""
+    p.add_argument("--state", action="append", default=[], metavar="IN=OUT",
+                   help="a resident state pair of a stateful model (a decode step's KV cache: "
+                   f"past_kv=present_kv), repeatable: {what}; the executor keeps the state "
+                   "in the backend's memory, never copied in or out per run, and the state "
+                   "inputs and outputs are neither given nor returned")
+    p.add_argument("--in-place-state", action="store_true",
+                   help="with --state: keep each pair in ONE buffer that the run reads and "
+                   "writes, where the graph updates it in place (onnxruntime-genai's "
+                   "GroupQueryAttention); refused naming the pair where the graph does not")
+
+
+def state_pairs(items: Sequence[str], in_place: bool) -> dict[str, str] | None:
+    """``--state IN=OUT`` items as {input: output} (None without any); UsageError naming a
+    malformed item, a pair given twice, or ``--in-place-state`` without ``--state``."""
+    if in_place and not items:
+        raise UsageError("--in-place-state needs --state IN=OUT: it says how the state is kept")
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, out = (s.strip() for s in item.partition("="))
+        if not sep or not name or not out:
+            raise UsageError(f"--state {item!r}: expected INPUT=OUTPUT (e.g. "
+                             "past_kv=present_kv)")
+        if name in pairs:
+            raise UsageError(f"--state {item!r}: input {name!r} is already paired with "
+                             f"{pairs[name]!r}; give each state input once")
+        pairs[name] = out
+    return pairs or None
+
+
+def check_state_names(pairs: Mapping[str, str], inputs: Sequence[str],
+                      outputs: Sequence[str]) -> None:
+    """InputError naming the ``--state`` pair whose input is not one of ``inputs`` or whose
+    output is not one of ``outputs`` (the model's), listing both; the executor checks the
+    rest (shapes, dtypes, in place) when it is created."""
+    for name, out in pairs.items():
+        missing = (f"no input {name!r}" if name not in inputs else
+                   f"no output {out!r}" if out not in outputs else None)
+        if missing is not None:
+            raise InputError(f"--state {name}={out}: the model has {missing}; its inputs: "
+                             f"{', '.join(inputs)}; its outputs: {', '.join(outputs)}")
+
+
 # ---- paths ------------------------------------------------------------------------------------
 def existing_file(path: str, what: str,
                   error: type[GearRuntimeError] = GearFileError) -> str:
@@ -303,6 +348,7 @@ def error(message: str, code: str = "") -> None:
 
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "PROG", "Parser", "UsageError",
-           "add_backend_flags", "add_json_flag", "backend_options", "backends_help",
-           "check_output_file", "error", "existing_file", "float_at_least", "int_at_least",
-           "int_list", "make_dir", "parse_pad_values"]
+           "add_backend_flags", "add_json_flag", "add_state_flags", "backend_options",
+           "backends_help", "check_output_file", "check_state_names", "error", "existing_file",
+           "float_at_least", "int_at_least", "int_list", "make_dir", "parse_pad_values",
+           "state_pairs"]

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from gear_runtime.cli.common import EXIT_OK, UsageError, existing_file, make_dir, model_file
+from gear_runtime.cli.verbosity import info
 from gear_runtime.errors import InputError
 
 #: atc's --framework values (0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX): only ONNX compiles here.
@@ -181,12 +182,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                progress=not args.no_progress, verify=verify,
                                out_nodes=args.out_nodes)
     kind = "sink" if args.sink else "case"
-    print(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
-          f"{kind}{', hybrid' if hybrid else ''}): "
-          + "; ".join(",".join(map(str, g)) for g in spec.gears)
-          + (f"; precision_mode {spec.precision_mode}" if spec.precision_mode else "")
-          + (f"; weights in {report.data_path} ({report.data_bytes} bytes)"
-             if report.data_path else ""))
+    info(f"wrote {report.path}: {spec.gear_count} gears ({spec.mode} mode, "
+         f"{kind}{', hybrid' if hybrid else ''}): "
+         + "; ".join(",".join(map(str, g)) for g in spec.gears)
+         + (f"; precision_mode {spec.precision_mode}" if spec.precision_mode else "")
+         + (f"; weights in {report.data_path} ({report.data_bytes} bytes)"
+            if report.data_path else ""))
     if report.unverified:
         print(f"not run at compile time: gear(s) {report.unverified}"
               + (" (--verify no)" if verify is False else

@@ -12,6 +12,7 @@ from gear_runtime.cli.common import (
     device_options,
     existing_file,
 )
+from gear_runtime.cli.verbosity import info
 from gear_runtime.tools.common import jsonout
 
 
@@ -47,7 +48,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json != jsonout.STDOUT:
         print(text(doc))
     if args.json is not None and jsonout.write(args.json, doc) is not None:
-        print(f"wrote {args.json}")
+        info(f"wrote {args.json}")
     return EXIT_OK
 
 

@@ -21,8 +21,10 @@ from gear_runtime.cli.common import (
     add_backend_flags,
     add_json_flag,
     add_memory_flag,
+    add_state_flags,
     backend_options,
     check_run_memory,
+    check_state_names,
     existing_file,
     int_at_least,
     int_list,
@@ -31,8 +33,10 @@ from gear_runtime.cli.common import (
     opens_own_files,
     parse_pad_values,
     request_shapes,
+    state_pairs,
     synthetic_nbytes,
 )
+from gear_runtime.cli.verbosity import info
 from gear_runtime.errors import DynamicInputLengthError, InputError
 from gear_runtime.tools.common import jsonout
 from gear_runtime.tools.common.inputs import (
@@ -114,6 +118,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--outfmt", choices=("NPY", "BIN", "TXT"), default="NPY",
                    help="ais_bench's output format: .npy (default), .bin (raw values) or .txt "
                    "(the values, one line per row of the last axis)")
+    add_state_flags(p, "run executes one step with the state resident (with --loop N, N steps, "
+                    "each reading the state the one before wrote), the state zeros first or "
+                    "--input IN=FILE.npy")
     add_json_flag(p, "run", "the model, the gear that ran, inputs, outputs and timings")
     add_memory_flag(p)
     add_backend_flags(p)
@@ -187,18 +194,20 @@ def _check_one_kind(pairs: Sequence[tuple[str, str]]) -> None:
                          "one file, in input order")
 
 
-def _named_pairs(model: GearModel, pairs: Sequence[tuple[str, str]]
+def _named_pairs(ex: Executor, pairs: Sequence[tuple[str, str]]
                  ) -> list[tuple[str, str]]:
-    """ais_bench's positional files (``#k``) given the model's input names, in order."""
+    """ais_bench's positional files (``#k``) given the names of the inputs ``ex`` takes (the
+    model's, less a resident state's), in order."""
     positional = [p for n, p in pairs if n.startswith("#")]
     if not positional:
         return list(pairs)
-    names = model.input_names
+    names = ex.input_names
     if len(positional) != len(pairs) or len(positional) != len(names):
         one = "folder" if os.path.isdir(positional[0]) else "file"
+        besides = " besides its --state" if ex.state_names else ""
         raise InputError(f"--input gives {len(positional)} {one}(s) in ais_bench's form; the "
-                         f"model has {len(names)} inputs ({', '.join(names)}): give one {one} "
-                         "per input, in this order (or NAME=FILE for each)")
+                         f"model has {len(names)} inputs{besides} ({', '.join(names)}): give "
+                         f"one {one} per input, in this order (or NAME=FILE for each)")
     return list(zip(names, positional, strict=True))
 
 
@@ -340,8 +349,14 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
     """Every input, from its file, its --shapes entry, or the chosen gear's shapes (in that
     order); and per input its file (None: synthetic). A raw .bin file takes its shape from
     --shapes / --dymShape (ais_bench's --input x.bin --dymShape x:1,16). InputError for a
-    name the model lacks or an input that none of them gives."""
-    names = model.input_names
+    name the model lacks or an input that none of them gives (a resident state is neither
+    fed nor shaped: its value stays in ``ex``)."""
+    names = ex.input_names
+    resident = [n for n in shapes if n in ex.state_names]
+    if resident:
+        raise InputError(f"--shapes {resident[0]}: a resident state (--state) has the shape "
+                         f"the model fixes and is not fed; give its first value with --input "
+                         f"{resident[0]}=FILE.npy (default zeros)")
     unknown = [n for n, _ in pairs if n not in names]
     if unknown:
         raise InputError(f"--input: the model has no input {unknown[0]!r}; its inputs are "
@@ -500,6 +515,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            "give the model to run: FILE (or ais_bench's --model FILE)")
     existing_file(args.file, "model file" if opens_own_files(args.backend) else "gear file")
     # everything the command line alone can refuse is refused before the model loads
+    state = state_pairs(args.state, args.in_place_state)
     pairs = _parse_input_args(args.input)
     shapes = request_shapes(args) or {}
     choose_gear = gear_flag(args)
@@ -514,11 +530,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.memory_budget = memory_budget(args.max_memory)  # the env's, when no flag
     with gr.load(args.file, backend=backend, **options) as model:
         check_run_memory(model, args.memory_budget)  # the CLI's words, before allocating
-        ex = model.create_executor(pad_values=pads or None, max_bytes=args.memory_budget)
+        ex = _executor(model, state, args.in_place_state, pads, args.memory_budget)
         choose_gear(ex)
-        named = _named_pairs(model, pairs)
+        args.state_files = _initial_state(ex, pairs)
+        named = _named_pairs(ex, [(n, p) for n, p in pairs if n not in ex.state_names])
         folders = _folder_files(named)
-        doc = _run_inferences(model, ex, _inferences(model, named, folders, args.outfmt),
+        doc = _run_inferences(model, ex, _inferences(ex, named, folders, args.outfmt),
                               shapes, args,
                               [path for _, path in named] if folders is not None else None)
     if args.json != jsonout.STDOUT:
@@ -527,26 +544,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json is not None:
         written = jsonout.write(args.json, doc)
         if written is not None:
-            print(f"wrote {written}")
+            info(f"wrote {written}")
     return EXIT_OK
+
+
+def _executor(model: GearModel, state: dict[str, str] | None, in_place: bool,
+              pads: Mapping[str, int | float], budget: int) -> Executor:
+    """The run's executor: with ``state`` (``--state``), the pairs resident in it, checked
+    against the model's inputs and outputs first (InputError naming the pair)."""
+    if state is None:
+        return model.create_executor(pad_values=pads or None, max_bytes=budget)
+    check_state_names(state, model.input_names, model.output_names)
+    return model.create_executor(pad_values=pads or None, max_bytes=budget, state=state,
+                                 in_place_state=in_place)
+
+
+def _initial_state(ex: Executor, pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Set each resident state an ``--input IN=FILE.npy`` gives (its exact shape and dtype:
+    ``set_state``'s InputError otherwise); {state input: file}."""
+    files = {n: p for n, p in pairs if n in ex.state_names}
+    for name, path in files.items():
+        if path.lower().endswith(".bin"):
+            raise InputError(f"--input {name}={path}: a resident state's first value is a .npy "
+                             "file (its shape and dtype are checked)")
+        ex.set_state(name, _read_npy(name, path))
+    return files
 
 
 Inference = tuple[list[tuple[str, str]], list[str]]
 
 
-def _inferences(model: GearModel, pairs: Sequence[tuple[str, str]],
+def _inferences(ex: Executor, pairs: Sequence[tuple[str, str]],
                 folders: Sequence[Sequence[str]] | None, fmt: str) -> Iterator[Inference]:
     """Per inference, its input files ((name, path); inputs not in them are synthetic) and
-    the names of its output files: the one inference of ``pairs``, or one per file of
-    ais_bench's folders (``folders``: :func:`_folder_files`), named after the first input's
-    file as ais_bench names them."""
+    the names of its output files (of the outputs ``ex`` returns: a resident state's are
+    kept): the one inference of ``pairs``, or one per file of ais_bench's folders
+    (``folders``: :func:`_folder_files`), named after the first input's file as ais_bench
+    names them."""
     if folders is None:
-        yield list(pairs), _output_files(model.output_names, fmt)
+        yield list(pairs), _output_files(ex.output_names, fmt)
         return
     names = [n for n, _ in pairs]
     for files in zip(*folders, strict=True):
         yield (list(zip(names, files, strict=True)),
-               _folder_outputs(_stem(os.path.basename(files[0])), len(model.output_names), fmt))
+               _folder_outputs(_stem(os.path.basename(files[0])), len(ex.output_names), fmt))
 
 
 def _run_inferences(model: GearModel, ex: Executor, inferences: Iterable[Inference],
@@ -572,9 +613,9 @@ def _run_inferences(model: GearModel, ex: Executor, inferences: Iterable[Inferen
         saved = [str(out_dir / file) for file in out_files]
         for value, path in zip(outputs, saved, strict=True):
             _save(Path(path), value, args.outfmt)
-        runs.append({"inputs": [files[n] for n in model.input_names], "outputs": saved,
+        runs.append({"inputs": [files[n] for n in ex.input_names], "outputs": saved,
                      "gear": ex.last_gear})
-        batches.append(first_dim({n: v.shape for n, v in feeds.items()}, model.input_names))
+        batches.append(first_dim({n: v.shape for n, v in feeds.items()}, ex.input_names))
     # ais_bench's default batchsize: the first input's first dim, its mean over inferences
     # of several sizes (every inference runs --loop times, so 1000 * mean batch / mean ms
     # is the items per second)
@@ -606,9 +647,10 @@ def _document(model: GearModel, ex: Executor, feeds: Mapping[str, np.ndarray],
         "inputs": [{"name": n, "dtype": str(feeds[n].dtype), "shape": list(feeds[n].shape),
                     "file": files[n], "synthetic": files[n] is None,
                     **({"fill": args.fill} if files[n] is None else {})}
-                   for n in model.input_names],
+                   for n in ex.input_names],
         "outputs": [{"name": n, "dtype": str(v.dtype), "shape": list(v.shape), "file": f}
-                    for n, v, f in zip(model.output_names, outputs, saved, strict=True)],
+                    for n, v, f in zip(ex.output_names, outputs, saved, strict=True)],
+        "state": _state_document(ex, getattr(args, "state_files", {})),
         "input_folders": every["input_folders"],
         "inferences": [dict(r) for r in every["inferences"]],
         "timing": {"loop": args.loop, "warmup": args.warmup,
@@ -617,6 +659,15 @@ def _document(model: GearModel, ex: Executor, feeds: Mapping[str, np.ndarray],
                    "samples_ns": [int(s) for s in samples],
                    "ais_bench": AisBenchSummary.of_ns(samples, batchsize).to_dict()},
     })
+
+
+def _state_document(ex: Executor, files: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Per resident state pair (``--state``): its names, how it is kept, its shape and dtype,
+    and the file its first value came from (None: zeros); empty without state."""
+    modes = ex.state_modes
+    return [{"input": n, "output": out, "mode": modes[n], "dtype": str(ex.state[n].dtype),
+             "shape": list(ex.state[n].shape), "file": files.get(n)}
+            for n, out in ex.state_names.items()]
 
 
 def _ints(values: Sequence[int] | None) -> list[int] | None:
@@ -678,6 +729,10 @@ def _print_one(doc: Mapping[str, Any]) -> None:
               + ", ".join(f"{i['name']}{i['shape']}" for i in synthetic))
     for out in doc["outputs"]:
         print(f"  {out['name']}: {out['dtype']} {out['shape']} -> {out['file']}")
+    for st in doc["state"]:
+        first = st["file"] or "zeros"
+        print(f"  state {st['input']} <- {st['output']}: {st['dtype']} {st['shape']}, resident "
+              f"({st['mode']}; first value: {first}), not saved")
 
 
 def _print_folders(doc: Mapping[str, Any]) -> None:

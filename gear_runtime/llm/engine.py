@@ -20,8 +20,9 @@ so a step waits at most one chunk; it joins the step after its last chunk. In th
 meanwhile its row, when the step's gear covers it, is a padding row whose one written
 position is the one its next chunk overwrites. With nothing decoding, every waiting prompt
 that has a row runs whole, one after another, and then all take their first token together
-(no sequence waits between its first and second token for the prompts that came with it). One thread runs it all (the
-engine's); :meth:`Engine.submit` and :meth:`Engine.generate` may be called from any thread.
+(no sequence waits between its first and second token for the prompts that came with
+it). One thread runs it all (the engine's); :meth:`Engine.submit` and
+:meth:`Engine.generate` may be called from any thread.
 """
 
 from __future__ import annotations

@@ -16,17 +16,26 @@ prompt's last real token; 0 for a step), so every gear returns ``[rows, 1, vocab
 The gear file is written into a cache folder (``cache_dir``, the environment variable
 :data:`CACHE_ENV`, else ``~/.cache/gear_runtime/llm``), under a key of the folder's files
 and the gears; reused while they are unchanged; the user's folder is never written.
+
+A folder ``gear-runtime llm build`` wrote (:mod:`gear_runtime.llm.build`) carries its own:
+the gear file under the same key in :data:`BUILT_DIR`, found there before the cache is
+looked at, and the gears it was built for in :data:`GEARS_CONFIG`, the defaults of
+:func:`choose_gears` for that folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -41,6 +50,13 @@ CACHE_ENV = "GEAR_RUNTIME_LLM_CACHE"
 #: prompt's run is compute-bound and a pad costs what a token does; ONNX Runtime runs them
 #: all in one session, so a gear costs its bindings alone
 DEFAULT_PROMPT_GEARS = (16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+DEFAULT_MAX_SEQUENCES = 8
+#: in a built folder: the gears it was built for (``max_sequences``, ``prompt_gears``,
+#: ``batch_gears``, ``max_length``); not part of the key (the gear file does not depend on it)
+GEARS_CONFIG = "gear_runtime.json"
+#: in a built folder: the gear file, under its key (``gears/<key>/engine.gear.onnx``)
+BUILT_DIR = "gears"
+GEAR_FILE = "engine.gear.onnx"
 
 
 @dataclass(frozen=True)
@@ -58,20 +74,27 @@ class EngineGears:
         return self.batch[-1]
 
 
-def choose_gears(folder: ModelFolder, max_sequences: int,
+def choose_gears(folder: ModelFolder, max_sequences: int | None = None,
                  prompt_gears: Sequence[int] | None = None,
                  batch_gears: Sequence[int] | None = None,
-                 max_length: int | None = None) -> EngineGears:
-    """The engine's gears: the ones given, else the defaults (prompt gears
+                 max_length: int | None = None, *, stored: bool = True) -> EngineGears:
+    """The engine's gears: the ones given, else the folder's :data:`GEARS_CONFIG` where it
+    has one (``stored``; each stored value only where it fits what was given: prompt gears
+    below ``max_length``, batch gears covering ``max_sequences``), else the defaults
+    (``max_sequences`` :data:`DEFAULT_MAX_SEQUENCES`; prompt gears
     :data:`DEFAULT_PROMPT_GEARS` below ``max_length``; batch gears the powers of two below
     ``max_sequences``, and ``max_sequences``). InputError naming the value and the limit for
     anything else."""
+    if stored:
+        max_sequences, prompt_gears, batch_gears, max_length = _with_stored(
+            folder, max_sequences, prompt_gears, batch_gears, max_length)
     length = folder.context_length if max_length is None else _positive("max_length",
                                                                         max_length)
     if length > folder.context_length:
         raise InputError(f"max_length {length} is over the model's context_length "
                          f"{folder.context_length}")
-    seqs = _positive("max_sequences", max_sequences)
+    seqs = _positive("max_sequences", DEFAULT_MAX_SEQUENCES if max_sequences is None
+                     else max_sequences)
     prompt = (tuple(g for g in DEFAULT_PROMPT_GEARS if g < length) or (length - 1,)
               if prompt_gears is None else _ascending("prompt_gears", prompt_gears))
     if prompt[-1] >= length:
@@ -88,6 +111,56 @@ def choose_gears(folder: ModelFolder, max_sequences: int,
         raise InputError(f"batch_gears {list(batch)} must start at 1 (one sequence left "
                          "decoding runs gear 1)")
     return EngineGears(prompt, batch, length)
+
+
+@dataclass(frozen=True)
+class StoredGears:
+    """A built folder's :data:`GEARS_CONFIG`: the gears it was built for (None: not said)."""
+
+    max_sequences: int | None = None
+    prompt_gears: tuple[int, ...] | None = None
+    batch_gears: tuple[int, ...] | None = None
+    max_length: int | None = None
+
+
+def stored_gears(folder: ModelFolder) -> StoredGears:
+    """The folder's :data:`GEARS_CONFIG` (all None when it has none). InputError naming the
+    file and the key for a malformed one."""
+    path = folder.path / GEARS_CONFIG
+    if not path.is_file():
+        return StoredGears()
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(table).__name__}")
+
+    def read(key: str, check: Callable[[str, Any], Any]) -> Any:
+        return None if table.get(key) is None else check(key, table[key])
+
+    try:
+        return StoredGears(read("max_sequences", _positive), read("prompt_gears", _ascending),
+                           read("batch_gears", _ascending), read("max_length", _positive))
+    except InputError as exc:
+        raise InputError(f"{path}: {exc.message}") from None
+
+
+def _with_stored(folder: ModelFolder, max_sequences: int | None,
+                 prompt_gears: Sequence[int] | None, batch_gears: Sequence[int] | None,
+                 max_length: int | None) -> tuple[Any, Any, Any, Any]:
+    """The arguments with the folder's stored gears in the places left None, each only
+    where it fits the values given (see :func:`choose_gears`)."""
+    saved = stored_gears(folder)
+    seqs = saved.max_sequences if max_sequences is None else max_sequences
+    length = saved.max_length if max_length is None else max_length
+    prompt, batch = saved.prompt_gears, saved.batch_gears
+    if prompt_gears is None and prompt and (not isinstance(length, int)
+                                            or prompt[-1] < length):
+        prompt_gears = prompt
+    if batch_gears is None and batch and (not isinstance(seqs, int) or seqs <= batch[-1]):
+        batch_gears = batch
+    return seqs, prompt_gears, batch_gears, length
 
 
 def _positive(name: str, value: object) -> int:
@@ -110,30 +183,63 @@ def _ascending(name: str, values: Sequence[int]) -> tuple[int, ...]:
 
 def gear_file(folder: ModelFolder, gears: EngineGears, cache_dir: str | Path | None = None,
               progress: bool = False) -> Path:
-    """The compiled gear file of ``folder`` at ``gears``: from the cache when its key
-    matches, else compiled there now (see the module doc)."""
+    """The compiled gear file of ``folder`` at ``gears``: the folder's own (in
+    :data:`BUILT_DIR`, a build's) or the cache's when its key matches, else compiled into
+    the cache now (see the module doc). Only the cache is ever written."""
+    root = Path(cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or
+                Path.home() / ".cache" / "gear_runtime" / "llm")
+    key = _key(folder, gears)
+    for place in (folder.path / BUILT_DIR / key, root / key):
+        if _complete(place):
+            return place / GEAR_FILE
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{key}.lock"):  # processes that load the folder at once
+        target = root / key  # (serve --workers) compile it once; the others wait
+        if not _complete(target):
+            _compile_into(folder, gears, target, progress)
+    return target / GEAR_FILE
+
+
+def _compile_into(folder: ModelFolder, gears: EngineGears, target: Path,
+                  progress: bool) -> None:
+    """Compile into a fresh folder beside ``target``, renamed to it once whole: a process
+    that dies mid-compile leaves no half-written ``target``."""
     import gear_runtime.compiler as compiler  # noqa: PLC0415 - the compiler is heavy
     from gear_runtime.spec import GearSpec
 
-    root = Path(cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or
-                Path.home() / ".cache" / "gear_runtime" / "llm")
-    target = root / _key(folder, gears)
-    done = target / "engine.gear.onnx"
-    if done.is_file() and (target / "done").is_file():
-        return done
-    target.mkdir(parents=True, exist_ok=True)
-    source = _gathered_source(folder, target)
-    shape, dims = spec_text(folder, gears)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        compiler.compile_model(str(source), GearSpec.from_atc(input_shape=shape,
-                                                              dynamic_dims=dims),
-                               str(done), progress=progress)
+        source = _gathered_source(folder, work)
+        shape, dims = spec_text(folder, gears)
+        try:
+            compiler.compile_model(str(source), GearSpec.from_atc(input_shape=shape,
+                                                                  dynamic_dims=dims),
+                                   str(work / GEAR_FILE), progress=progress)
+        finally:
+            for leftover in (source, source.with_name(source.name + ".data")):
+                leftover.unlink(missing_ok=True)
+        (work / "done").write_text(json.dumps({"prompt": gears.prompt, "batch": gears.batch,
+                                               "max_length": gears.max_length}))
+        shutil.rmtree(target, ignore_errors=True)  # an older, unfinished one
+        os.replace(work, target)
     finally:
-        for leftover in (source, source.with_name(source.name + ".data")):
-            leftover.unlink(missing_ok=True)
-    (target / "done").write_text(json.dumps({"prompt": gears.prompt, "batch": gears.batch,
-                                             "max_length": gears.max_length}))
-    return done
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created) for the time of the ``with``."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _complete(place: Path) -> bool:
+    """Whether ``place`` holds a finished gear file (its ``done`` is written last)."""
+    return (place / GEAR_FILE).is_file() and (place / "done").is_file()
 
 
 def spec_text(folder: ModelFolder, gears: EngineGears) -> tuple[str, str]:
@@ -160,6 +266,8 @@ def _key(folder: ModelFolder, gears: EngineGears) -> str:
     h.update(__version__.encode())
     h.update(repr((gears.prompt, gears.batch, gears.max_length)).encode())
     for path in sorted(folder.path.iterdir()):
+        if path.name == GEARS_CONFIG:
+            continue
         if path.suffix in (".json", ".onnx"):
             h.update(path.name.encode() + path.read_bytes())
         elif path.is_file():
@@ -220,5 +328,6 @@ def gather_logits(model: onnx.ModelProto, logits: str) -> None:
     del graph.value_info[:]  # stale shapes of the old head must not get in the way
 
 
-__all__ = ["CACHE_ENV", "DEFAULT_PROMPT_GEARS", "EngineGears", "LOGITS_INDEX",
-           "choose_gears", "gather_logits", "gear_file", "spec_text"]
+__all__ = ["BUILT_DIR", "CACHE_ENV", "DEFAULT_MAX_SEQUENCES", "DEFAULT_PROMPT_GEARS",
+           "EngineGears", "GEARS_CONFIG", "GEAR_FILE", "LOGITS_INDEX", "StoredGears",
+           "choose_gears", "gather_logits", "gear_file", "spec_text", "stored_gears"]

@@ -8,7 +8,8 @@ For every gear it measures, in the same run and on the same inputs:
   (``BenchSession.run_bound``: no staging, no matching, no output copy). ``execute - bare``
   is the runtime's own overhead per call;
 * ``naive``: the naive way to serve a gear: ``session.run(None, feeds)`` on the model's own
-  ORT session, each input fed separately from Python, outputs allocated by ORT;
+  ORT session, each input fed separately from Python, outputs allocated by ORT (with
+  resident state, ``state=``, the state inputs too: a cache copied in and out per run);
 * ``dynamic``: a separate plain ONNX Runtime session of the ORIGINAL dynamic-shape model on
   the same inputs (when it is given: ``reference=``). ``dynamic / execute`` is the gear
   executor's speed-up.
@@ -201,7 +202,8 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                 load_options: Mapping[str, Any] | None = None,
                 batchsize: int | None = None,
                 select: Callable[[Executor], None] | None = None,
-                max_bytes: int | None = None) -> BenchReport:
+                max_bytes: int | None = None, state: Mapping[str, str] | None = None,
+                in_place_state: bool = False) -> BenchReport:
     """Benchmark every selected gear of ``model`` (a GearModel or a gear file path; with
     ``backend`` acl / mindspore_lite, the backend's own .om / MindIR, ``load_options``
     carrying what it needs: ``device_id``, ``config``, ``input_shape``).
@@ -221,7 +223,11 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
     ``batchsize``: ais_bench's --batchsize, the items per run its throughput counts
     (:class:`~gear_runtime.tools.bench.report.AisBenchSummary`; default: per gear, the first
     dim of the first input); nothing that runs changes with it. ``max_bytes``: the
-    executor's memory budget (``create_executor(max_bytes=)``).
+    executor's memory budget (``create_executor(max_bytes=)``). ``state`` /
+    ``in_place_state``: the executor's resident state pairs (``create_executor(state=,
+    in_place_state=)``): ``execute`` and ``bare`` run with the state resident, as a service
+    runs a decode step (its value runs on from step to step, zeros first), while ``naive``
+    and ``dynamic`` are fed every input, the state's made like the others.
     ``progress``: a bar on stderr, only when stderr is a terminal (never in a log). Raises
     InputError for bad arguments and when the inputs do not select the gear they were made
     for.
@@ -254,7 +260,10 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         else:
             path = repr(model)
         rss = rss_bytes()
-        executor = owned.enter_context(model.create_executor(max_bytes=max_bytes))
+        executor = owned.enter_context(
+            model.create_executor(max_bytes=max_bytes) if state is None else
+            model.create_executor(max_bytes=max_bytes, state=dict(state),
+                                  in_place_state=in_place_state))
         make_inputs = inputs or (lambda m, g: default_inputs(m, g, seed, fill))
         if select is not None:
             selected = [_selected_gear(model, executor, gears, request, select)]
@@ -265,7 +274,7 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
         else:
             selected, make_inputs = _request_gear(model, executor, gears, request, pad, fill,
                                                   seed)
-            checked = [request]
+            checked = [{n: v.shape for n, v in make_inputs(model, selected[0]).items()}]
         handles = _backend_handles(model, executor)
 
         ref_session, ref_name = None, None
@@ -277,11 +286,13 @@ def bench_model(model: GearModel | str | os.PathLike[str], *,
                              iterations=iterations, warmup=warmup, threads=threads,
                              reference=ref_name, rss_after_load_bytes=rss,
                              staging_bytes=handles.staging_bytes,
-                             output_buffer_bytes=handles.output_buffer_bytes, copy=copy)
+                             output_buffer_bytes=handles.output_buffer_bytes, copy=copy,
+                             state=_state_facts(executor))
         settings = {"backend": model.backend, "providers": handles.providers,
                     "threads": threads, "warmup": warmup, "iterations": iterations,
                     "copy": copy, "seed": seed, "gears": selected, "reference": ref_name,
                     "pad": pad, "fill": fill if inputs is None else "inputs=",
+                    "state": executor.state_names or None, "in_place_state": in_place_state,
                     "request": None if request is None else {n: [int(d) for d in s]
                                                              for n, s in request.items()}}
         report.context = {"started": started, "machine": machine, "settings": settings,
@@ -322,18 +333,30 @@ def _request_gear(model: GearModel, executor: Executor, gears: str | Sequence[in
         raise InputError(f"gears {gears!r} and request shapes exclude each other: the request "
                          "selects its gear")
     dtypes = model.info.input_dtype_map
-    missing = [n for n in model.input_names if n not in request]
-    if missing or len(request) != len(dtypes):
+    names = executor.input_names  # a resident state is not part of a request
+    if sorted(request) != sorted(names):
+        besides = " besides its state" if executor.state_names else ""
         raise InputError(f"request shapes name {sorted(request)}; give every input of the "
-                         f"model: {', '.join(model.input_names)}")
+                         f"model{besides}: {', '.join(names)}")
     check_request_shapes(model, request, "request shapes")
-    feeds = synthetic_inputs(dtypes, request, fill, seed)
+    feeds = synthetic_inputs({n: dtypes[n] for n in names}, request, fill, seed)
     executor.execute(feeds, pad=pad)
-    if executor.last_gear is None:
+    gear = executor.last_gear
+    if gear is None:
         raise InputError(f"no gear runs the request {dict(request)} (a hybrid file ran it on "
                          "its dynamic-shape graph); bench times gears: give shapes a gear "
                          "covers, with --pad to pad them")
-    return [executor.last_gear], lambda m, g: feeds
+    resident = {n: model.spec.shapes(gear)[n] for n in executor.state_names}
+    feeds.update(synthetic_inputs({n: dtypes[n] for n in resident}, resident, fill, seed))
+    return [gear], lambda m, g: feeds
+
+
+def _state_facts(executor: Executor) -> list[dict[str, Any]]:
+    """Per resident state pair of ``executor``: its names, how it is kept and its bytes."""
+    modes = executor.state_modes
+    return [{"input": n, "output": out, "mode": modes[n],
+             "bytes": int(np.prod(executor.state[n].shape)) * executor.state[n].dtype.itemsize}
+            for n, out in executor.state_names.items()]
 
 
 def _path_or_none(path: str) -> str | None:
@@ -345,7 +368,10 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                 bar: Any, copy: bool = True, pad: bool = False,
                 batchsize: int | None = None) -> GearBench:
     """Time one gear: execute / bare / naive / dynamic interleaved per iteration
-    (``batchsize``: ais_bench's, None for the first dim of the first input fed)."""
+    (``batchsize``: ais_bench's, None for the first dim of the first input fed). ``feeds``
+    holds every input of the model: ``execute`` takes those the executor does not keep
+    resident, the others are fed every input."""
+    full, feeds = feeds, {n: feeds[n] for n in executor.input_names}
     executor.execute(feeds, copy=copy, pad=pad)
     if executor.last_gear != g:  # the inputs must select this gear, or the row would lie
         raise InputError(f"the inputs given for gear {g} {model.gears[g]} selected gear "
@@ -353,7 +379,7 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                          f"{model.spec.shapes(g)}")
     if ref_session is not None:
         try:
-            ref_session.run(None, feeds)
+            ref_session.run(None, full)
         except Exception as exc:  # ORT's own types (InvalidArgument, Fail...): one clear line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputError(f"the reference model does not match the gear file: it fails on "
@@ -365,9 +391,9 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
         runners.append(("bare", lambda: bare_run(g)))
     if handles.naive_run is not None:
         naive_run = handles.naive_run
-        runners.append(("naive", lambda: naive_run(feeds)))
+        runners.append(("naive", lambda: naive_run(full)))
     if ref_session is not None:
-        runners.append(("dynamic", lambda: ref_session.run(None, feeds)))
+        runners.append(("dynamic", lambda: ref_session.run(None, full)))
 
     clock = time.perf_counter_ns
     samples: dict[str, list[int]] = {name: [] for name, _ in runners}
@@ -394,7 +420,8 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
         overhead = float(np.median(diffs)) / 1e3
     shapes = model.spec.shapes(g)
     input_bytes = sum(int(v.nbytes) for v in feeds.values()) + 4 * model.spec.values_per_gear
-    output_bytes = sum(model.output_size(g, k) for k in range(len(model.output_names)))
+    output_bytes = sum(model.output_size(g, k) for k, n in enumerate(model.output_names)
+                       if n in executor.output_names)  # a resident state's are not returned
     items = model.gears[g][0] if model.mode == "batch" else None
     return GearBench(gear=g, dims=tuple(model.gears[g]), shapes=shapes, items=items,
                      execute=Stats.of_ns(samples["execute"]), bare=stats("bare"),
@@ -402,7 +429,7 @@ def _bench_gear(model: GearModel, executor: Executor, handles: _Handles, ref_ses
                      input_bytes=input_bytes, output_bytes=output_bytes,
                      samples_ns={n: samples[n] for n in RUNNERS if n in samples},
                      batchsize=batchsize or first_dim({n: v.shape for n, v in feeds.items()},
-                                                      model.input_names))
+                                                      executor.input_names))
 
 
 __all__ = ["InputsFn", "bench_model", "default_inputs", "parse_gears"]

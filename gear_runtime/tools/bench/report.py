@@ -187,6 +187,9 @@ class BenchReport:
     copy: bool = True
     #: machine, settings, versions and model of the run (see :func:`run_context`).
     context: dict[str, Any] = field(default_factory=dict)
+    #: the executor's resident state pairs: per pair ``input``, ``output``, ``mode`` and
+    #: ``bytes`` (empty without ``state=``)
+    state: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``schema``, ``context`` (the setup lives there only), ``memory``
@@ -196,7 +199,8 @@ class BenchReport:
             "context": self.context,
             "memory": {"rss_after_load_bytes": self.rss_after_load_bytes,
                        "executor_staging_bytes": self.staging_bytes,
-                       "executor_output_bytes": self.output_buffer_bytes},
+                       "executor_output_bytes": self.output_buffer_bytes,
+                       "executor_state_bytes": sum(p["bytes"] for p in self.state)},
             "gears": [g.to_dict() for g in self.gears],
         }
 

@@ -22,11 +22,14 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The facts of the gear file at ``path`` (after its integrity check: the gear file and
     every data file hashed and compared with the digests compile recorded): mode, input
     order (user_designate_shape_order), per gear the input and output shapes, hybrid / sink,
-    weights, files. GearFileError for a bad file, naming the part that changed."""
+    weights, files. A plain static model (no gears: it runs as its one gear) has no format
+    and kind ``"static"``. GearFileError for a bad file, naming the part that changed."""
     gf = read_gear_file(path)
     gf.verify_data()
+    static = gf.spec.mode == "static"
     return jsonout.document("inspect", JSON_VERSION, {
-        "path": gf.path, "format": FORMAT_VERSION, "kind": gf.kind,
+        "path": gf.path, "format": None if static else FORMAT_VERSION,
+        "kind": "static" if static else gf.kind,
         **_model_facts(gf.info, sink=gf.kind == KIND_SINK),
         "weights": {"tensors": len(gf.weights), "bytes": int(gf.weight_bytes),
                     "in_data_file": len(gf.external)},
@@ -83,7 +86,9 @@ def describe(path: str | os.PathLike[str]) -> str:
 
 
 def text(doc: dict[str, Any]) -> str:
-    """The human form of an inspect document."""
+    """The human form of an inspect document (a static model's: :func:`_static_text`)."""
+    if doc["mode"] == "static":
+        return _static_text(doc)
     own = doc.get("backend") is not None  # a device backend's own file, not a gear file
     lines = [
         f"{'model file' if own else 'gear file '}  {doc['path']}",
@@ -128,6 +133,36 @@ def text(doc: dict[str, Any]) -> str:
                      f"{data}")
     else:  # a plain static model records no digest
         lines.append("integrity   none recorded (a plain static model, not a gear file)")
+    lines.append("files:")
+    lines += _table(["path", "size"], [[f["path"], _bytes(f["bytes"])] for f in doc["files"]])
+    return "\n".join(lines)
+
+
+def _static_text(doc: dict[str, Any]) -> str:
+    """A static model (no gears, every shape fixed) said plainly: its inputs and outputs with
+    their shapes, and that it runs as one gear; none of a gear file's facts (format, mode,
+    gears, digest), which it does not have."""
+    own = doc.get("backend")
+    (gear,) = doc["gears"]  # a static model is its one gear
+    lines = [f"static model  {doc['path']}" + (f" ({own} backend's file)" if own else ""),
+             "              no gears: every shape is fixed; it runs as one gear (gear 0) at "
+             "exactly these shapes"]
+    precision = doc.get("precision_mode")
+    if precision:
+        lines.append(f"precision     {precision} (GE's precision_mode)")
+    lines.append("inputs:")
+    lines += _table(["#", "name", "dtype", "shape"],
+                    [[str(i), x["name"], x["dtype"], _shape(gear["inputs"][x["name"]])]
+                     for i, x in enumerate(doc["inputs"])])
+    lines.append("outputs:")
+    lines += _table(["#", "name", "dtype", "shape"],
+                    [[str(k), x["name"], x["dtype"], _shape(gear["outputs"][x["name"]])]
+                     for k, x in enumerate(doc["outputs"])])
+    lines.append(f"output bytes  {_bytes(gear['output_bytes'])}")
+    w = doc["weights"]
+    if w is not None:
+        where = f", {w['in_data_file']} in data files" if w["in_data_file"] else " inside"
+        lines.append(f"weights       {w['tensors']} tensors, {_bytes(w['bytes'])}{where}")
     lines.append("files:")
     lines += _table(["path", "size"], [[f["path"], _bytes(f["bytes"])] for f in doc["files"]])
     return "\n".join(lines)

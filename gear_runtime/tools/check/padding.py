@@ -23,7 +23,15 @@ The JSON of a report (``check-padding --json``, :meth:`PaddingReport.to_json`), 
      "outputs": [{"name": "logits", "safe": true, "verdict": "safe",
                   "max_abs_diff": 0.0, "max_rel_diff": 0.0, "failed_samples": [],
                   "shape_mismatch": null | {"sample": [...], "padded": [...],
-                                            "exact": [...]}}, ...]}
+                                            "exact": [...]},
+                  "zero_reference_diffs": 0, "valid_axis_hint": null | 4}, ...]}
+
+A relative difference is taken where the exact value is a finite non-zero number: relative to
+an exact 0 it is no number (dividing by a tiny guard instead gave ~1e308, which says
+nothing), so the values that differ where the exact output is 0 are counted apart
+(``zero_reference_diffs``). An output that differs only past the request's length along one
+axis (a prefill's KV cache padded to a fixed length, its pad slots holding the pad tokens'
+K / V) gets that axis as ``valid_axis_hint``: what ``--valid NAME:AXIS`` would compare.
 """
 
 from __future__ import annotations
@@ -65,10 +73,28 @@ class OutputCheck:
     ignored: bool = False
     #: compared only over the first request-length entries along this axis (``valid``)
     valid_axis: int | None = None
+    #: values that differ (beyond ``atol``) where the exact output is 0, over all samples
+    zero_reference: int = 0
+    #: the axes along which every failed sample agrees over its first request-length
+    #: entries (None: no failed sample yet); see :attr:`valid_hint`
+    hint_axes: list[int] | None = None
+    #: each axis's length, to pick the hint among several (see :attr:`valid_hint`)
+    shape: tuple[int, ...] = ()
 
     @property
     def safe(self) -> bool:
         return self.ignored or (not self.failed and self.shape_mismatch is None)
+
+    @property
+    def valid_hint(self) -> int | None:
+        """The axis ``valid`` would compare this failed output along: every failed sample
+        agrees over its first request-length entries there (a cache padded to a fixed length
+        differs only in its pad slots); None when there is none, or nothing to hint."""
+        if self.safe or self.shape_mismatch is not None or not self.hint_axes:
+            return None
+        # several axes can qualify (a slice of one head may agree too): the longest is the
+        # one a fixed-length cache is padded along
+        return max(self.hint_axes, key=lambda a: (self.shape[a], -a))
 
     @property
     def verdict(self) -> str:
@@ -78,8 +104,21 @@ class OutputCheck:
             sample, got, want = self.shape_mismatch
             return f"UNSAFE: shape {got} padded vs {want} exact (request {sample})"
         if self.failed:
-            return f"UNSAFE: differs in {len(self.failed)} sample(s), first {self.failed[0]}"
+            zero = (f"; {self.zero_reference:,} value(s) differ where the exact output is 0"
+                    if self.zero_reference else "")
+            hint = self.valid_hint
+            where = "" if hint is None else f"; only past the request's length along axis {hint}"
+            return (f"UNSAFE: differs in {len(self.failed)} sample(s), first {self.failed[0]}"
+                    f"{zero}{where}")
         return "safe" if self.valid_axis is None else f"safe (axis {self.valid_axis}: valid part)"
+
+    @property
+    def rel_text(self) -> str:
+        """The largest relative difference as the table shows it: ``-`` where the only values
+        that differ are where the exact output is 0 (no relative difference exists)."""
+        if self.max_rel == 0 and self.zero_reference:
+            return "-"
+        return f"{self.max_rel:.3g}"
 
     def to_json(self) -> dict[str, Any]:
         mismatch = None
@@ -89,7 +128,9 @@ class OutputCheck:
         return {"name": self.name, "safe": self.safe, "verdict": self.verdict,
                 "max_abs_diff": _finite(self.max_abs), "max_rel_diff": _finite(self.max_rel),
                 "failed_samples": [list(s) for s in self.failed], "shape_mismatch": mismatch,
-                "ignored": self.ignored, "valid_axis": self.valid_axis}
+                "ignored": self.ignored, "valid_axis": self.valid_axis,
+                "zero_reference_diffs": self.zero_reference,
+                "valid_axis_hint": self.valid_hint}
 
 
 @dataclass
@@ -111,10 +152,12 @@ class PaddingReport:
         """A plain-text table: one row per output, then the verdict."""
         rows = [f"{'output':<20} {'max abs diff':>13} {'max rel diff':>13}  verdict"]
         for o in self.outputs:
-            rows.append(f"{o.name:<20} {o.max_abs:>13.3g} {o.max_rel:>13.3g}  {o.verdict}")
+            rows.append(f"{o.name:<20} {o.max_abs:>13.3g} {o.rel_text:>13}  {o.verdict}")
         pads = ", ".join(f"{n}={v}" for n, v in self.pad_values.items())
         rows.append(f"{len(self.samples)} request sizes, pad values {pads}; rtol {self.rtol:g},"
                     f" atol {self.atol:g}: padding is {'SAFE' if self.safe else 'UNSAFE'}")
+        rows += [_hint_line(o.name, o.valid_hint) for o in self.outputs
+                 if o.valid_hint is not None]
         return "\n".join(rows)
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +166,13 @@ class PaddingReport:
                 "pad_values": dict(self.pad_values),
                 "samples": [list(s) for s in self.samples],
                 "outputs": [o.to_json() for o in self.outputs]}
+
+
+def _hint_line(name: str, axis: int) -> str:
+    """What to do about an output that differs only past the request's length along ``axis``."""
+    return (f"{name} differs only past the request's length along axis {axis}: a cache padded "
+            "to a fixed length? If the model that reads it masks those slots, compare the "
+            f"valid part: --valid {name}:{axis} (check_padding(valid={{{name!r}: {axis}}}))")
 
 
 def _finite(v: float) -> float | None:
@@ -277,9 +327,27 @@ def _check_request(ex: Any, session: Any, model: Any, checks: list[OutputCheck],
             continue
         g, w = np.asarray(g), np.asarray(w)
         if check.valid_axis is not None and g.shape == w.shape:
-            keep = (slice(None),) * check.valid_axis + (slice(0, max(request)),)
-            g, w = g[keep], w[keep]
+            g, w = g[_prefix(check.valid_axis, request)], w[_prefix(check.valid_axis, request)]
+        failed = len(check.failed)
         _compare(check, request, g, w, rtol, atol)
+        if len(check.failed) > failed and check.valid_axis is None and g.shape == w.shape:
+            _narrow_hint(check, request, g, w, rtol, atol)
+
+
+def _prefix(axis: int, request: tuple[int, ...]) -> tuple[slice, ...]:
+    """The index of the first request-length entries along ``axis`` (``valid``'s part)."""
+    return (slice(None),) * axis + (slice(0, max(request)),)
+
+
+def _narrow_hint(check: OutputCheck, request: tuple[int, ...], got: np.ndarray,
+                 want: np.ndarray, rtol: float, atol: float) -> None:
+    """Keep, of ``check``'s candidate axes (every axis at the first failed sample), those
+    longer than the request along which this failed sample agrees over its first
+    request-length entries: the axes ``valid`` would make it pass along."""
+    axes = range(got.ndim) if check.hint_axes is None else check.hint_axes
+    check.shape = tuple(got.shape)
+    check.hint_axes = [a for a in axes if got.shape[a] > max(request) and _fold(
+        got[_prefix(a, request)], want[_prefix(a, request)], rtol, atol)[0]]
 
 
 def _source_session(ort: Any, source: Any, model: Any) -> Any:
@@ -387,32 +455,47 @@ def _compare(check: OutputCheck, request: tuple[int, ...], got: np.ndarray, want
         return
     if got.size == 0:
         return
-    exact = got.dtype.kind in "biu" and want.dtype.kind in "biu"
-    g_flat, w_flat = got.reshape(-1), want.reshape(-1)  # views where contiguous
-    agree = True
-    for start in range(0, g_flat.size, CHUNK_ELEMENTS):
-        g = g_flat[start:start + CHUNK_ELEMENTS]
-        w = w_flat[start:start + CHUNK_ELEMENTS]
-        diff, rel = _differences(g, w)
-        check.max_abs = max(check.max_abs, diff)
-        check.max_rel = max(check.max_rel, rel)
-        if exact:
-            agree &= bool(np.array_equal(g, w))
-        else:
-            agree &= bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    agree, diff, rel, zero = _fold(got, want, rtol, atol)
+    check.max_abs = max(check.max_abs, diff)
+    check.max_rel = max(check.max_rel, rel)
+    check.zero_reference += zero
     if not agree:
         check.failed.append(request)
 
 
-def _differences(g: np.ndarray, w: np.ndarray) -> tuple[float, float]:
-    """The largest absolute and relative difference of one chunk (NaN against NaN is no
-    difference; NaN against a number an infinite one)."""
+def _fold(got: np.ndarray, want: np.ndarray, rtol: float,
+          atol: float) -> tuple[bool, float, float, int]:
+    """Compare two arrays of one shape chunk by chunk in their dtypes: whether they agree
+    (integers and booleans equal, floats ``allclose``), the largest absolute and relative
+    difference and the values that differ where ``want`` is 0 (:func:`_differences`)."""
+    exact = got.dtype.kind in "biu" and want.dtype.kind in "biu"
+    g_flat, w_flat = got.reshape(-1), want.reshape(-1)  # views where contiguous
+    agree, max_abs, max_rel, zero = True, 0.0, 0.0, 0
+    for start in range(0, g_flat.size, CHUNK_ELEMENTS):
+        g = g_flat[start:start + CHUNK_ELEMENTS]
+        w = w_flat[start:start + CHUNK_ELEMENTS]
+        diff, rel, zeros = _differences(g, w, 0.0 if exact else atol)
+        max_abs, max_rel, zero = max(max_abs, diff), max(max_rel, rel), zero + zeros
+        if exact:
+            agree &= bool(np.array_equal(g, w))
+        else:
+            agree &= bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    return agree, max_abs, max_rel, zero
+
+
+def _differences(g: np.ndarray, w: np.ndarray, atol: float = 0.0) -> tuple[float, float, int]:
+    """Of one chunk: the largest absolute difference (NaN against NaN is none, NaN against a
+    number an infinite one); the largest relative one where the exact value ``w`` is a
+    finite non-zero number; and how many values differ by more than ``atol`` where ``w`` is
+    0, which have no relative difference (allclose's test there is ``|g| <= atol``)."""
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     with np.errstate(invalid="ignore"):  # inf - inf: handled below
         diff = np.abs(g64 - w64)
     diff[(g64 == w64) | (np.isnan(g64) & np.isnan(w64))] = 0.0  # inf == inf, NaN vs NaN
     diff[np.isnan(diff)] = np.inf
-    with np.errstate(over="ignore"):  # a difference from an exact 0: inf, as meant
-        rel = diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny)
-    rel[diff == 0] = 0.0
-    return float(diff.max()), float(rel.max())
+    ref = np.abs(w64)
+    measured = np.isfinite(ref) & (ref > 0)
+    with np.errstate(over="ignore"):  # past float64 next to a subnormal: inf, as it is
+        rel = np.divide(diff, ref, out=np.zeros_like(diff), where=measured)
+    zero = int(np.count_nonzero((w64 == 0) & (diff > atol)))
+    return float(diff.max()), float(rel.max()), zero
