@@ -141,6 +141,24 @@ def test_set_state_from_a_device_buffer_is_one_device_copy(fake, tmp_path):
                                       (24,), np.float32))
 
 
+def test_set_state_refuses_a_device_buffer_of_another_shape(fake, tmp_path):
+    """A device buffer of another shape (another model's state, of one dtype) is refused
+    naming both shapes, before any copy: never a short copy leaving stale rows, nor a long
+    one past the buffer."""
+    dec, _ = pair(tmp_path, PREFILL_FIXED)
+    small = gr.load(fake_acl.write_om(tmp_path / "small.om", [("x", [1, 3, 4], "float32"),
+                                                              ("ids", [1, 2], "int64")],
+                                      "static", [()]), backend="acl")
+    a, b = dec.create_executor(state={"x": "y"}), small.create_executor(state={"x": "y"})
+    a.set_state("x", np.full((2, 3, 4), 5, np.float32))
+    for target, value, want in ((a, b.state["x"], r"float32 \[2, 3, 4\]"),
+                                (b, a.state["x"], r"float32 \[1, 3, 4\]")):
+        with pytest.raises(InputError, match=rf"set_state\('x'\): got .*, the state is {want}"):
+            target.set_state("x", value)
+    assert not [c for c in fake.state.memcpys if c.kind == D2D]  # nothing was copied
+    np.testing.assert_array_equal(a.state["x"].numpy(), np.full((2, 3, 4), 5, np.float32))
+
+
 def test_a_device_buffer_made_by_hand_is_refused_before_any_run(fake, tmp_path):
     """A DeviceBuffer is only what an executor handed out: one made by hand (another address
     in the state's block, or the right address at another shape) would have the run write

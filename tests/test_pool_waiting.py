@@ -26,14 +26,16 @@ def test_cancelled_waiters_leave_the_queue() -> None:
     async def main() -> None:
         busy = asyncio.ensure_future(pool.call(lambda ex: release.wait(30)))
         await asyncio.sleep(0.05)  # the one executor is taken
-        waiters = [asyncio.ensure_future(pool.call(lambda ex: 1)) for _ in range(200)]
-        await asyncio.sleep(0.05)
-        assert pool.waiting == 200
-        for w in waiters:
-            w.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        assert pool.waiting == 0  # before the fix: 200, for good
-        release.set()
+        try:
+            waiters = [asyncio.ensure_future(pool.call(lambda ex: 1)) for _ in range(200)]
+            await asyncio.sleep(0.05)
+            assert pool.waiting == 200
+            for w in waiters:
+                w.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            assert pool.waiting == 0  # before the fix: 200, for good
+        finally:
+            release.set()
         assert await busy is True
         assert await pool.call(lambda ex: 7) == 7 and pool.waiting == 0
 
@@ -143,6 +145,45 @@ def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -
     asyncio.run(two.call(lambda ex: None, 0))
     assert two.run_here(where, 0) is NOT_HERE  # a run here would keep the loop off the other
     two.close()
+
+
+def test_the_executor_is_not_lent_while_a_task_waits_for_it() -> None:
+    """A task submitted and waiting for the pool's worker (none running yet) goes first: the
+    executor is not lent to the caller's thread meanwhile, so nothing overtakes it."""
+    pool = ExecutorPool(_Counted(), 1, "m")
+    pool.RUN_HERE_BELOW_S = 60.0
+    asyncio.run(pool.call(lambda ex: None, 0))  # gear 0 timed: lent when nothing waits
+    assert pool.run_here(lambda ex: "here", 0) == "here"
+    hold = threading.Event()
+    pool._threads.submit(hold.wait, 30)  # the one worker thread busy: not a task of ours
+    try:
+        queued = pool.submit(lambda ex: "queued", 0)
+        assert pool.waiting == 1
+        assert pool.run_here(lambda ex: "overtook", 0) is NOT_HERE
+    finally:
+        hold.set()
+    assert queued.result(30) == "queued" and pool.waiting == 0
+    assert pool.run_here(lambda ex: "here", 0) == "here"
+    pool.close()
+
+
+def test_a_worker_waits_for_the_lent_executor_to_come_back() -> None:
+    """While the one executor is lent to the caller's thread, a task that reaches the worker
+    waits for it to come back: the executor never runs on two threads at once."""
+    pool = ExecutorPool(_Counted(), 1, "m")
+    pool.RUN_HERE_BELOW_S = 60.0
+    asyncio.run(pool.call(lambda ex: None, 0))
+    ran = threading.Event()
+    seen: list[bool] = []
+
+    def lent(ex: int) -> None:
+        pool.submit(lambda ex: ran.set(), 0)
+        seen.append(ran.wait(0.5))  # the worker must not run it while this run holds it
+
+    pool.run_here(lent, 0)
+    assert seen == [False]
+    assert ran.wait(30)  # it runs once the executor is back
+    pool.close()
 
 
 def test_a_pool_never_lent_is_judged_by_its_quickest_recent_worker_run() -> None:

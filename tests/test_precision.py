@@ -206,6 +206,22 @@ def test_mindspore_lite_gets_the_config_and_the_ge_provider(tmp_path: Path, monk
         ("", {"ascend_context": {"precision_mode": "force_fp16"}}, "")]
 
 
+def test_a_static_mindir_keeps_its_configs_precision_mode(tmp_path: Path, monkeypatch) -> None:
+    """A static MindIR (no gears) with the seed decode's kind of config, a precision mode and
+    no gear option: its spec, made from the model's own shapes, carries that mode (what
+    inspect and serve's /config report); without a config it has none."""
+    from doubles import fake_mslite
+    double = fake_mslite.FakeMslite()
+    monkeypatch.setitem(sys.modules, "mindspore_lite", double.module)
+    mindir = fake_mslite.write_mindir(tmp_path / "s.mindir", [("x", [1, 4], "int32")],
+                                      [[[1, 4]]])
+    ini = tmp_path / "decode.ini"
+    ini.write_text("[ge_graph_options]\nge.exec.precision_mode=force_fp32\n")
+    model = gr.load(mindir, backend="mindspore_lite", config=str(ini))
+    assert model.gears == [()] and model.spec.precision_mode == "force_fp32"
+    assert gr.load(mindir, backend="mindspore_lite").spec.precision_mode is None
+
+
 def test_a_hybrid_or_sink_file_is_refused_on_the_npu(tmp_path: Path, ov) -> None:
     model = heavy_model(width=64, layers=1)
     spec = gr.GearSpec.from_atc("x:-1,64", dynamic_dims="1;2")  # hybrid needs dims mode

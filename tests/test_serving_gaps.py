@@ -221,6 +221,71 @@ def test_worker_statistics_merge_by_model_and_batch_size() -> None:
     assert docs[0]["model_stats"][0]["inference_count"] == 5  # the inputs are not changed
 
 
+def _doc(model: str, last: int, rows: int, runs: int, ns: int,
+         batches: dict[int, int]) -> dict:
+    """One worker's statistics document: every duration ``{count: rows, ns: ns}``, each
+    batch size's durations ``{count: n, ns: ns}``."""
+    kinds = ("compute_input", "compute_infer", "compute_output")
+    return {"model_stats": [{
+        "name": model, "version": "1", "last_inference": last, "inference_count": rows,
+        "execution_count": runs,
+        "inference_stats": {k: {"count": rows, "ns": ns} for k in ("success", "queue", *kinds)},
+        "batch_stats": [{"batch_size": b, **{k: {"count": n, "ns": ns} for k in kinds}}
+                        for b, n in batches.items()]}]}
+
+
+def test_worker_statistics_merge_every_field() -> None:
+    """serve --workers: the statistics of every worker merged field by field, as one
+    server's: counts and durations (count and ns) summed, per batch size too,
+    last_inference the latest of any worker, models in the order first seen."""
+    from gear_runtime.serving.stats import merge_statistics
+
+    docs = [_doc("conv", 200, 3, 2, 10, {1: 1, 2: 1}), _doc("conv", 500, 4, 1, 20, {4: 1}),
+            _doc("other", 50, 1, 1, 7, {1: 1}), _doc("conv", 300, 5, 5, 40, {1: 5})]
+    kinds = ("compute_input", "compute_infer", "compute_output")
+    conv, other = merge_statistics(docs)["model_stats"]
+    assert conv["last_inference"] == 500 and other["last_inference"] == 50
+    assert (conv["inference_count"], conv["execution_count"]) == (12, 8)
+    assert conv["inference_stats"] == {k: {"count": 12, "ns": 70}
+                                       for k in ("success", "queue", *kinds)}
+    assert conv["batch_stats"] == [
+        {"batch_size": 1, **{k: {"count": 6, "ns": 50} for k in kinds}},
+        {"batch_size": 2, **{k: {"count": 1, "ns": 10} for k in kinds}},
+        {"batch_size": 4, **{k: {"count": 1, "ns": 20} for k in kinds}}]
+    assert other == docs[2]["model_stats"][0] and other is not docs[2]["model_stats"][0]
+    assert docs[0]["model_stats"][0]["inference_count"] == 3  # the inputs are not changed
+
+
+def test_a_workers_scrape_merges_its_own_series_with_the_others(tmp_path) -> None:
+    """serve --workers: a scrape on any worker reports each worker's series once, its own
+    included, every sample labelled with its worker (so ``sum without(worker)`` is the
+    server's count), whether it asks the others afresh (scrape) or reads their snapshot
+    files (exposition); its own snapshot file is never added to its own series."""
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gear_runtime.serving.metrics import Metrics
+
+    zero, one = Metrics("0", str(tmp_path)), Metrics("1", str(tmp_path))
+    for metrics, count in ((zero, 2), (one, 3)):
+        for _ in range(count):
+            metrics.request("conv", "1", 0.001)
+    one.exposition()  # worker 1's snapshot file (it has no socket: the scrape reads that)
+
+    def totals(body: bytes) -> list[tuple[str | None, float]]:
+        families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        return sorted((s.labels.get("worker"), s.value) for s in families["gear_requests"].samples
+                      if s.name == "gear_requests_total")
+
+    for _ in range(2):  # the second time worker 0's own snapshot is in the folder too
+        assert totals(zero.exposition()[0]) == [("0", 2.0), ("1", 3.0)]
+        assert totals(asyncio.run(zero.scrape())[0]) == [("0", 2.0), ("1", 3.0)]
+    assert totals((tmp_path / "worker-0.prom").read_bytes()) == [("0", 2.0)]
+    own, _ = asyncio.run(zero.scrape({"x-gear-scrape": "own"}))  # what a peer asks for
+    assert totals(own) == [("0", 2.0)]
+
+
 def test_workers_refuse_ray(files, capsys) -> None:
     code, _, err = run_cli(capsys, "serve", str(files["conv"]), "--workers", "2", "--ray")
     assert code == 2 and "--ray has its replicas" in err

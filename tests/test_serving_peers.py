@@ -177,3 +177,143 @@ def test_a_good_reply_with_the_outputs_asked_is_taken(tmp_path) -> None:
 def test_an_owners_error_of_any_json_form_keeps_its_status() -> None:
     exc = _peer_error(400, b"[1, 2]")
     assert http_status(exc) == 400 and "[1, 2]" in exc.message
+
+
+# ---- the pooled connections to an owner ---------------------------------------------------------
+async def _owner_server(tmp_path, close_after_reply: bool) -> tuple[object, list]:
+    """A fake owner on worker 1's socket answering every request with the outputs
+    ["logits"], kept alive (or closed after one reply: a restart); the list gets one entry
+    per connection."""
+    import asyncio
+
+    from gear_runtime.serving.peers import socket_path
+
+    good, length = _good_body(["logits"])
+    reply = _reply(good, extra=f"inference-header-content-length: {length}\r\n")
+    connections: list = []
+
+    async def owner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                size = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(size)
+                writer.write(reply)
+                await writer.drain()
+                if close_after_reply:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_unix_server(owner, socket_path(str(tmp_path), 1))
+    return server, connections
+
+
+def _forward_twice(tmp_path, close_after_reply: bool, pause: float = 0.2) -> int:
+    """Two requests forwarded to the fake owner, ``pause`` apart; how many connections it
+    saw (both requests must be answered)."""
+    import asyncio
+
+    from gear_runtime.serving.peers import Peers
+
+    async def main() -> int:
+        server, connections = await _owner_server(tmp_path, close_after_reply)
+        peers = Peers(str(tmp_path), 0, 2)
+        request = InferRequest(inputs={"ids": np.ones((1, 1), np.int64)},
+                               datatypes={"ids": "INT64"}, parameters={"sequence_id": 7})
+        try:
+            for _ in range(2):
+                (out,) = await peers.forward(1, "decode", request, ["logits"])
+                assert out.shape == (1, 3)
+                await asyncio.sleep(pause)  # a close reaches this side meanwhile
+            return len(connections)
+        finally:
+            peers.close()
+            server.close()
+
+    return asyncio.run(main())
+
+
+def test_a_kept_alive_connection_to_the_owner_is_reused(tmp_path) -> None:
+    assert _forward_twice(tmp_path, close_after_reply=False) == 1
+
+
+def test_a_connection_the_owner_closed_is_never_reused(tmp_path) -> None:
+    """The owner closed the pooled connection after its answer (it restarted): the next
+    request goes on a new connection and is answered, never a 503 from the dead one."""
+    assert _forward_twice(tmp_path, close_after_reply=True) == 2
+
+
+def test_a_connection_idle_too_long_is_never_reused(tmp_path, monkeypatch) -> None:
+    """A pooled connection idle past IDLE_CONNECTION_S is closed, not reused: the owner's
+    keep-alive timeout may be closing it at that very moment."""
+    from gear_runtime.serving import peers
+
+    monkeypatch.setattr(peers, "IDLE_CONNECTION_S", 0.1)
+    assert _forward_twice(tmp_path, close_after_reply=False, pause=0.3) == 2
+
+
+# ---- a non-owner worker checks what it can before forwarding ------------------------------------
+def test_an_unknown_output_is_refused_before_the_owner_is_asked(tmp_path) -> None:
+    """serve --workers: a request of a sequence another worker owns, asking an output the
+    model does not have, is the client's 400 on the worker it reached (naming the output),
+    never forwarded (where its answer could not be made: a 500). A request that is fine is
+    forwarded."""
+    import json
+    import socket
+    import sys
+    import threading
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serving_support import live, request
+
+    from gear_runtime.examples import causal_lm
+    from gear_runtime.serving import ServeOptions, build_server
+    from gear_runtime.serving.peers import socket_path
+
+    _, decode = causal_lm.write_pair(tmp_path / "lm", causal_lm.SMALL)
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    seq = next(i for i in range(1, 100) if owner_of(i, 2) == 1)
+    contacted: list[int] = []
+    owner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner.bind(socket_path(str(folder), 1))
+    owner.listen(4)
+
+    def accept() -> None:  # worker 1: counts who asks, answers nothing (a 503 there)
+        while True:
+            try:
+                conn, _ = owner.accept()
+            except OSError:
+                return
+            contacted.append(1)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def step(outputs: list[str]) -> tuple[int, bytes]:
+        body = {"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64",
+                            "data": [1]},
+                           {"name": "position", "shape": [1], "datatype": "INT64", "data": [0]}],
+                "outputs": [{"name": n} for n in outputs],
+                "parameters": {"sequence_id": seq, "sequence_start": True}}
+        status, _, answer = request(running.port, "POST", "/v2/models/decode/infer",
+                                    json.dumps(body).encode(),
+                                    {"Content-Type": "application/json"})
+        return status, answer
+
+    server = build_server([str(decode)], options=ServeOptions(
+        state=tuple(causal_lm.STATE.items()), executors=1, worker=0, workers=2,
+        worker_dir=str(folder)))
+    try:
+        with live(server) as running:
+            status, answer = step(["nope"])
+            assert status == 400 and b"no output 'nope'" in answer, (status, answer)
+            assert contacted == []
+            status, answer = step(["logits"])  # fine: forwarded to worker 1
+            assert status == 503 and contacted == [1], (status, answer)
+    finally:
+        owner.close()

@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import statistics
+import struct
 import threading
 import time
 from pathlib import Path
@@ -515,6 +516,53 @@ def test_a_client_that_hangs_up_is_counted_apart(files, caplog) -> None:
     assert not [k for k in m if k[0] == "gear_errors_total"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert any("hung up" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+def test_a_request_whose_client_left_is_not_run(files, batching) -> None:
+    """A request waiting for the executor whose client hangs up is dropped, never run: no
+    one reads its answer, and its rows would delay every request behind it. The requests
+    behind it are answered."""
+    import unittest.mock
+
+    server = build_server([str(files["conv"])],
+                          options=ServeOptions(executors=1, batching=batching))
+    cls = type(server.models["conv"].pool._executors[0])
+    execute = cls.execute
+    gate, entered, ran = threading.Event(), threading.Event(), []
+
+    def spy(ex, inputs, *args, **kw):
+        rows = inputs[0].shape[0]
+        ran.append(rows)
+        if rows == 2:  # the request that holds the one executor
+            entered.set()
+            assert gate.wait(30)
+        return execute(ex, inputs, *args, **kw)
+
+    def infer(rows: int) -> int:
+        return request(running.port, "POST", "/v2/models/conv/infer", _conv_body(rows),
+                       {"Content-Type": "application/json"})[0]
+
+    disconnects = ("gear_client_disconnects_total", (("model", "conv"),))
+    with unittest.mock.patch.object(cls, "execute", spy), live(server) as running:
+        holder = threading.Thread(target=infer, args=(2,))
+        holder.start()
+        try:
+            assert entered.wait(30)
+            with socket.create_connection((HOST, running.port), timeout=30) as s:
+                s.sendall(_raw_request("/v2/models/conv/infer", _conv_body(4)))
+                wait_for_queue(running.port, "conv", 1)
+                # gone at once (a reset: a plain close is a half-close, still answered)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            deadline = time.monotonic() + 20  # the hang-up reached the server
+            while metrics(running.port).get(disconnects, 0) < 1:
+                assert time.monotonic() < deadline, "the hang-up was never seen"
+                time.sleep(0.02)
+        finally:
+            gate.set()
+            holder.join(30)
+        assert infer(1) == 200
+    assert ran == [2, 1]  # the 4 rows of the client that left never ran
 
 
 # ---- what the server is told at start -----------------------------------------------------

@@ -284,6 +284,45 @@ def test_a_start_model_without_the_state_output_is_refused(pair, tmp_path) -> No
         build_server([str(decode)], options=ServeOptions(state=STATE, sequence_start=other))
 
 
+def _static_start(path: Path, outputs: dict[str, tuple[int, ...]]) -> str:
+    """A static start model taking ``input_ids`` [1, 4], answering zeros as ``outputs``
+    (name -> shape, float32)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Constant", [], [name],
+                              value=numpy_helper.from_array(np.zeros(shape, np.float32)))
+             for name, shape in outputs.items()]
+    graph = helper.make_graph(
+        nodes, "start", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), path)
+    return str(path)
+
+
+def test_a_start_model_that_does_not_fit_the_step_model_is_refused_at_load(
+        decode, tmp_path) -> None:
+    """A --sequence-start model whose state output has another shape than the step model's
+    state, or that answers other outputs than the step model, is refused when the server
+    loads, naming both: never found at the first start request."""
+    import asyncio
+
+    logits, cache = (1, 1, SIZES.vocab), tuple(SIZES.cache_shape)
+    short = _static_start(tmp_path / "short.onnx",
+                          {"logits": logits, "present_kv": (*cache[:-1], cache[-1] // 2)})
+    with pytest.raises(gr.InputError, match=r"output 'present_kv' is float32 .*, the state "
+                                            r"'past_kv' is float32"):
+        _server(decode, sequence_start=short)
+    other = _static_start(tmp_path / "other.onnx", {"scores": logits, "present_kv": cache})
+    with pytest.raises(gr.InputError, match=r"answers \['scores'\], the step model "
+                                            r"\['logits'\]"):
+        _server(decode, sequence_start=other)
+    fits = _static_start(tmp_path / "fits.onnx", {"logits": logits, "present_kv": cache})
+    server = _server(decode, sequence_start=fits)  # the same kind of model, fitting: served
+    asyncio.run(server.close())
+
+
 def test_onnxruntime_genais_graph_is_served_with_its_cache_in_place(tmp_path, capsys) -> None:
     """``serve --state ... --in-place-state`` on the one-file GQA model: the sequence_start
     request is the padded prompt (its gear), each step one token with the static mask; the

@@ -343,11 +343,14 @@ def test_the_bound_refuses_only_requests_that_would_wait() -> None:
         queued = asyncio.ensure_future(slots.call(SequenceControl(1, False, False),
                                                   _run("queued")))
         await asyncio.sleep(0)  # the task is admitted
-        with pytest.raises(QueueFullError, match="--max-queue 1"):
-            await slots.call(SequenceControl(1, False, False), _run("refused"))
-        assert await slots.call(SequenceControl(2, True, False), _run("other")) \
-            == ("zero", False)
-        gate.set()
+        try:
+            with pytest.raises(QueueFullError, match="--max-queue 1"):  # at once
+                await asyncio.wait_for(slots.call(SequenceControl(1, False, False),
+                                                  _run("refused")), 5)
+            assert await slots.call(SequenceControl(2, True, False), _run("other")) \
+                == ("zero", False)
+        finally:
+            gate.set()
         await asyncio.gather(held, queued)
 
     asyncio.run(main())
@@ -447,12 +450,15 @@ def test_idle_expiry_never_frees_a_sequence_whose_step_runs(cancelled) -> None:
 
     async def main() -> None:
         held, gate = await _running(slots, SequenceControl(1, True, False), "held")
-        if cancelled:  # the client went away: its task ends, its run goes on
-            held.cancel()
-            await asyncio.gather(held, return_exceptions=True)
-        with pytest.raises(SequencesFullError):
-            await slots.call(SequenceControl(2, True, False), _run("thief"))
-        gate.set()
+        try:
+            if cancelled:  # the client went away: its task ends, its run goes on
+                held.cancel()
+                await asyncio.gather(held, return_exceptions=True)
+            with pytest.raises(SequencesFullError):  # at once: never queued behind "held"
+                await asyncio.wait_for(slots.call(SequenceControl(2, True, False),
+                                                  _run("thief")), 5)
+        finally:
+            gate.set()
         await asyncio.gather(held, return_exceptions=True)
         await asyncio.sleep(0.05)  # the slot is idle now: a new start takes it
         assert await slots.call(SequenceControl(2, True, False), _run("next")) \
@@ -503,6 +509,29 @@ def test_past_the_drain_deadline_sequence_requests_are_refused() -> None:
         with pytest.raises(ClosedError, match="drain deadline"):
             await slots.call(SequenceControl(1, False, False), _run("new"))
         assert slots._slots[0].executor.log == ["reset", "held"]
+
+    asyncio.run(main())
+    slots.close()
+
+
+def test_past_the_drain_deadline_a_request_is_refused_at_once() -> None:
+    """Past the drain deadline every new sequence request is answered at once with the
+    drain's 503 (retry on another replica): never queued behind its sequence's running
+    step, never "sequences full" nor "not live" instead."""
+    slots = _slots(1)
+
+    async def main() -> None:
+        held, gate = await _running(slots, SequenceControl(1, True, False), "held")
+        slots.refusing = True
+        try:
+            for control in (SequenceControl(1, False, False), SequenceControl(2, True, False),
+                            SequenceControl(3, False, False)):
+                with pytest.raises(ClosedError, match="drain deadline"):
+                    await asyncio.wait_for(slots.call(control, _run("new")), 5)
+        finally:
+            gate.set()
+        assert await held == ("zero", False)  # running: finishes
+        assert slots._slots[0].executor.log == ["reset", "held"] and slots.waiting == 0
 
     asyncio.run(main())
     slots.close()

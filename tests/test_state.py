@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import gear_runtime as gr
-from gear_runtime.errors import GearRuntimeError, InputError
+from gear_runtime.errors import ClosedError, GearRuntimeError, InputError
 from gear_runtime.examples import causal_lm
 from gear_runtime.tools import generate
 from tests.models import conv_model
@@ -90,6 +90,26 @@ def test_state_pair_dtype_and_dynamic_input_are_refused(tmp_path) -> None:
                                 ir_version=8), path)
     with pytest.raises(InputError, match="float64.*float32|one dtype"):
         gr.load(str(path)).create_executor(state={"x": "y"})
+
+
+def test_one_output_feeding_two_state_inputs_is_refused_naming_both(tmp_path) -> None:
+    """Each output feeds ONE state input: feeding two, one of them would never advance (its
+    buffers are never written), so create_executor refuses it, naming both inputs."""
+    a, b = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("a", "b"))
+    y, z = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("y", "z"))
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"]),
+                               helper.make_node("Sub", ["a", "b"], ["z"])], "g", [a, b], [y, z])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), path)
+    model = gr.load(str(path))
+    with pytest.raises(InputError, match="output 'y' feeds two state inputs, 'a' and 'b'"):
+        model.create_executor(state={"a": "y", "b": "y"})
+    ex = model.create_executor(state={"a": "y", "b": "z"})  # one output each: both advance
+    ex.set_state("a", np.ones(4, np.float32))
+    ex.execute({})
+    np.testing.assert_array_equal(ex.state["a"], np.ones(4, np.float32))
+    np.testing.assert_array_equal(ex.state["b"], np.ones(4, np.float32))
 
 
 def test_state_on_a_backend_without_it_is_refused(pair) -> None:
@@ -211,6 +231,20 @@ def test_out_refuses_read_only_unknown_and_state_outputs(pair) -> None:
         dex.execute(step_feeds(1, 0), out={"present_kv": np.zeros(SIZES.cache_shape, np.float32)})
 
 
+def test_copy_true_outputs_of_a_stateful_executor_survive_the_next_step(pair) -> None:
+    """execute(copy=True), the default, returns arrays the caller keeps: the next step of a
+    stateful executor writes its own outputs, never the ones handed out before."""
+    ex = gr.load(str(pair[2])).create_executor(state=causal_lm.STATE)
+    ex.set_state("past_kv", np.random.default_rng(2).standard_normal(SIZES.cache_shape)
+                 .astype(np.float32))
+    (first,) = ex.execute(step_feeds(1, 0))
+    kept = first.copy()
+    (second,) = ex.execute(step_feeds(2, 1))
+    assert not np.array_equal(second, kept)  # the steps differ: an overwrite would show
+    np.testing.assert_array_equal(first, kept)
+    assert not np.shares_memory(first, second)
+
+
 # ---- the handoff, shared weights, the tokens ---------------------------------------------------
 def test_prefill_hands_its_cache_to_the_decode_state_with_no_copy(pair) -> None:
     gen = generate.Generator(pair[1], pair[2])
@@ -233,6 +267,11 @@ def test_shared_weights_are_held_once(pair) -> None:
     store = decode.backend_model.weight_store()
     ours = prefill.backend_model.shared_weights.values
     assert all(any(v is s for s in store.by_key.values()) for v in ours.values())
+    # neither session prepacks the shared weights: a prepacked copy is private to its
+    # session (+517 MiB on a 606 MiB decode), which would undo the sharing
+    for model in (decode, prefill):
+        options = model.backend_model.session.get_session_options()
+        assert options.get_session_config_entry("session.disable_prepacking") == "1"
 
 
 def test_share_weights_with_is_checked(pair) -> None:
@@ -246,6 +285,9 @@ def test_share_weights_with_is_checked(pair) -> None:
     null_decode = gr.load(str(pair[2]), backend="null")
     with pytest.raises(InputError, match="this one is on 'null', the other on 'null'"):
         gr.load(str(pair[1]), backend="null", share_weights_with=null_decode)
+    decode.close()
+    with pytest.raises(ClosedError, match="share_weights_with: that model is closed"):
+        gr.load(str(pair[1]), share_weights_with=decode)
 
 
 def test_executors_made_before_sharing_keep_their_session(pair, ort_pair) -> None:

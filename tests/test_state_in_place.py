@@ -160,6 +160,42 @@ def test_a_state_another_node_also_reads_is_refused(tmp_path) -> None:
         m.create_executor(state=PAIRS)
 
 
+def test_in_place_through_the_wrong_output_is_refused_naming_it(files) -> None:
+    """A pair whose output is not the one its kernel writes at the past slot's present slot
+    (the key fed from the value's present: same shape, so double buffering takes it) is
+    refused in place, naming the pair and the output the kernel does write."""
+    _, gear = files
+    value0 = KEY0.replace(".key", ".value")
+    swapped = {**PAIRS, KEY0: PAIRS[value0], value0: PAIRS[KEY0]}
+    with gr.load(str(gear)) as model:
+        with pytest.raises(InputError, match=f"'{KEY0}' <- '{PAIRS[value0]}' cannot run in "
+                                             f"place: .* does not write '{KEY0}'\\'s slot to "
+                                             f"'{PAIRS[value0]}'"):
+            model.create_executor(state=swapped, in_place_state=True)
+        model.create_executor(state=swapped)  # double-buffered: the user's pairing, taken
+
+
+def test_a_state_that_is_also_a_graph_output_is_not_run_in_place(tmp_path) -> None:
+    """Layer 0's past key also returned as a graph output: in place, that output would be
+    the buffer the kernel writes, so the pair is refused (double-buffered is fine)."""
+    from onnx import helper
+
+    model = gqa_lm.build(SIZES)
+    (past,) = [i for i in model.graph.input if i.name == KEY0]
+    model.graph.output.append(helper.make_tensor_value_info(
+        KEY0, past.type.tensor_type.elem_type,
+        [d.dim_value or d.dim_param for d in past.type.tensor_type.shape.dim]))
+    source = tmp_path / "echo.onnx"
+    onnx.save(model, str(source))
+    shape, dims = gqa_lm.gear_text(SIZES)
+    out = gr.compile(str(source), gr.GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
+                     str(tmp_path / "echo.gear.onnx"), progress=False)
+    with gr.load(str(out)) as m:
+        with pytest.raises(InputError, match=f"'{KEY0}' is also a graph output"):
+            m.create_executor(state=PAIRS, in_place_state=True)
+        m.create_executor(state=PAIRS)
+
+
 def test_onnxruntime_genai_on_the_same_file_gives_the_same_tokens(files, tmp_path) -> None:
     og = pytest.importorskip("onnxruntime_genai")
     source, gear = files

@@ -153,15 +153,17 @@ def plan_state(info: ModelInfo, state: object, in_place: object = False,
     if info.hybrid or info.sink:
         raise InputError("state= needs a model that is neither hybrid nor sink (their "
                          "dynamic-shape and sink runs take every input from the caller)")
-    pairs, seen_out = [], set()
+    pairs: list[StatePair] = []
+    fed: dict[str, str] = {}  # output name -> the state input it feeds
     for name, out in state.items():
         if not isinstance(name, str) or not isinstance(out, str):
             raise InputError(f"state maps input names to output names (str), got "
                              f"{name!r}: {out!r}")
         pairs.append(_pair(info, name, out))
-        if out in seen_out:
-            raise InputError(f"state: output {out!r} feeds two inputs; each output feeds one")
-        seen_out.add(out)
+        if out in fed:  # one of the two would never advance
+            raise InputError(f"state: output {out!r} feeds two state inputs, {fed[out]!r} "
+                             f"and {name!r}; each output feeds one")
+        fed[out] = name
     pairs = _in_place(pairs, in_place, graph)
     ins = {p.input_index for p in pairs}
     outs = {p.output_index for p in pairs}
