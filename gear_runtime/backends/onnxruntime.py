@@ -33,7 +33,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -309,7 +309,7 @@ class OrtModel(BackendModel, BenchModel):
             except BaseException:
                 self._store = None
                 raise
-            return self._store
+            return cast(shared_weights.WeightStore, self._store)  # build made it
 
     def _use_graphs(self, cuda_graph: bool) -> None:
         """Set whether the session captures CUDA graphs, and the providers to match."""
@@ -369,10 +369,12 @@ class OrtModel(BackendModel, BenchModel):
         shared_weights.add_to_options(so, {**(self._store.by_name if self._store else {}),
                                            **self.shared_weights.values})
         try:
-            return ort.InferenceSession(graph, so, providers=self.providers)
+            session = ort.InferenceSession(graph, so, providers=self.providers)
         except Exception as exc:  # ORT raises its own types; map them in one place
             raise BackendError(f"onnxruntime could not create a session for "
                                f"{self.file.path}: {exc}") from exc
+        release_model_bytes(session)
+        return session
 
     @property
     def execution_providers(self) -> list[str] | None:
@@ -392,7 +394,7 @@ class OrtModel(BackendModel, BenchModel):
         options = ort.RunOptions()
         options.add_run_config_entry(GRAPH_ID_KEY, "-1")
         with self.run_guard():
-            return self.live_session().run(None, feeds, options)  # type: ignore[arg-type]
+            return self.live_session().run(None, feeds, options)
 
     @contextlib.contextmanager
     def run_guard(self) -> Iterator[None]:
@@ -456,6 +458,18 @@ class OrtModel(BackendModel, BenchModel):
 
     def close(self) -> None:
         self.session = None
+
+
+def release_model_bytes(session: ort.InferenceSession) -> None:
+    """Let go of the serialized model ORT's Python session keeps for its whole life
+    (``InferenceSession._model_bytes``, a private name, as of ORT 1.32), so the session holds
+    its weights once, as its own tensors. ORT keeps those bytes only to build the session
+    again on its fallback providers after a run fails on the first (printing to stdout);
+    that fallback is turned off, so such a run raises, as any failed run does here."""
+    if getattr(session, "_model_bytes", None) is None:
+        return
+    session.disable_fallback()
+    session._model_bytes = None
 
 
 def _refuses_data(exc: Exception) -> bool:
@@ -962,8 +976,8 @@ class OrtSession(BackendSession, BenchSession):
         binding) and its bound output addresses (0: not bound to a pooled block yet)."""
         binding = self._bind(gear)
         arg = self._run_arg(gear, binding)
-        self._owned[gear] = binding, arg, [0] * len(self._outputs[gear])
-        return self._owned[gear]
+        owned = self._owned[gear] = binding, arg, [0] * len(self._outputs[gear])
+        return owned
 
     def _run(self, gear: int) -> list[np.ndarray]:
         """A device run of gear ``gear``: copies in, run, one copy out per output."""

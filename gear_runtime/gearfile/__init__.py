@@ -8,6 +8,7 @@
 | ``digest``        | the integrity record: sealed by compile, checked by the reader;        |
 |                   | ``reseal`` (also ``gear_runtime.gearfile.reseal``) re-seals an edit    |
 | ``external_data`` | the one data file beside a gear file (ONNX external data)              |
+| ``inline_data``   | a static model's inline weights found in its file, never parsed        |
 | ``onnx_graph``    | general ONNX graph helpers                                             |
 | ``kernel_guards`` | request values a kernel turns into memory offsets (an attention mask's |
 |                   | lengths), found in the graph, checked before every run                 |

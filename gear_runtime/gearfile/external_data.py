@@ -167,7 +167,7 @@ def check_external(tensor: onnx.TensorProto, folder: str) -> ExternalSpan:
     return ExternalSpan(path, offset, length)
 
 
-def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Turn ``tensor`` into a reference to ``location`` (its data fields cleared)."""
     for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
                  "uint64_data", "string_data", "external_data"):
@@ -221,7 +221,7 @@ class DataWriter:
             self._write(data)
             length = len(data)
         self.bytes += length
-        _set_external(tensor, self.location, offset, length)
+        set_external(tensor, self.location, offset, length)
 
     def _copy(self, span: ExternalSpan) -> int:
         with open(span.path, "rb") as f:
@@ -263,4 +263,4 @@ __all__ = ["AUTO_EXTERNAL_BYTES", "DATA_ALIGNMENT", "DataWriter", "EXTERNAL_MIN_
            "ExternalDataError", "ExternalSpan", "check_external", "data_file_name",
            "escape_file_name",
            "external_entries", "is_external", "movable", "read_inline", "relocate",
-           "tensor_nbytes"]
+           "set_external", "tensor_nbytes"]

@@ -42,7 +42,8 @@ def _text_plan(desc: Any) -> _TextPlan:
                 kinds[1 if f.is_repeated else 0].append(f.name)
             elif f.type == f.TYPE_MESSAGE:
                 kinds[3 if f.is_repeated else 2].append(f.name)
-        plan = _TEXT_PLANS[desc] = tuple(tuple(k) for k in kinds)  # type: ignore[assignment]
+        plan = _TEXT_PLANS[desc] = (tuple(kinds[0]), tuple(kinds[1]), tuple(kinds[2]),
+                                    tuple(kinds[3]))
     return plan
 
 

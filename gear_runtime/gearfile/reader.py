@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import onnx
+import xxhash
 from onnx import helper, numpy_helper
 
 from gear_runtime.errors import GearFileError, GearSpecError
@@ -31,13 +32,17 @@ from gear_runtime.gearfile import format as fmt
 from gear_runtime.gearfile import passthrough
 from gear_runtime.gearfile.digest import DataDigest, check_file, checked_load
 from gear_runtime.gearfile.external_data import (
+    EXTERNAL_MIN_BYTES,
     ExternalDataError,
     ExternalSpan,
     check_external,
     is_external,
     relocate,
+    set_external,
+    tensor_nbytes,
 )
 from gear_runtime.gearfile.info import ModelInfo, check_output_axes
+from gear_runtime.gearfile.inline_data import Split, split_inline
 from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
 from gear_runtime.spec import GearSpec
 
@@ -109,7 +114,14 @@ class GearFile:
     def files(self) -> list[str]:
         """The files that make up this gear model: the gear file, then its data file (when
         any weight is external)."""
-        return [self.path, *sorted({s.path for s in self.external.values()})]
+        return [self.path, *self.data_files]
+
+    @property
+    def data_files(self) -> list[str]:
+        """The data files (resolved paths) external weights are in, sorted; not the model file
+        itself, where a static model's inline weights are (:mod:`.inline_data`)."""
+        own = os.path.realpath(self.path)
+        return sorted({s.path for s in self.external.values()} - {own})
 
     @property
     def weight_bytes(self) -> int:
@@ -206,11 +218,33 @@ def read_gear_file(path: str | os.PathLike[str]) -> GearFile:
     """
     p = os.fspath(path)
     data = _read_regular_file(p)
+    split = split_inline(data, EXTERNAL_MIN_BYTES)  # a static model's weights stay unparsed
+    model = _parse(split.model) if split is not None else None
+    if model is None or _has_format(model):  # a gear file is read whole (its digest covers it)
+        split = None
+        try:
+            model = onnx.load_from_string(data)  # external data stays a reference
+        except Exception as exc:  # protobuf DecodeError and friends
+            raise GearFileError(f"{p!r} is not an ONNX model: {exc}{_backend_hint(p)}") from exc
+    reader = _Reader(p, model, data, split)
     try:
-        model = onnx.load_from_string(data)  # external data stays a reference
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise GearFileError(f"{p!r} is not an ONNX model: {exc}{_backend_hint(p)}") from exc
-    return _Reader(p, model, data).read()
+        return reader.read()
+    finally:  # a gear file's lazy branch builder keeps the reader: not the file's bytes
+        reader.data = b""
+
+
+def _parse(blob: bytes) -> onnx.ModelProto | None:
+    """``blob`` parsed, or None where it does not parse (the caller parses the whole file,
+    and says why it is no model)."""
+    try:
+        return onnx.load_from_string(blob)
+    except Exception:  # noqa: BLE001 - protobuf DecodeError and friends: parsed whole next
+        return None
+
+
+def _has_format(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` says it is a gear file (its format metadata)."""
+    return any(m.key == fmt.META_FORMAT for m in model.metadata_props)
 
 
 def _read_regular_file(path: str) -> bytes:
@@ -230,10 +264,13 @@ def _read_regular_file(path: str) -> bytes:
 class _Reader:
     """One read of one file; every check raises GearFileError naming the path."""
 
-    def __init__(self, path: str, model: onnx.ModelProto, data: bytes) -> None:
+    def __init__(self, path: str, model: onnx.ModelProto, data: bytes,
+                 split: Split | None = None) -> None:
         self.path = path
         self.model = model
         self.data = data
+        #: the initializers whose raw_data ``model`` left in the file (:mod:`.inline_data`)
+        self.split = split
 
     def fail(self, what: str) -> GearFileError:
         return GearFileError(f"{self.path!r} is not a valid gear file: {what}")
@@ -289,12 +326,14 @@ class _Reader:
         output has a static shape (a decode step at fixed shapes): its gear ``()`` runs the
         graph as it is. A model with a dynamic input needs gears: GearFileError saying to
         compile it. The weights are checked as a gear file's; a plain file records no digest
-        of its data files, so none is checked."""
+        of its data files, so none is checked. Its large inline weights are never parsed: they
+        are declared external data in the file itself (:meth:`_declare_inline`)."""
+        self.folder = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
+        digests = self._declare_inline()
         graph = self.model.graph
         if not graph.output:  # an empty file parses as an empty ModelProto
             raise GearFileError(f"{self.path!r} is empty or no ONNX model: it has no gear "
                                 f"metadata and its graph has no outputs")
-        self.folder = os.path.realpath(os.path.dirname(os.path.abspath(self.path)))
         self.opsets = [o for o in self.model.opset_import if o.domain != fmt.DOMAIN]
         self.weights, self.external = self._weights()
         weights = {t.name for t in graph.initializer}
@@ -326,8 +365,37 @@ class _Reader:
             output_dtypes=tuple(self._dtype(o) for o in outputs),
             output_shapes=((tuple(_declared(o) for o in outputs)),),
             branch_builder=lambda: (source,), weights=self.weights, external=self.external,
-            dynamic=source, model_bytes=None, data_folder=self.folder,
+            dynamic=source, model_bytes=None, data_folder=self.folder, data_digests=digests,
             output_dynamic_axes=tuple({} for _ in outputs))
+
+    def _declare_inline(self) -> dict[str, DataDigest]:
+        """Declare the initializers whose raw_data the parse left in the file
+        (:mod:`.inline_data`) external data located in this very file, so that they are
+        checked and read as a data file's weights (ONNX Runtime reads them by path, nobody
+        holds them parsed); return this file's digest as read, which the load then proves
+        ONNX Runtime read (:meth:`GearFile.checked_load`); {} when nothing was left out.
+
+        The data folder becomes the file's own (resolved) folder. Where that cannot be --
+        a symlinked file whose other weights are in a data file beside the link (ONNX Runtime
+        resolves every weight against one folder), a file name no location may hold, a
+        weight whose bytes do not fit its dims and type (the whole parse's check names it) --
+        the file is parsed whole instead."""
+        if self.split is None:
+            return {}
+        split, self.split = self.split, None
+        real = os.path.realpath(self.path)
+        folder, name = os.path.split(real)
+        tensors = self.model.graph.initializer
+        elsewhere = folder != self.folder and any(is_external(t) for t in tensors)
+        unfit = any(tensor_nbytes(tensors[s.index]) != s.length for s in split.spans)
+        if elsewhere or unfit or ":" in name or "\\" in name:
+            self.model = onnx.load_from_string(self.data)
+            return {}
+        self.folder = folder
+        for span in split.spans:
+            set_external(self.model.graph.initializer[span.index], name, span.offset,
+                         span.length)
+        return {real: DataDigest(xxhash.xxh3_128_hexdigest(self.data), len(self.data))}
 
     # ---- shared pieces ----------------------------------------------------------------------
     def _metadata(self) -> dict[str, str]:

@@ -12,12 +12,13 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from gear_runtime import arguments
 from gear_runtime.backends import FACTS, BackendModel, facts, open_model
+from gear_runtime.backends.base import StateSessions
 from gear_runtime.errors import ClosedError, GearFileError, InputError, MemoryBudgetError
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
@@ -419,8 +420,9 @@ class GearModel:
             if self._closed:
                 raise ClosedError("create_executor on a closed model: load it again with "
                                   "gear_runtime.load()")
+            # with a plan, state_refusal() said above that the backend takes state=
             session = (self._backend.create_session(layout) if plan is None
-                       else self._backend.create_session(layout, state=plan))
+                       else cast(StateSessions, self._backend).create_session(layout, state=plan))
             try:
                 executor = Executor(self, session, pad_values, plan, layout)
             except BaseException:
