@@ -13,7 +13,7 @@ import math
 import operator
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex, cast
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def integer(name: str, value: object, low: int, high: int,
     ``low`` to ``high``; ``error`` otherwise."""
     if not isinstance(value, bool | np.bool_):
         try:
-            number = operator.index(value)  # type: ignore[arg-type]
+            number = operator.index(cast(SupportsIndex, value))  # else the TypeError below
         except TypeError:
             pass
         else:
@@ -63,7 +63,7 @@ def real(name: str, value: object, error: type[GearRuntimeError] = InputError) -
     number; not a bool, a string or a complex); ``error`` otherwise."""
     if not isinstance(value, bool | np.bool_ | str | bytes | complex | np.complexfloating):
         try:
-            number = float(value)  # type: ignore[arg-type]
+            number = float(cast(SupportsFloat, value))  # else an error caught below
         except (TypeError, ValueError, OverflowError):
             pass
         else:

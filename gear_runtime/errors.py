@@ -33,7 +33,8 @@ class GearRuntimeError(Exception):
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}" if self.code else self.message
 
-    def __reduce__(self):  # keep code across pickling (multiprocessing services)
+    # keep code across pickling (multiprocessing services)
+    def __reduce__(self) -> tuple[type[GearRuntimeError], tuple[object, ...]]:
         return (type(self), (self.message, self.code))
 
 

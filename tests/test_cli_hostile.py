@@ -304,6 +304,8 @@ ROWS: list[Row] = [
         "--max-sequences", "0"),
     row("llm-build-trace-and-gears", "not both", "llm", "build", "{tmp}", "-o", "{tmp}/o",
         "--trace", "{gear}", "--prompt-gears", "16"),
+    # ---- completion
+    row("completion-unknown-shell", "invalid choice: 'tcsh'", "completion", "tcsh"),
 ]
 
 

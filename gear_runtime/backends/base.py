@@ -23,7 +23,7 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -497,6 +497,13 @@ class BackendModel(ABC):
     def close(self) -> None:
         """Unload the model; idempotent. Backends with nothing to free keep this."""
         return None
+
+
+class StateSessions(Protocol):
+    """A :class:`BackendModel` whose :attr:`~BackendModel.supports_state` is True: its
+    :meth:`~BackendModel.create_session` also takes ``state=plan``."""
+
+    def create_session(self, layout: Any, state: Any = None) -> BackendSession: ...
 
 
 def import_runtime(module: str, backend: str, install: str) -> Any:

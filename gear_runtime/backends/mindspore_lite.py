@@ -34,7 +34,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -592,7 +592,8 @@ class MsliteSession(BackendSession):
         with model.lock:
             self._check_open()
             model.select(gear)
-            outputs = model.predict(self._views[gear])
+            # no resident state: every input has its view (None marks a state input)
+            outputs = model.predict(cast(list[np.ndarray], self._views[gear]))
             # copied before the lock is released: the next predict reuses that memory
             return self._copy_outputs(gear, outputs, host)
 

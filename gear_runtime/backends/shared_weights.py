@@ -35,7 +35,7 @@ Key = tuple[str, tuple[int, ...], bytes]
 def tensor_key(array: np.ndarray) -> Key:
     """What makes two weights the same: dtype, shape and a digest of the bytes."""
     data = np.ascontiguousarray(array)
-    return data.dtype.str, tuple(data.shape), hashlib.sha256(memoryview(data).cast("B")).digest()
+    return data.dtype.str, tuple(data.shape), hashlib.sha256(data.data.cast("B")).digest()
 
 
 @dataclass

@@ -9,6 +9,7 @@
     gear-runtime serve FILE... [--port N] [--ray]
     gear-runtime check-padding GEAR SOURCE.onnx [--samples V]
     gear-runtime plan MODEL.onnx --input-shape S --trace FILE --max-gears K
+    gear-runtime completion bash|zsh|fish          (the shell completion script)
     gear-runtime -q COMMAND ... / -v COMMAND ...   (warnings only / the package's log)
     gear-runtime --version                         (and each backend runtime's)
 
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from gear_runtime.cli import (
     bench,
     compile,
+    completion,
     demo,
     inspect,
     llm,
@@ -54,7 +56,7 @@ TRACEBACK_ENV = "GEAR_RUNTIME_TRACEBACK"
 #: The exit code of a command whose stdout was closed early (128 + SIGPIPE, as a shell has it).
 EXIT_BROKEN_PIPE = 141
 #: The subcommands in the order ``--help`` lists them.
-COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan, llm)
+COMMAND_MODULES = (compile, inspect, run, bench, demo, serve, padding, plan, llm, completion)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # serve --workers re-runs it
+    args.parser = parser  # the whole command line: what `completion` describes
     verbosity.apply(args)
     _quiet_onnxruntime()
     try:

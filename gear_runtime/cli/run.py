@@ -10,6 +10,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -365,7 +366,7 @@ def _feeds(model: GearModel, ex: Executor, pairs: Sequence[tuple[str, str]],
     if both:
         raise InputError(f"input {both[0]!r} is given by --input and by --shapes; give one")
     check_request_shapes(model, shapes)
-    files: dict[str, str | None] = {n: p for n, p in pairs}
+    files: dict[str, str] = {n: p for n, p in pairs}
     wanted = {n: s for n, s in shapes.items() if n not in files}  # the synthetic ones
     rest = [n for n in names if n not in files and n not in wanted]
     if rest:
@@ -606,7 +607,7 @@ def _run_inferences(model: GearModel, ex: Executor, inferences: Iterable[Inferen
     batches: list[int] = []  # each inference's first dim of its first input
     for pairs, out_files in inferences:
         feeds, files = _feeds(model, ex, pairs, shapes, args)
-        outputs, timed = _timed(lambda f=feeds: ex.execute(f, pad=args.pad), args.loop,
+        outputs, timed = _timed(partial(ex.execute, feeds, pad=args.pad), args.loop,
                                 args.warmup if not runs else 0)
         samples += timed
         out_dir = out_dir or make_dir("--output-dir", args.output_dir)

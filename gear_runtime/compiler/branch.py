@@ -11,7 +11,7 @@ gear), and NO initializers: branches read the weights from the root graph by nam
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 
 import onnx
 from onnx import helper
@@ -168,7 +168,7 @@ def rename_values(graph: onnx.GraphProto, suffix: str, keep: set[str] | frozense
         t.name = mapping.get(t.name, t.name)
 
 
-def _remap(field: Iterable[str], mapping: Mapping[str, str]) -> None:
+def _remap(field: MutableSequence[str], mapping: Mapping[str, str]) -> None:
     names = [mapping.get(n, n) if n else n for n in field]
-    del field[:]  # type: ignore[attr-defined]
-    field.extend(names)  # type: ignore[attr-defined]
+    del field[:]
+    field.extend(names)

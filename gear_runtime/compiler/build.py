@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import onnx
 
@@ -224,8 +225,8 @@ def compile_gears(model: str | os.PathLike[str] | onnx.ModelProto, spec: GearSpe
                 del inferred  # the branch has what it needs; a graph's inference is big
                 if ran:
                     report.ran_on_ort.append(i)
-                if ran or budget.run(lambda i=i, gear_shapes=gear_shapes, out=out_shapes:
-                                     runner.check(gear_shapes, i, spec.gears[i], out)):
+                if ran or budget.run(partial(runner.check, gear_shapes, i, spec.gears[i],
+                                             out_shapes)):
                     report.verified.append(i)
                 else:
                     report.unverified.append(i)

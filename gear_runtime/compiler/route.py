@@ -171,9 +171,10 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
         if key == ATTR_BRANCHES:
             _moved_graphs(case, key, branches)
         elif key == ATTR_DYNAMIC_GRAPH:
+            assert dynamic is not None  # the key is there only with that graph
             attr = case.attribute.add()
             attr.name, attr.type = key, onnx.AttributeProto.GRAPH
-            attr.g.CopyFrom(attrs[key])
+            attr.g.CopyFrom(dynamic)
         else:
             case.attribute.append(helper.make_attribute(key, attrs[key]))
     # The source graph is always kept (the ORT backend runs it); only a hybrid file runs it
@@ -186,7 +187,7 @@ def build_case_model(source: onnx.ModelProto, info: GraphInfo, spec: GearSpec,
 def miss_shapes(shapes: Shapes, output_count: int) -> list[tuple[int, ...]]:
     """The empty shape a miss returns per output: 0 on axis 0 and on every axis that differs
     between gears, the common value elsewhere; rank 0 -> (0,)."""
-    out = []
+    out: list[tuple[int, ...]] = []
     for k in range(output_count):
         first = shapes[0][k]
         if not first:

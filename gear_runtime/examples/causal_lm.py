@@ -27,8 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -118,10 +120,11 @@ class _Graph:
     def __init__(self, weights: Mapping[str, np.ndarray], prefix: str) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
-        self._weights, self._prefix, self._used = weights, prefix, set()
+        self._weights, self._prefix = weights, prefix
+        self._used: set[str] = set()
         self._n = 0
 
-    def op(self, op_type: str, inputs: Sequence[str], **attrs: object) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], **attrs: Any) -> str:
         self._n += 1
         out = f"{op_type.lower()}_{self._n}"
         self.nodes.append(helper.make_node(op_type, list(inputs), [out],
@@ -135,7 +138,7 @@ class _Graph:
             self.inits.append(numpy_helper.from_array(self._weights[role], name))
         return name
 
-    def const(self, value: Sequence[int] | np.ndarray, dtype: type = np.int64) -> str:
+    def const(self, value: npt.ArrayLike, dtype: type = np.int64) -> str:
         self._n += 1
         name = f"const_{self._n}"
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
@@ -169,7 +172,7 @@ def _layer(g: _Graph, sizes: Sizes, i: int, x: str,
     return g.op("Add", [x, g.op("MatMul", [up, g.w(p + "down")])]), k, v
 
 
-def _stack_cache(g: _Graph, kvs: Sequence[tuple[str, str]]) -> str:
+def _stack_cache(g: _Graph, kvs: Sequence[tuple[str, ...]]) -> str:
     """Per layer (K, V) [1, NH, MAX, D] -> present_kv [L, 2, 1, NH, MAX, D]."""
     layers = [g.op("Concat", [g.op("Unsqueeze", [t, g.const([0, 1])]) for t in kv], axis=1)
               for kv in kvs]
@@ -253,10 +256,12 @@ def build_decode(sizes: Sizes = SMALL, weights: Mapping[str, np.ndarray] | None 
 
         def blend(k: str, v: str, layer: str = layer) -> tuple[str, str]:
             # slot `position` takes this token's K / V, every other slot keeps its bits
-            return tuple(g.op("Add", [g.op("Mul", [g.op("Gather", [layer, g.const(j)], axis=0),
-                                                   keep]),
-                                      g.op("Mul", [t, here])])
-                         for j, t in enumerate((k, v)))  # type: ignore[return-value]
+            def mix(j: int, t: str) -> str:
+                return g.op("Add", [g.op("Mul", [g.op("Gather", [layer, g.const(j)], axis=0),
+                                                 keep]),
+                                    g.op("Mul", [t, here])])
+
+            return mix(0, k), mix(1, v)
 
         x, k, v = _layer(g, sizes, i, x, blend, bias)
         kvs.append((k, v))

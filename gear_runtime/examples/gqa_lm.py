@@ -33,8 +33,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -124,8 +126,16 @@ class _Graph:
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
 
+    @overload
+    def op(self, op_type: str, inputs: Sequence[str], outputs: Literal[1] = 1,
+           domain: str = "", **attrs: Any) -> str: ...
+
+    @overload
+    def op(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str],
+           domain: str = "", **attrs: Any) -> str | list[str]: ...
+
     def op(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1,
-           domain: str = "", **attrs: object) -> str | list[str]:
+           domain: str = "", **attrs: Any) -> str | list[str]:
         self._n += 1
         outs = ([f"{op_type.lower()}_{self._n}_{k}" for k in range(outputs)]
                 if isinstance(outputs, int) else list(outputs))
@@ -137,7 +147,7 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(value, name))
         return name
 
-    def const(self, value: Sequence[int] | np.ndarray, dtype: type = np.int64) -> str:
+    def const(self, value: npt.ArrayLike, dtype: type = np.int64) -> str:
         self._n += 1
         return self.init(f"const_{self._n}", np.asarray(value, dtype=dtype))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -83,7 +84,7 @@ class _Graph:
         self._n = 0
 
     def op(self, op_type: str, inputs: Sequence[str], name: str | None = None,
-           **attrs: object) -> str:
+           **attrs: Any) -> str:
         self._n += 1
         out = name or f"{op_type.lower()}_{self._n}"
         self.nodes.append(helper.make_node(op_type, list(inputs), [out],

@@ -242,7 +242,7 @@ class Engine:
 
         folder = read_folder(path)
         gears = choose_gears(folder, max_sequences, prompt_gears, batch_gears, max_length)
-        options = {} if threads is None else {"intra_op_num_threads": threads}
+        options: dict[str, Any] = {} if threads is None else {"intra_op_num_threads": threads}
         return cls(folder, gears, load(str(gear_file(folder, gears, cache_dir)), **options),
                    max_waiting, prefill_chunk)
 

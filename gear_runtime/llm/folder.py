@@ -87,7 +87,7 @@ def read_folder(path: str | Path) -> ModelFolder:
                             "model.decoder.inputs"),
         position_ids=inputs.get("position_ids"),
         logits=_get(outputs, "logits", str, config_path, "model.decoder.outputs"),
-        cache=cache,  # type: ignore[arg-type]
+        cache=cache,
         layers=layers,
         kv_heads=_get(decoder, "num_key_value_heads", int, config_path, "model.decoder"),
         head_size=_get(decoder, "head_size", int, config_path, "model.decoder"),
@@ -98,7 +98,8 @@ def read_folder(path: str | Path) -> ModelFolder:
 
 def _get(table: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
     value = table.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value <= 0):
+    if not isinstance(value, kind) or isinstance(value, bool) or (
+            kind is int and isinstance(value, int) and value <= 0):
         place = f"{where}.{key}" if where else key
         want = "a positive integer" if kind is int else f"a {kind.__name__}"
         raise InputError(f"{path}: {place} must be {want}, got {value!r}")

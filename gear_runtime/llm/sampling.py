@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -69,7 +70,8 @@ class SamplingParams:
 
 def _token_tuple(values: object) -> tuple[int, ...]:
     try:
-        return tuple(values)  # type: ignore[call-overload]
+        # a non-iterable raises the TypeError caught below; the caller checks each id
+        return tuple(cast(Iterable[int], values))
     except TypeError:
         raise InputError(f"stop_token_ids must be a list of token ids, got {values!r}") from None
 

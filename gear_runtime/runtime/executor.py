@@ -30,7 +30,8 @@ import operator
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from types import FrameType
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -352,6 +353,7 @@ class Executor:
         if not owner.acquire(False):
             self._refuse("execute")
         try:
+            outputs: list[np.ndarray] | None  # None: staged, the gear still to run
             if out is not None or self._plan is not None or first_row != 0:
                 return self._execute_bound(inputs, pad, copy, out, first_row)
             if self._sink:
@@ -376,7 +378,7 @@ class Executor:
                 return _handed_out(outputs, copy)
             except DirectRunFailed as failed:  # the session's direct run, made by the core
                 self.last_gear = None
-                cause = failed.__cause__
+                cause = cast(Exception, failed.__cause__)  # the core wraps Exceptions only
                 raise self._session.run_failed(failed.gear, cause) from cause
             if outputs is None:  # the gear runs through the session
                 self.last_gear = None  # until this run succeeds
@@ -813,7 +815,7 @@ class Executor:
         """Whether the calling thread is inside one of this executor's owned calls (its
         frame is on this thread's stack: a signal handler runs on top of the call it
         interrupted). Only close() asks, and only when the executor is held."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if frame.f_code in _OWNING_CODES and frame.f_locals.get("self") is self:
                 return True

@@ -113,8 +113,10 @@ async def _send_stream(send: Any, receive: Any, reply: HttpReply, head_only: boo
         close = getattr(stream, "aclose", None)
         if close is not None:
             await close()
-    if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
-        raise pumping.exception()  # type: ignore[misc]
+    if pumping.done() and not pumping.cancelled():
+        error = pumping.exception()
+        if error is not None:
+            raise error
 
 
 async def _send(send: Any, reply: HttpReply, head_only: bool = False) -> None:

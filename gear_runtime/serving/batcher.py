@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
 import logging
 import threading
 import time
@@ -44,7 +45,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
@@ -268,8 +269,17 @@ BatchRunner = Callable[[list[list[np.ndarray]]], Awaitable[tuple[Any, list[list[
 
 T = TypeVar("T")
 
+
+class _NotHere(enum.Enum):
+    """The type of :data:`NOT_HERE`: an enum's one member, so that ``is NOT_HERE`` tells a
+    type checker which of a ``T | NotHere`` it has."""
+
+    NOT_HERE = "NOT_HERE"
+
+
 #: What :meth:`WorkerRunner.run_here` returns when it did not run the task.
-NOT_HERE = object()
+NOT_HERE: Final = _NotHere.NOT_HERE
+NotHere = Literal[_NotHere.NOT_HERE]
 
 
 @runtime_checkable
@@ -292,7 +302,7 @@ class WorkerRunner(Protocol):
     def run_on(self, worker: Any, requests: list[list[np.ndarray]]
                ) -> tuple[Any, list[list[np.ndarray]]]: ...
 
-    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | object: ...
+    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | NotHere: ...
 
     def can_run_here(self, gear: int) -> bool: ...
 
@@ -311,7 +321,7 @@ class Batcher:
         self.plan = plan
         #: a WorkerRunner: each batch's worker takes the next one itself (module docstring)
         self._worker = run if isinstance(run, WorkerRunner) else None
-        self._run = run  # called only without a worker runner
+        self._run = cast(BatchRunner, run)  # called only without a worker runner
         #: guards the waiting requests: the loop adds them, a worker may take them
         self._lock = threading.Lock()
         self._delay = max_delay_s
@@ -347,6 +357,7 @@ class Batcher:
         with self._lock:
             self._pending.append(item)
             self._pending_rows += item.rows
+        assert self._arrived is not None  # made by _start
         self._arrived.set()
         if deadline is None:
             return await item.future
@@ -373,6 +384,7 @@ class Batcher:
         """An idle batcher runs a request at once, in the caller's task: no hop through the
         gathering task (requests arriving meanwhile gather as usual; with a worker runner,
         its worker takes them when this run ends)."""
+        assert self._slots is not None  # made by _start (submit)
         await self._slots.acquire()  # free: nothing runs
         self._busy += 1
         if self._worker is not None:
@@ -403,6 +415,8 @@ class Batcher:
                 logger.exception("batcher: unexpected error while gathering")
 
     async def _gather_one(self) -> None:
+        # this runs in the task _start creates, after it made both
+        assert self._arrived is not None and self._slots is not None
         while True:  # the first waiting request, read under the lock: a worker may take it
             with self._lock:
                 first = self._pending[0] if self._pending else None
@@ -446,6 +460,7 @@ class Batcher:
     def _ran(self) -> None:
         """A batch ended: its executor is free, so the gathering loop looks again."""
         self._busy -= 1
+        assert self._slots is not None  # made by _start, before any batch ran
         self._slots.release()
         if self._arrived is not None:
             self._arrived.set()

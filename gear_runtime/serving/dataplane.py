@@ -201,6 +201,7 @@ class DataPlane:
                 owner = self._owner(model, request)
                 if owner is not None:
                     forwarded = True  # counted by the owner, which runs it
+                    assert self.peers is not None  # an owner elsewhere: there are peers
                     outputs = await self.peers.forward(owner, model.name, request,
                                                        model.output_names)
                     return await answer(request, outputs)

@@ -42,7 +42,7 @@ class PeerAnswerError(StatusError):
         super().__init__(message, code)
         self.status = status
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[PeerAnswerError], tuple[str, str, int]]:
         return (type(self), (self.message, self.code, self.status))
 
 

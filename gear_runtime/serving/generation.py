@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ class Generation:
         """The whole text (waits for the end)."""
         return "".join([d.text async for d in self])
 
-    async def _deltas(self) -> AsyncIterator[TextDelta]:
+    async def _deltas(self) -> AsyncGenerator[TextDelta, None]:
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         stream = self.stream

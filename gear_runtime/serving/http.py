@@ -30,7 +30,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
+from typing import Protocol, cast
 
 import httptools
 
@@ -196,19 +197,20 @@ class _Connection(asyncio.Protocol):
 
     # ---- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream protocol's transport: asyncio types the argument as its base class
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # responses are small writes: never let Nagle's algorithm hold one back
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if len(self.server.connections) >= self.limits.max_connections:
-            self._overflow(transport)
+            self._overflow(self.transport)
             return
         self.server.connections.add(self)
         self._arm("idle", self.limits.keep_alive_s)
 
-    def _overflow(self, transport: asyncio.BaseTransport) -> None:
+    def _overflow(self, transport: asyncio.Transport) -> None:
         """One connection past the limit: a quick 503 and close (never an fd exhausted by
         clients that hold connections). Past twice the limit, closed without a word."""
         self.overflowed = True
@@ -579,7 +581,7 @@ class SharedAcceptor:
         conn.setblocking(False)
         task = self._loop.create_task(self._loop.connect_accepted_socket(self._factory, conn))
         self._pending.add(task)
-        task.add_done_callback(lambda t, c=conn: self._connected(t, c))
+        task.add_done_callback(partial(self._connected, conn=conn))
 
     def _connected(self, task: asyncio.Task, conn: socket.socket) -> None:
         self._pending.discard(task)

@@ -103,6 +103,7 @@ async def serve(server: GearServer, sock: socket.socket, *, limits: HttpLimits |
                         if grpc_server is not None else None)
         drained = await http.drain(drain_s, force, on_deadline=server.refuse_waiting)
         if grpc_stopped is not None:
+            assert grpc_server is not None  # grpc_stopped is its stop
             if force.is_set():  # a second signal: no more waiting
                 await grpc_server.stop(0)
             await grpc_stopped

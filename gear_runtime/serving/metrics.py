@@ -389,7 +389,7 @@ class Metrics:
         os.replace(tmp, final)
 
 
-def snapshot_names(worker: int | None) -> tuple[str, str]:
+def snapshot_names(worker: int | str | None) -> tuple[str, str]:
     """The files worker ``worker`` keeps in the shared folder: its metrics exposition and
     its statistics document (the supervisor removes both when the worker dies)."""
     return f"worker-{worker}.prom", f"worker-{worker}.stats.json"

@@ -180,7 +180,7 @@ def encode_forward(model: str, request: InferRequest) -> tuple[bytes, list[Any]]
         inputs.append({"name": name, "datatype": request.datatypes[name],
                        "shape": list(array.shape),
                        "parameters": {"binary_data_size": raw.nbytes}})
-        chunks.append(memoryview(raw).cast("B") if raw.nbytes else b"")
+        chunks.append(raw.data.cast("B") if raw.nbytes else b"")
     params = {k: v for k, v in request.parameters.items() if k != "binary_data_output"}
     doc: dict[str, Any] = {"inputs": inputs,
                            "parameters": {**params, "binary_data_output": True}}

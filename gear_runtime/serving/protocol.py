@@ -274,7 +274,7 @@ def encode_response(model_name: str, request: InferRequest, names: Sequence[str]
         if request.binary(name):
             raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
             entry["parameters"] = {"binary_data_size": raw.nbytes}
-            chunks.append(memoryview(raw).cast("B") if raw.nbytes else b"")
+            chunks.append(raw.data.cast("B") if raw.nbytes else b"")
         else:
             entry["data"] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))\
                 .ravel()

@@ -49,8 +49,9 @@ def ray_app(files: Sequence[str], names: Sequence[str] | None = None,
     ``names`` or the file names). Paths are made absolute here: replicas run elsewhere."""
     files = [os.path.abspath(f) for f in files]
     names = list(names) if names else [model_name(f) for f in files]
-    deployment = serve.deployment(GearDeployment, name=APP_NAME, num_replicas=replicas,
-                                  ray_actor_options=dict(ray_actor_options or {}))
+    # the decorator form: ray types serve.deployment(cls, ...) as returning a decorator
+    deployment = serve.deployment(name=APP_NAME, num_replicas=replicas,
+                                  ray_actor_options=dict(ray_actor_options or {}))(GearDeployment)
     return deployment.bind(files, names, options or ServeOptions())
 
 

@@ -40,7 +40,7 @@ from gear_runtime.errors import (
 )
 from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.runtime.inputs import check_names
-from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, run_batch
+from gear_runtime.serving.batcher import NOT_HERE, Batcher, BatchPlan, NotHere, run_batch
 from gear_runtime.serving.deadline import Deadline
 from gear_runtime.serving.errors import QueueFullError
 from gear_runtime.serving.metrics import Metrics
@@ -330,7 +330,7 @@ class ExecutorPool:
         return not getattr(getattr(self._executors[0], "session", None), "thread_bound", False)
 
     def run_here(self, fn: Callable[[Any], T], gear: int | None, *,
-                 timed: bool = True) -> T | object:
+                 timed: bool = True) -> T | NotHere:
         """``fn(executor)``, a run of gear ``gear``, on this thread, now, where
         :meth:`can_run_here` and no task runs or waits (the caller, the event loop, submits
         every task: nothing queues behind it); else :data:`NOT_HERE`, and nothing ran.
@@ -437,7 +437,7 @@ class PoolBatches:
     def can_run_here(self, gear: int) -> bool:
         return self._pool.can_run_here(gear)
 
-    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | object:
+    def run_here(self, fn: Callable[[Any], T], gear: int) -> T | NotHere:
         return self._pool.run_here(fn, gear, timed=False)
 
 
@@ -496,13 +496,11 @@ class ServedModel:
         #: the start model (None: a start runs the step model like any step)
         self.start: StartModel | None = None
         if state:
-            self.sequences = SequenceSlots(model, state, options.max_sequences or
-                                           DEFAULT_SEQUENCE_SLOTS, name,
-                                           options.sequence_idle_s,
-                                           on_event=partial(metrics.sequence, name),
-                                           in_place=options.in_place_state,
-                                           max_waiting=options.max_queue)
-            metrics.track_sequences(name, lambda: self.sequences.live)
+            self.sequences = sequences = SequenceSlots(
+                model, state, options.max_sequences or DEFAULT_SEQUENCE_SLOTS, name,
+                options.sequence_idle_s, on_event=partial(metrics.sequence, name),
+                in_place=options.in_place_state, max_waiting=options.max_queue)
+            metrics.track_sequences(name, lambda: sequences.live)
             if options.sequence_start is not None:
                 self.start = StartModel(options.sequence_start, model, state,
                                         self.output_names, options)
@@ -615,7 +613,7 @@ class ServedModel:
         config: dict[str, Any] = {
             "name": self.name, "platform": f"gear_runtime_{self.model.backend}",
             "backend": "gear_runtime", "version_policy": self.version_policy,
-            "max_batch_size": plan.max_rows if batched else 0,
+            "max_batch_size": plan.max_rows if batched and plan is not None else 0,
             "input": inputs, "output": outputs,
             "instance_group": [{"name": self.name,
                                 "kind": facts(self.model.backend).instance_kind,
@@ -693,6 +691,7 @@ class ServedModel:
             if dims is not None:
                 raise InputError(f"model {self.name!r} is static: its one gear takes no "
                                  '"dynamic_dims"')
+            assert control is not None  # read above, with the sequences
             return await self.sequences.call(control, partial(self._run_one, arrays, None),
                                              deadline)
         if self.saturated:
@@ -755,6 +754,7 @@ class ServedModel:
         size for all inputs: 145012, the core's rule), then rows the batch table serves
         (145013)."""
         (n,) = self.model.dispatcher.extract(arrays)
+        assert self.batcher is not None  # only requests that join a batch are checked here
         plan = self.batcher.plan
         if not 1 <= n <= plan.max_rows:
             raise GearMismatchError(
@@ -804,6 +804,7 @@ class ServedModel:
             marks.append(time.perf_counter())
             return outputs
 
+        assert self.batcher is not None  # runs the batcher's batches only
         plan = self.batcher.plan
         gear, split = run_batch(execute, plan, requests)
         done = time.perf_counter()

@@ -125,14 +125,12 @@ class TritonModel:
 
     def version_policy(self) -> dict[str, Any]:
         """The version policy, as Triton's configuration (JSON) writes it."""
-        choice = None if self.config is None else \
-            self.config.version_policy.WhichOneof("policy_choice")
+        choice, policy = _version_policy(self.config)
         if choice == "all":
             return {"all": {}}
         if choice == "specific":
-            return {"specific": {"versions": sorted(self.config.version_policy.specific
-                                                    .versions)}}
-        n = self.config.version_policy.latest.num_versions if choice == "latest" else 1
+            return {"specific": {"versions": sorted(policy.specific.versions)}}
+        n = policy.latest.num_versions if choice == "latest" else 1
         return {"latest": {"num_versions": n}}
 
     @property
@@ -188,14 +186,22 @@ def _check_identity(config: Any, folder: str, where: str) -> None:
                                "model answers each request once (not decoupled)")
 
 
+def _version_policy(config: Any | None) -> tuple[str | None, Any]:
+    """``config``'s version_policy: which policy it chose (None without a config) and the
+    policy message."""
+    if config is None:
+        return None, None
+    return config.version_policy.WhichOneof("policy_choice"), config.version_policy
+
+
 def _versions_to_serve(config: Any | None, found: list[int], folder: Path) -> list[int]:
     """The versions ``version_policy`` serves of ``found`` (ascending); ModelConfigError
     when none, or for a specific version without its folder."""
-    choice = None if config is None else config.version_policy.WhichOneof("policy_choice")
+    choice, policy = _version_policy(config)
     if choice == "all":
         chosen = found
     elif choice == "specific":
-        wanted = sorted(set(config.version_policy.specific.versions))
+        wanted = sorted(set(policy.specific.versions))
         missing = [v for v in wanted if v not in found]
         if missing:
             raise ModelConfigError(
@@ -203,7 +209,7 @@ def _versions_to_serve(config: Any | None, found: list[int], folder: Path) -> li
                 f"no version folder {missing[0]} in {str(folder)!r} (its versions: {found})")
         chosen = wanted
     else:
-        n = config.version_policy.latest.num_versions if choice == "latest" else 1
+        n = policy.latest.num_versions if choice == "latest" else 1
         if n < 1:
             raise ModelConfigError(f"{str(folder / CONFIG_FILE)!r}: version_policy latest "
                                    f"num_versions {n}: expected 1 or more")

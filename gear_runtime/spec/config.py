@@ -42,7 +42,7 @@ import configparser
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from gear_runtime.errors import GearSpecError
 from gear_runtime.files import read_regular_file, reason
@@ -104,7 +104,7 @@ _GROUPS = re.compile(r"\s*\[[^\[\]]*\]\s*(?:,\s*\[[^\[\]]*\]\s*)*")
 def _read(path: object) -> tuple[str, configparser.ConfigParser]:
     """Read and ini-parse ``path``; GearSpecError for every way that can fail."""
     try:
-        fspath = os.fspath(path)  # type: ignore[call-overload]
+        fspath = os.fspath(cast("str | os.PathLike[str]", path))  # else the TypeError below
     except TypeError:
         _fail("E10001", f"config path must be a str or os.PathLike, got {_q(path)}")
     name = os.fsdecode(fspath)
@@ -304,12 +304,12 @@ def _from_ascend_context(items: Mapping[str, str], max_gears: int) -> SpecFields
             del args["dynamic_dims"]
             key = _OPTION_OF_MODE[mode]
             try:
-                return atc_fields(shape, max_gears=max_gears, **args,
-                                     **{key: _gears_text(mode, gears)})
+                return atc_fields(shape, max_gears=max_gears, hybrid=False, **args,
+                                  **{key: _gears_text(mode, gears)})
             except GearSpecError as e:  # quote what the user wrote, not only our translation
                 raise GearSpecError(f"dynamic_dims {_q(dims)}, read as {key}: {e.message}",
                                     code=e.code) from None
-    return atc_fields(shape, max_gears=max_gears, **args)
+    return atc_fields(shape, max_gears=max_gears, hybrid=False, **args)
 
 
 # ---- writing ----------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple, NoReturn
 from gear_runtime.errors import GearSpecError
 from gear_runtime.spec.rules import (
     DEFAULT_MAX_GEARS,
+    Mode,
     check_gear_rows,
     check_precision_mode,
     int_rows,
@@ -80,7 +81,7 @@ class SpecFields(NamedTuple):
     """What a parser finds: :class:`~gear_runtime.spec.GearSpec`'s constructor arguments, in
     order (the parsers never build the spec itself, so that GearSpec can call them)."""
 
-    mode: str
+    mode: Mode
     input_names: tuple[str, ...]
     input_shapes: tuple[tuple[int, ...], ...]
     gears: tuple[tuple[int, ...], ...]
@@ -101,12 +102,12 @@ _STOL_START = re.compile(r"\s*[+-]?[0-9]")  # what std::stol needs to parse anyt
 _QUOTE_MAX = 160
 
 # The three gear options, ATC names, in GE's order.
-_MODE_OPTIONS: tuple[tuple[str, str], ...] = (
+_MODE_OPTIONS: tuple[tuple[str, Mode], ...] = (
     ("dynamic_batch_size", "batch"),
     ("dynamic_image_size", "image_size"),
     ("dynamic_dims", "dims"),
 )
-_MODE_OF_OPTION: dict[str, str] = dict(_MODE_OPTIONS)
+_MODE_OF_OPTION: dict[str, Mode] = dict(_MODE_OPTIONS)
 _OPTION_OF_MODE: dict[str, str] = {mode: option for option, mode in _MODE_OPTIONS}
 
 #: dynamic_image_size's (H, W) axes per input_format (CheckDynamicImageSizeShape).
@@ -257,7 +258,7 @@ def _batch_gears(value: str, names: Sequence[str], shapes: Sequence[tuple[int, .
     if bad is not None:
         _fail("E10003", f"dynamic_batch_size {_q(value)} contains {_q(bad)}; it can only "
                         "contain digits and \",\", e.g. \"1,8,16\"")
-    gears = []
+    gears: list[tuple[int, ...]] = []
     for v in value.split(","):
         if not v:
             continue  # GE skips empty pieces ("1,,8" and a trailing ",")
@@ -507,7 +508,7 @@ def atc_flags(spec: Any) -> dict[str, str]:
     # Prove the round trip instead of hoping for it: a directly built spec can hold things GE
     # would reject (one gear, a -1 on a non-batch axis in batch mode, ...).
     try:
-        back = atc_fields(**out, max_gears=max(len(spec.gears), 2))
+        back = atc_fields(**out, max_gears=max(len(spec.gears), 2), hybrid=False)
     except GearSpecError as e:
         raise GearSpecError(f"spec cannot be written as ATC flags: {e.message}",
                             code=e.code) from None

@@ -4,7 +4,8 @@ them): limits, GE's codes for them, and the checks of gear rows and gear indices
 from __future__ import annotations
 
 import operator
-from typing import Literal
+from collections.abc import Iterable
+from typing import Literal, SupportsIndex, cast
 
 from gear_runtime.errors import GearSpecError, InputError
 
@@ -71,7 +72,8 @@ def check_precision_mode(value: object, where: str = "precision_mode") -> str | 
 
 def iter_or_fail(value: object, what: str) -> tuple[object, ...]:
     try:
-        return tuple(value)  # type: ignore[call-overload]
+        # a non-iterable raises the TypeError caught below
+        return tuple(cast(Iterable[object], value))
     except TypeError:
         raise GearSpecError(f"{what} must be a sequence, got {value!r}", code="E10001") from None
 
@@ -80,8 +82,11 @@ def int_rows(rows: object, what: str) -> tuple[tuple[int, ...], ...]:
     """``rows`` as a tuple of tuples of int; operator.index so that 2.5 or "3" are refused
     instead of silently truncated or parsed (numpy integers are fine)."""
     try:
-        return tuple(tuple(operator.index(v) for v in row)
-                     for row in iter_or_fail(rows, what))  # type: ignore[attr-defined]
+        # a row that is no sequence, or a value with no __index__, raises the TypeError
+        # caught below
+        return tuple(tuple(operator.index(cast(SupportsIndex, v))
+                           for v in cast(Iterable[object], row))
+                     for row in iter_or_fail(rows, what))
     except TypeError:
         raise GearSpecError(f"{what} must be a sequence of sequences of integers, got {rows!r}",
                             code="E10001") from None
@@ -122,7 +127,7 @@ def gear_number(i: object, count: int, owner: str = "spec") -> int:
     ``owner`` ("the model has 4 gears (0..3)")."""
     legal = f"the {owner} has {count} gears" + (f" (0..{count - 1})" if count else "")
     try:
-        index = None if isinstance(i, bool) else operator.index(i)
+        index = None if isinstance(i, bool) else operator.index(cast(SupportsIndex, i))
     except TypeError:
         index = None
     if index is None:

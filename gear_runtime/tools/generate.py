@@ -105,7 +105,7 @@ def ort_sessions(prefill: str | Path, decode: str | Path,
     for key, value in (options or {}).items():
         setattr(so, key, value)
     return tuple(ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
-                 for p in (prefill, decode))  # type: ignore[return-value]
+                 for p in (prefill, decode))
 
 
 def covering_gear(length: int, gears: tuple[int, ...]) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 from gear_runtime.errors import BackendError, GearFileError, GearSpecError
 from gear_runtime.gearfile.info import nbytes_of
 from gear_runtime.spec import GearSpec
+from gear_runtime.spec.rules import Mode
 
 Shape = tuple[int, ...]
 
@@ -104,7 +105,7 @@ def listed_count(inputs: Tensors, declared: tuple[Sequence[str], Sequence[Shape]
     return len(inputs.names) if declared is None else len(declared[0])
 
 
-def listed_spec(inputs: Tensors, order: Sequence[int], mode: str,
+def listed_spec(inputs: Tensors, order: Sequence[int], mode: Mode,
                 gears: Sequence[tuple[int, ...]], path: str) -> GearSpec:
     """Batch / image-size spec: the -1 dims of get_input_dims mark the dynamic axes."""
     dims = [inputs.dims[p] for p in order]
@@ -187,13 +188,13 @@ def infer_order(inputs: Tensors, full: Sequence[Shape], path: str) -> tuple[int,
     return fits[0][0]
 
 
-def make_spec(inputs: Tensors, order: Sequence[int], mode: str,
+def make_spec(inputs: Tensors, order: Sequence[int], mode: Mode,
               shapes: Sequence[Sequence[int]], gears: Sequence[tuple[int, ...]],
               path: str) -> GearSpec:
     """The GearSpec (inputs in ``order``); GearFileError when the gears do not form one."""
     try:
         return GearSpec(mode, tuple(inputs.names_in(order)),
-                        tuple(tuple(s) for s in shapes),  # type: ignore[arg-type]
+                        tuple(tuple(s) for s in shapes),
                         tuple(gears))
     except GearSpecError as exc:
         raise GearFileError(f"{path!r}: the gears it lists do not form a valid spec: "

@@ -96,6 +96,7 @@ class AclSession(BackendSession):
                         continue
                     i = model.spec_index(j)
                     if i in state_in:
+                        assert self.state is not None  # state_in is empty without state
                         pair = state_in[i]
                         mem.add(ds, self.state.buffers[pair][parity],
                                 self._plan.pairs[pair].nbytes)
@@ -169,13 +170,15 @@ class AclSession(BackendSession):
         #: per parity, per output: the (device address, size) its dataset buffer points at
         self._out_entries: list[list[tuple[int, int]]] = []
         for parity in range(2 if self.state is not None else 1):
-            entries = []
+            entries: list[tuple[int, int]] = []
             for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
                 if k in state_out:  # written where the next run (the other parity) reads
+                    assert self.state is not None  # state_out is empty without state
                     pair = state_out[k]
                     entries.append((self.state.buffers[pair][1 - parity],
                                     self._plan.pairs[pair].nbytes))
                 else:
+                    assert dev is not None  # only a state output has no device buffer
                     entries.append((dev, size))
             ds = mem.dataset()
             for ptr, size in entries:
@@ -185,11 +188,13 @@ class AclSession(BackendSession):
         self._out_copies: list[list[tuple[int, int, int, int, int]]] = []
         self._out_views: list[list[np.ndarray]] = []
         for g in range(info.spec.gear_count):
-            copies, views = [], []
+            copies: list[tuple[int, int, int, int, int]] = []
+            views: list[np.ndarray] = []
             for k, (dev, size) in enumerate(zip(devices, sizes, strict=True)):
                 if k in state_out:
                     views.append(np.empty(0, info.output_dtypes[k]))
                     continue
+                assert dev is not None  # only a state output has no device buffer
                 nbytes = info.output_size(g, k)
                 copies.append((k, host + offsets[k], size, dev, nbytes))
                 view = host_bytes[offsets[k]:offsets[k] + nbytes].view(info.output_dtypes[k])

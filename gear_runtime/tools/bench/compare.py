@@ -303,6 +303,7 @@ def plot_comparison(cmp: Comparison, before: dict[str, Any], after: dict[str, An
     (the backend alone: when it moved, the machine did) and the normalised ratio (execute's
     over bare's, the runtime's share); right, per gear the distribution of every iteration
     before and after (boxes on a log latency scale). One legend below both panels."""
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -315,7 +316,7 @@ def plot_comparison(cmp: Comparison, before: dict[str, Any], after: dict[str, An
     fig.suptitle(f"gear-runtime bench --compare: {Path(cmp.before).name} -> "
                  f"{Path(cmp.after).name}", fontsize=10)
     verdicts = sorted({d.verdict for d in cmp.gears}, key=list(VERDICT_COLORS).index)
-    handles = [Patch(color="0.85", label=f"+-{cmp.noise:.0%} noise")]
+    handles: list[Artist] = [Patch(color="0.85", label=f"+-{cmp.noise:.0%} noise")]
     handles += [Line2D([], [], color=VERDICT_COLORS[v], marker="o", linestyle="", label=v)
                 for v in verdicts]
     if any(d.bare_ratio is not None for d in cmp.gears):

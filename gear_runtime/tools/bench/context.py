@@ -27,8 +27,8 @@ def rss_bytes() -> int | None:
     try:
         import psutil
     except ImportError:
-        psutil = None
-    if psutil is not None:
+        pass
+    else:
         return int(psutil.Process().memory_info().rss)
     try:
         with open("/proc/self/statm", encoding="ascii") as f:

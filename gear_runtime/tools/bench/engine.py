@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 
 import numpy as np
 
@@ -184,7 +184,8 @@ def _gear_index(item: object) -> int | None:
     if isinstance(item, bool):
         return None
     try:
-        return int(item) if isinstance(item, str) else operator.index(item)
+        # no __index__: the TypeError caught below
+        return int(item) if isinstance(item, str) else operator.index(cast(SupportsIndex, item))
     except (TypeError, ValueError):
         return None
 

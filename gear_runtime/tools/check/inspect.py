@@ -27,14 +27,15 @@ def inspect_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     gf = read_gear_file(path)
     gf.verify_data()
     static = gf.spec.mode == "static"
+    data = gf.data_files  # a static model's inline weights are in the model file, no data file
     return jsonout.document("inspect", JSON_VERSION, {
         "path": gf.path, "format": None if static else FORMAT_VERSION,
         "kind": "static" if static else gf.kind,
         **_model_facts(gf.info, sink=gf.kind == KIND_SINK),
         "weights": {"tensors": len(gf.weights), "bytes": int(gf.weight_bytes),
-                    "in_data_file": len(gf.external)},
+                    "in_data_file": sum(s.path in data for s in gf.external.values())},
         "integrity": {"algorithm": DIGEST_ALGORITHM, "verified": gf.spec.mode != "static",
-                      "data_files": sorted(os.path.basename(p) for p in gf.data_digests)},
+                      "data_files": sorted(os.path.basename(p) for p in data)},
         "files": [{"path": f, "bytes": os.path.getsize(f)} for f in gf.files],
     })
 

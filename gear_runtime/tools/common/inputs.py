@@ -56,7 +56,7 @@ def parse_dym_shape(text: str) -> dict[str, tuple[int, ...]]:
                                  (e.rpartition(":") for e in entries)), "--dymShape")
 
 
-def check_request_shapes(model: GearModel, shapes: Mapping[str, tuple[int, ...]],
+def check_request_shapes(model: GearModel, shapes: Mapping[str, Sequence[int]],
                          flag: str = "--shapes") -> None:
     """InputError naming ``flag`` unless every shape is one the model can be asked to run:
     an input it has, of its rank, no dim beyond the largest gear's (a hybrid model, which

@@ -134,7 +134,7 @@ def _dim_names(spec: GearSpec, model: Any) -> dict[int, str]:
         dims = inputs[name].type.tensor_type.shape.dim
         param = dims[axis].dim_param if axis < len(dims) and dims[axis].dim_param else None
         found.setdefault(v, set()).add(param)
-    return {v: next(iter(s)) for v, s in found.items() if len(s) == 1 and None not in s}
+    return {v: name for v, s in found.items() if len(s) == 1 for name in s if name is not None}
 
 
 def read_trace(path: str | os.PathLike[str], layout: TraceLayout | None = None
