@@ -134,7 +134,7 @@ def summarise(start: float, times: list[list[float]], wall: float) -> Result:
 
 # ---- the ways: run(prompts, new) -> Result; tokens[N] the last run's tokens per prompt -------
 class EngineWay:
-    def __init__(self, folder: Path, cache: Path, max_n: int, threads: int) -> None:
+    def __init__(self, folder: Path, cache: Path | None, max_n: int, threads: int) -> None:
         from gear_runtime.llm import Engine
 
         self.engine = Engine.from_folder(folder, max_sequences=max_n, cache_dir=cache,
@@ -142,12 +142,15 @@ class EngineWay:
         self.tokens: dict[int, list[list[int]]] = {}
 
     def run(self, prompts: list[list[int]], new: int) -> Result:
+        start, streams, wall = self.generate(prompts, new)
+        return summarise(start, [s.token_times for s in streams], wall)
+
+    def generate(self, prompts: list[list[int]], new: int) -> tuple[float, list[Any], float]:
+        """Every prompt submitted at once, ``new`` tokens each: (start, streams, wall s)."""
         start = time.perf_counter()
         streams = [self.engine.submit(p, new, stop_token_ids=[]) for p in prompts]
-        outs = [s.result() for s in streams]
-        wall = time.perf_counter() - start
-        self.tokens[len(prompts)] = outs
-        return summarise(start, [s.token_times for s in streams], wall)
+        self.tokens[len(prompts)] = [s.result() for s in streams]
+        return start, streams, time.perf_counter() - start
 
     def close(self) -> None:
         self.engine.close()

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_engine import LENGTHS, prompts_for
+from bench_engine import LENGTHS, EngineWay, prompts_for
 
 Result = dict[str, Any]
 
@@ -56,23 +56,12 @@ def summarise(starts: list[float], times: list[list[float]], wall: float) -> Res
             "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
 
 
-class InProcess:
-    def __init__(self, folder: Path, max_n: int, threads: int) -> None:
-        from gear_runtime.llm import Engine
-
-        self.engine = Engine.from_folder(folder, max_sequences=max_n, threads=threads)
-        self.tokens: dict[int, list[list[int]]] = {}
+class InProcess(EngineWay):
+    """bench_engine.py's engine way, summarised as the served way is."""
 
     def run(self, prompts: list[list[int]], new: int) -> Result:
-        start = time.perf_counter()
-        streams = [self.engine.submit(p, new, stop_token_ids=[]) for p in prompts]
-        outs = [s.result() for s in streams]
-        wall = time.perf_counter() - start
-        self.tokens[len(prompts)] = outs
+        start, streams, wall = self.generate(prompts, new)
         return summarise([start] * len(prompts), [s.token_times for s in streams], wall)
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 class Served:
@@ -162,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_llm_serve_"))
     os.environ["GEAR_RUNTIME_LLM_CACHE"] = str(work / "cache")  # one compile for both
     folder, sizes = build(work, args.size)
-    ways: dict[str, Any] = {"in-process": InProcess(folder, max(counts), args.threads)}
+    ways: dict[str, Any] = {"in-process": InProcess(folder, None, max(counts), args.threads)}
     ways["served"] = Served(folder, max(counts), args.threads)
     try:
         for way in ways.values():  # warm-up: the gears the runs touch

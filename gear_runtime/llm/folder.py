@@ -58,10 +58,7 @@ def read_folder(path: str | Path) -> ModelFolder:
     if not config_path.is_file():
         raise InputError(f"{folder}: no {CONFIG} (an onnxruntime-genai model builder folder "
                          "holds one beside model.onnx)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{config_path}: not readable JSON ({exc})") from None
+    config = read_json_object(config_path)
     model = _get(config, "model", dict, config_path)
     decoder = _get(model, "decoder", dict, config_path, "model")
     inputs = _get(decoder, "inputs", dict, config_path, "model.decoder")
@@ -96,6 +93,21 @@ def read_folder(path: str | Path) -> ModelFolder:
         eos_token_ids=tuple(int(t) for t in eos_ids if isinstance(t, int)))
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file): the one reader of the
+    folder's JSON files (genai_config.json, the tokenizer's, generation_config.json, a
+    build's gears). InputError naming the file when it is unreadable or not an object."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _get(table: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
     value = table.get(key)
     if not isinstance(value, kind) or isinstance(value, bool) or (
@@ -106,4 +118,4 @@ def _get(table: dict[str, Any], key: str, kind: type, path: Path, where: str = "
     return value
 
 
-__all__ = ["CONFIG", "ModelFolder", "read_folder"]
+__all__ = ["CONFIG", "ModelFolder", "read_folder", "read_json_object"]

@@ -41,7 +41,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from gear_runtime.errors import InputError
-from gear_runtime.llm.folder import ModelFolder
+from gear_runtime.llm.folder import ModelFolder, read_json_object
 from gear_runtime.version import __version__
 
 LOGITS_INDEX = "gear_logits_index"
@@ -127,14 +127,7 @@ def stored_gears(folder: ModelFolder) -> StoredGears:
     """The folder's :data:`GEARS_CONFIG` (all None when it has none). InputError naming the
     file and the key for a malformed one."""
     path = folder.path / GEARS_CONFIG
-    if not path.is_file():
-        return StoredGears()
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(table, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(table).__name__}")
+    table = read_json_object(path)
 
     def read(key: str, check: Callable[[str, Any], Any]) -> Any:
         return None if table.get(key) is None else check(key, table[key])

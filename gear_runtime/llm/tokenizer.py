@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_runtime.errors import InputError
+from gear_runtime.llm.folder import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -70,8 +71,8 @@ class Tokenizer:
             backend = Backend.from_file(str(file))
         except Exception as exc:  # tokenizers raises a bare Exception on a bad file
             raise InputError(f"{file}: not a readable {TOKENIZER_FILE} ({exc})") from None
-        config = _read_json(folder / CONFIG_FILE)
-        for name, value in _read_json(folder / SPECIAL_TOKENS_MAP_FILE).items():
+        config = read_json_object(folder / CONFIG_FILE)
+        for name, value in read_json_object(folder / SPECIAL_TOKENS_MAP_FILE).items():
             config.setdefault(name, value)  # the legacy file only fills what the config lacks
         return cls(backend, config, folder, _chat_template(folder, config))
 
@@ -275,20 +276,6 @@ def _raise_exception(message: str) -> None:
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` ({} when there is no file); InputError naming it when it
-    is unreadable or not an object."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:

@@ -13,7 +13,6 @@ row at the engine's next step.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -230,18 +229,15 @@ def _generation_defaults(folder: Path) -> dict[str, Any]:
     """Sampling defaults from the checkpoint's generation_config.json (as vLLM takes
     them), else OpenAI's (temperature 1)."""
     defaults: dict[str, Any] = {"temperature": DEFAULT_TEMPERATURE, "top_p": 1.0, "top_k": 0}
-    path = folder / "generation_config.json"
-    if path.is_file():
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not readable JSON ({exc})") from None
-        for key in ("temperature", "top_p", "top_k"):
-            value = doc.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                defaults[key] = value
-        if doc.get("do_sample") is False:  # greedy, whatever temperature it also names
-            defaults["temperature"] = 0.0
+    from gear_runtime.llm.folder import read_json_object
+
+    doc = read_json_object(folder / "generation_config.json")
+    for key in ("temperature", "top_p", "top_k"):
+        value = doc.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            defaults[key] = value
+    if doc.get("do_sample") is False:  # greedy, whatever temperature it also names
+        defaults["temperature"] = 0.0
     return defaults
 
 
