@@ -26,6 +26,7 @@ from gear_runtime.errors import (
     GearRuntimeError,
     GearSpecError,
     InputError,
+    PaddingUnsafeError,
 )
 from gear_runtime.spec import GearSpec
 
@@ -48,6 +49,7 @@ __all__ = [
     "Executor",
     "GearFileError",
     "GearMismatchError",
+    "PaddingUnsafeError",
     "GearModel",
     "GearRuntimeError",
     "GearSpec",
@@ -62,10 +64,25 @@ __all__ = [
 
 def compile(model: Any, spec: GearSpec, output: str, hybrid: bool = False,  # noqa: A001
             sink: bool = False, **kwargs: Any) -> str:
-    """Compile a dynamic ONNX model into one gear file (``compiler.compile_model``)."""
+    """Compile a dynamic ONNX model into one gear file (``compiler.compile_model``).
+
+    ``check_padding=True`` (or a dict of :func:`check_padding`'s keywords, e.g.
+    ``{"valid": {"present_kv": 4}}``): then run check-padding on the written file against
+    ``model`` (a probe of request sizes between the gears) and record its verdict in the
+    file (``record=True``): a model found UNSAFE is never padded when loaded."""
     from gear_runtime.compiler import compile_model
 
-    return compile_model(model, spec, output, hybrid=hybrid, sink=sink, **kwargs)
+    probe = kwargs.pop("check_padding", False)
+    written = compile_model(model, spec, output, hybrid=hybrid, sink=sink, **kwargs)
+    if probe is not False and probe is not None:
+        from gear_runtime.tools.check.padding import check_padding as _check
+
+        options = dict(probe) if isinstance(probe, dict) else {}
+        if not isinstance(probe, dict) and probe is not True:
+            raise InputError(f"check_padding must be True or a dict of check_padding's "
+                             f"keywords, got {probe!r}")
+        _check(written, model, record=True, **options)
+    return written
 
 
 def load(path: str, backend: str = "onnxruntime", **options: Any) -> GearModel:

@@ -70,6 +70,15 @@ class GearMismatchError(InputError):
     default_code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
 
 
+class PaddingUnsafeError(GearMismatchError):
+    """A request that matches no gear and needs padding, on a model whose padding verdict
+    (recorded by ``check-padding --record``, or declared ``pad_safe=False``) is UNSAFE:
+    padding would change its outputs (a recurrent state decayed by pad positions), so it is
+    refused rather than answered wrongly. Run a request that matches a gear exactly,
+    re-export the model padding-safe, or declare ``pad_safe=True`` if the check was wrong
+    for your use. GE's code of a request that matches no gear (145013), as on Ascend."""
+
+
 class BackendError(GearRuntimeError, RuntimeError):
     """A backend call failed; the message names the call, ``code`` is its return code."""
 

@@ -57,10 +57,12 @@ class Mutation:
     behaviour: str
 
 
-STATE = "gear_runtime/runtime/state.py"
+STATE = "gear_runtime/runtime/state/plan.py"
+RESIDENT = "gear_runtime/runtime/state/resident.py"
 EXECUTOR = "gear_runtime/runtime/executor.py"
 SEQUENCES = "gear_runtime/serving/sequences.py"
-RUNNER = "gear_runtime/serving/runner.py"
+POOL = "gear_runtime/serving/pool.py"
+START = "gear_runtime/serving/start.py"
 T_STATE = "tests/test_state.py"
 T_IN_PLACE = "tests/test_state_in_place.py"
 T_SEQ = "tests/test_serving_sequences.py"
@@ -93,7 +95,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a state input that is also a graph output is never aliased in place"),
     # ---- the executor's outputs and set_state ------------------------------------------------
     Mutation(
-        "executor-state-commit", EXECUTOR,
+        "executor-state-commit", RESIDENT,
         "        self._session.commit_state()\n",
         "        pass\n",
         (f"{T_STATE}::test_state_advances_as_plain_ort_and_a_kept_view_is_not_written_by_the_next_run",),
@@ -105,9 +107,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{T_STATE}::test_copy_true_outputs_of_a_stateful_executor_survive_the_next_step",),
         "copy=True on a stateful executor returns arrays the next step never overwrites"),
     Mutation(
-        "executor-set-state-device-shape", EXECUTOR,
-        "                if value.shape != pair.shape or value.dtype != pair.dtype:",
-        "                if value.dtype != pair.dtype:",
+        "executor-set-state-device-shape", RESIDENT,
+        "            if value.shape != pair.shape or value.dtype != pair.dtype:",
+        "            if value.dtype != pair.dtype:",
         ("tests/test_device_state.py::test_set_state_refuses_a_device_buffer_of_another_shape",),
         "set_state refuses a device buffer of another shape (never a short or long copy)"),
     # ---- shared weights ----------------------------------------------------------------------
@@ -169,19 +171,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{T_SEQ_HOSTILE}::test_the_bound_refuses_only_requests_that_would_wait",),
         "past --max-queue a sequence request that would wait is refused (503 queue_full)"),
     Mutation(
-        "seq-start-missing-output", RUNNER,
+        "seq-start-missing-output", START,
         "            if out not in outputs:",
         "            if False:",
         (f"{T_SEQ}::test_a_start_model_without_the_state_output_is_refused",),
         "a --sequence-start model without a state output is refused at load"),
     Mutation(
-        "seq-start-shape", RUNNER,
+        "seq-start-shape", START,
         "            if shapes != {want} or self.model.info.output_dtypes[k] != \\",
         "            if False and self.model.info.output_dtypes[k] != \\",
         (f"{T_SEQ}::test_a_start_model_that_does_not_fit_the_step_model_is_refused_at_load",),
         "a --sequence-start model whose state output has another shape is refused at load"),
     Mutation(
-        "seq-start-answers", RUNNER,
+        "seq-start-answers", START,
         "        if others != list(answered):",
         "        if False:",
         (f"{T_SEQ}::test_a_start_model_that_does_not_fit_the_step_model_is_refused_at_load",),
@@ -254,20 +256,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "every series of a worker carries its worker label (sum without(worker) works)"),
     # ---- the executor pool: a run lent to the event loop -------------------------------------
     Mutation(
-        "pool-cancelled-waiter", RUNNER,
+        "pool-cancelled-waiter", POOL,
         "        future.add_done_callback(lambda f: waiting.end())"
         "  # a cancelled task never starts",
         "        pass",
         (f"{T_POOL}::test_cancelled_waiters_leave_the_queue",),
         "a request cancelled while it waits for an executor leaves the queue (no false 503s)"),
     Mutation(
-        "pool-lend-while-waiting", RUNNER,
+        "pool-lend-while-waiting", POOL,
         "            if self._running or self._waiting or self.refusing:",
         "            if self._running or self.refusing:",
         (f"{T_POOL}::test_the_executor_is_not_lent_while_a_task_waits_for_it",),
         "the executor is never lent to the loop while a task waits for it (no overtaking)"),
     Mutation(
-        "pool-wait-for-lent", RUNNER,
+        "pool-wait-for-lent", POOL,
         "            while self._lent_to is not None:",
         "            while False:",
         (f"{T_POOL}::test_a_worker_waits_for_the_lent_executor_to_come_back",),

@@ -13,7 +13,7 @@ import pytest
 
 from gear_runtime.backends import ALIASES, BACKENDS, FACTS, facts
 from gear_runtime.cli.common import UsageError, backend_options
-from gear_runtime.serving.runner import ServeOptions
+from gear_runtime.serving.options import ServeOptions
 
 ROOT = Path(__file__).resolve().parent.parent / "gear_runtime"
 
@@ -96,7 +96,7 @@ def test_the_model_config_names_the_backends_instance_kind(monkeypatch) -> None:
     from gear_runtime.backends import null
     from gear_runtime.runtime.model import GearModel
     from gear_runtime.serving.metrics import Metrics
-    from gear_runtime.serving.runner import ServedModel
+    from gear_runtime.serving.served import ServedModel
     from gear_runtime.spec import GearSpec
 
     spec = GearSpec.from_atc(input_shape="data:-1,3", dynamic_batch_size="1,2")

@@ -13,7 +13,7 @@ from cli_support import run_cli
 from doubles import fake_acl, fake_mslite
 
 from gear_runtime.serving import build_server
-from gear_runtime.serving.runner import ServeOptions
+from gear_runtime.serving.options import ServeOptions
 
 OM_INPUTS = [("x", [-1, 3, 4], "float32"), ("ids", [-1, 2], "int64")]
 OM_GEARS = [(1,), (4,), (8,)]

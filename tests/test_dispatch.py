@@ -165,7 +165,8 @@ def test_the_server_batches_to_the_dispatchers_table(monkeypatch) -> None:
     before serving, 3 rows run on the gear the profile says is cheapest."""
     pytest.importorskip("orjson")
     from gear_runtime.serving.metrics import Metrics
-    from gear_runtime.serving.runner import ServedModel, ServeOptions
+    from gear_runtime.serving.options import ServeOptions
+    from gear_runtime.serving.served import ServedModel
 
     spec = spec_of(BATCH)
     model = GearModel(null.open_model(None, spec=spec,

@@ -26,7 +26,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("arguments",),
     ("spec",),
     ("gearfile",),
-    ("compiler", "backends", "examples", "_core"),
+    ("compiler", "backends", "_core"),
+    ("examples",),  # above the compiler: an example writes its model and compiles it
     ("runtime",),
     ("tools",),
     ("llm",),  # above the tools: a build plans its prompt gears from a trace
@@ -134,6 +135,27 @@ def package_of(module: str) -> str:
     return "<facade>" if parts == ["gear_runtime"] else parts[1]
 
 
+def facade_imports(module: str, path: Path, root: Path = ROOT) -> Iterator[int]:
+    """The lines where ``module`` imports the package face itself (``gear_runtime/__init__.py``):
+    ``import gear_runtime`` (under any alias) or ``from gear_runtime import NAME`` where NAME
+    is no module of the package (``from gear_runtime import arguments`` imports a module,
+    not the face). :func:`graph` cannot see these: to it every module's ancestors are its own
+    packages, and the face is everyone's ancestor."""
+    own = {m.split(".")[1] for m in modules("gear_runtime", root) if "." in m}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            if any(a.name == "gear_runtime" for a in node.names):
+                yield node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base == "gear_runtime" and any(a.name not in own for a in node.names):
+                yield node.lineno
+
+
 def test_no_import_circles_in_the_package_or_the_benchmarks() -> None:
     assert circles(graph("gear_runtime")) == []
     assert circles(graph("benchmarks")) == []
@@ -171,6 +193,17 @@ def test_imports_only_go_down_the_layers() -> None:
     assert upward == []
 
 
+def test_only_the_layers_above_the_package_face_import_it() -> None:
+    """``import gear_runtime as gr`` in a module below the face (an example calling
+    ``gr.compile``) is an upward import too: such a module imports the module it needs
+    (``gear_runtime.compiler``). The serving layer and the CLI, above the face, may use it."""
+    below = sorted(f"{m}:{line}" for m, path in modules("gear_runtime").items()
+                   if package_of(m) != "<facade>"
+                   and LAYER_OF[package_of(m)] < LAYER_OF["<facade>"]
+                   for line in facade_imports(m, path))
+    assert below == []
+
+
 def test_the_checks_see_what_they_claim() -> None:
     """The graph is not empty and finds what it must: a known edge, a circle, an upward
     import (a test of the test: a graph that sees nothing would pass everything)."""
@@ -179,6 +212,25 @@ def test_the_checks_see_what_they_claim() -> None:
     assert "gear_runtime.spec" in edges["gear_runtime.runtime.executor"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert LAYER_OF["spec"] < LAYER_OF["runtime"] < LAYER_OF["serving"]
+
+
+def test_the_face_check_sees_what_it_claims(tmp_path) -> None:
+    """An import of the package face is found in every spelling, and an import of one of
+    the package's modules through ``from gear_runtime import`` is not one."""
+    package = tmp_path / "gear_runtime"
+    (package / "examples").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "arguments.py").write_text("")
+    (package / "examples" / "__init__.py").write_text("")
+    module = package / "examples" / "m.py"
+    module.write_text("from gear_runtime import arguments\n"  # 1: a module, not the face
+                      "import gear_runtime as gr\n"  # 2
+                      "def f():\n"
+                      "    import gear_runtime\n"  # 4: lazy
+                      "    from gear_runtime import compile, arguments\n"  # 5: compile: the face
+                      "    from .. import load\n")  # 6: relative, the face's
+    found = list(facade_imports("gear_runtime.examples.m", module, root=tmp_path))
+    assert found == [2, 4, 5, 6]
 
 
 def test_only_the_export_scripts_need_torch() -> None:

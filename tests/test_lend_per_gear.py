@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from serving_support import compile_models, conv_input
 
-from gear_runtime.serving.runner import NOT_HERE, ExecutorPool
+from gear_runtime.serving.batcher import NOT_HERE
+from gear_runtime.serving.pool import ExecutorPool
 
 #: the lending threshold in these tests (seconds): the fast runs take < 1 ms, the slow 0.3 s
 BELOW_S = 0.1
@@ -34,7 +35,7 @@ def test_a_gear_is_lent_only_once_it_was_timed_short() -> None:
     """Gear 0 timed short lends; gear 1 is not lent before it was timed, nor after it was
     timed long; gear 0 still lends meanwhile; an unknown gear (None) is never lent."""
     pool = ExecutorPool(_Model(), 1, "m")
-    pool.RUN_HERE_BELOW_S = BELOW_S
+    pool.lending.RUN_HERE_BELOW_S = BELOW_S
     here = threading.current_thread()
     on_loop = lambda ex: threading.current_thread() is here  # noqa: E731
 
@@ -55,7 +56,7 @@ def test_a_gear_is_lent_only_once_it_was_timed_short() -> None:
 def test_a_slow_lent_run_keeps_only_its_own_gear_off_the_loop() -> None:
     """A lent run that took long (an outlier) judges its own gear, not the others."""
     pool = ExecutorPool(_Model(), 1, "m")
-    pool.RUN_HERE_BELOW_S = BELOW_S
+    pool.lending.RUN_HERE_BELOW_S = BELOW_S
 
     async def main() -> None:
         for gear in (0, 1):
@@ -72,12 +73,12 @@ def _served(tmp_path, batching: bool):
     """The conv model (batch gears 1, 2, 4, 8) served with one executor whose 8-row runs
     sleep SLOW_S; ``ran`` gets (rows, on the loop's thread) per run."""
     from gear_runtime.serving import build_server
-    from gear_runtime.serving.runner import ServeOptions
+    from gear_runtime.serving.options import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
     server = build_server([str(path)], options=ServeOptions(executors=1, batching=batching))
     model = next(iter(server.models.values()))
-    model.pool.RUN_HERE_BELOW_S = BELOW_S
+    model.pool.lending.RUN_HERE_BELOW_S = BELOW_S
     ran: list[tuple[int, bool]] = []
     loop_thread = threading.current_thread()
     execute = type(model.pool._executors[0]).execute
@@ -127,7 +128,7 @@ def test_the_predicted_gear_is_the_one_the_executor_runs(tmp_path) -> None:
     """The gear a request is judged by (ServedModel._gear_of) is the one its run uses: by
     its shapes, by its dynamic_dims, padded (the covering gear); None where no gear fits."""
     from gear_runtime.serving import build_server
-    from gear_runtime.serving.runner import ServeOptions
+    from gear_runtime.serving.options import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
     for pad in (False, True):

@@ -21,7 +21,7 @@ pytest.importorskip("httptools")
 from serving_support import HOST, ServeProcess, live, metrics, request  # noqa: E402
 
 from gear_runtime.serving.app import build_server  # noqa: E402
-from gear_runtime.serving.runner import ServeOptions  # noqa: E402
+from gear_runtime.serving.options import ServeOptions  # noqa: E402
 
 SIZES = gqa_lm.SMALL  # max_seq 128, vocab 512
 

@@ -184,12 +184,12 @@ class OddNumpy:
 
 @pytest.fixture
 def odd_memory(monkeypatch) -> OddNumpy:
-    """Every raw block of backends/base.py (aligned_buffer) and of the output pool starts at an
-    odd address while the test runs."""
-    from gear_runtime.backends import base
+    """Every raw block of backends/host_memory.py (aligned_buffer) and of the output pool
+    starts at an odd address while the test runs."""
+    from gear_runtime.backends import host_memory
 
     odd = OddNumpy()
-    monkeypatch.setattr(base, "np", odd)
+    monkeypatch.setattr(host_memory, "np", odd)
     monkeypatch.setattr(output_pool, "np", odd)
     return odd
 

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from gear_runtime.serving.runner import NOT_HERE, ExecutorPool
+from gear_runtime.serving.batcher import NOT_HERE
+from gear_runtime.serving.pool import ExecutorPool
 
 
 class _Model:
@@ -65,7 +66,7 @@ def test_readiness_stays_ready_while_a_queue_is_full(tmp_path) -> None:
 
     from gear_runtime.serving import build_server
     from gear_runtime.serving.grpc_app import Servicer
-    from gear_runtime.serving.runner import ServeOptions
+    from gear_runtime.serving.options import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
     server = build_server([str(path)], options=ServeOptions(max_queue=3))
@@ -110,7 +111,7 @@ def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -
     for the GIL of a busy loop. (Per gear: tests/test_lend_per_gear.py.)"""
     model = _Counted()
     pool = ExecutorPool(model, 1, "m")
-    pool.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
+    pool.lending.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
     here = threading.current_thread()
     where = lambda ex: (threading.current_thread() is here, ex)  # noqa: E731
     assert pool.run_here(where, 0) is NOT_HERE  # nothing timed yet
@@ -131,7 +132,7 @@ def test_a_short_run_of_an_idle_one_executor_pool_runs_on_the_callers_thread() -
         pool.run_here(lambda ex: time.sleep(0.1), 0)  # a slow run here: the peak now
         assert pool.peak_seconds(0) >= 0.1 and pool.run_here(where, 0) is NOT_HERE
         for _ in range(500):  # worker runs decay it: ~55 runs from 0.1 s
-            if pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S:
+            if pool.peak_seconds(0) < pool.lending.RUN_HERE_BELOW_S:
                 break
             await pool.call(lambda ex: None, 0)
         assert pool.run_here(where, 0) == (True, 1)
@@ -151,7 +152,7 @@ def test_the_executor_is_not_lent_while_a_task_waits_for_it() -> None:
     """A task submitted and waiting for the pool's worker (none running yet) goes first: the
     executor is not lent to the caller's thread meanwhile, so nothing overtakes it."""
     pool = ExecutorPool(_Counted(), 1, "m")
-    pool.RUN_HERE_BELOW_S = 60.0
+    pool.lending.RUN_HERE_BELOW_S = 60.0
     asyncio.run(pool.call(lambda ex: None, 0))  # gear 0 timed: lent when nothing waits
     assert pool.run_here(lambda ex: "here", 0) == "here"
     hold = threading.Event()
@@ -171,7 +172,7 @@ def test_a_worker_waits_for_the_lent_executor_to_come_back() -> None:
     """While the one executor is lent to the caller's thread, a task that reaches the worker
     waits for it to come back: the executor never runs on two threads at once."""
     pool = ExecutorPool(_Counted(), 1, "m")
-    pool.RUN_HERE_BELOW_S = 60.0
+    pool.lending.RUN_HERE_BELOW_S = 60.0
     asyncio.run(pool.call(lambda ex: None, 0))
     ran = threading.Event()
     seen: list[bool] = []
@@ -191,14 +192,14 @@ def test_a_pool_never_lent_is_judged_by_its_quickest_recent_worker_run() -> None
     that are all slow keep the executor on its worker; one quick run among slow ones (the
     others slowed by a busy loop) lends it."""
     pool = ExecutorPool(_Counted(), 1, "m")
-    pool.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
+    pool.lending.RUN_HERE_BELOW_S = 0.02  # far above a no-op's time, even on a loaded machine
 
     async def main() -> None:
         for _ in range(3):
             await pool.call(lambda ex: time.sleep(0.05), 0)
         assert pool.peak_seconds(0) >= 0.05 and pool.run_here(lambda ex: 1, 0) is NOT_HERE
         await pool.call(lambda ex: None, 0)
-        assert pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S
+        assert pool.peak_seconds(0) < pool.lending.RUN_HERE_BELOW_S
         assert pool.run_here(lambda ex: 1, 0) == 1
 
     asyncio.run(main())
@@ -216,9 +217,9 @@ def test_an_executor_bound_to_its_thread_is_never_lent() -> None:
             return Bound()
 
     pool = ExecutorPool(Model(), 1, "m")
-    pool.RUN_HERE_BELOW_S = 60.0
+    pool.lending.RUN_HERE_BELOW_S = 60.0
     asyncio.run(pool.call(lambda ex: None, 0))
-    assert pool.peak_seconds(0) < pool.RUN_HERE_BELOW_S
+    assert pool.peak_seconds(0) < pool.lending.RUN_HERE_BELOW_S
     assert pool.run_here(lambda ex: 1, 0) is NOT_HERE
     pool.close()
 
@@ -231,13 +232,13 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
     from serving_support import compile_models, conv_input
 
     from gear_runtime.serving import build_server
+    from gear_runtime.serving.options import ServeOptions
     from gear_runtime.serving.protocol import InferRequest
-    from gear_runtime.serving.runner import ServeOptions
 
     path = compile_models(tmp_path)["conv"]
     server = build_server([str(path)], options=ServeOptions(executors=1, batching=batching))
     assert (model := next(iter(server.models.values()))).batcher is not None or not batching
-    model.pool.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
+    model.pool.lending.RUN_HERE_BELOW_S = 60.0  # the wiring is tested here, not the threshold
     threads: list[bool] = []
     loop_thread = threading.current_thread()
     execute = type(model.pool._executors[0]).execute
@@ -265,7 +266,7 @@ def test_a_served_short_model_runs_on_the_loop_once_its_runs_are_timed(tmp_path,
 def test_a_chain_of_batches_is_timed_batch_by_batch() -> None:
     """A worker's chain of batches is one pool task as long as the load lasts: the pool
     times each batch (PoolBatches.run_on), never the chain, whose time is no run's."""
-    from gear_runtime.serving.runner import PoolBatches
+    from gear_runtime.serving.pool import PoolBatches
 
     pool = ExecutorPool(_Model(), 1, "m")
     batches = PoolBatches(pool, lambda requests, ex: (time.sleep(0.02), requests),
@@ -273,7 +274,7 @@ def test_a_chain_of_batches_is_timed_batch_by_batch() -> None:
     two_rows = [[np.zeros((2, 3), np.float32)]]
     chain = batches.submit(lambda ex: [batches.run_on(ex, two_rows) for _ in range(5)])
     chain.result(30)
-    assert list(pool._away) == [1]  # each batch timed as a run of its gear
-    times = pool._away[1]
+    assert list(pool.lending._away) == [1]  # each batch timed as a run of its gear
+    times = pool.lending._away[1]
     assert len(times) == 5 and 0.02 <= min(times) <= max(times) < 1.0  # a run's, not 5
     pool.close()

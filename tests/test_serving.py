@@ -580,7 +580,7 @@ def test_cli_refuses_bad_flags_before_loading(files, capsys) -> None:
 
 
 def test_an_executor_that_cannot_be_created_fails_the_load_at_once() -> None:
-    from gear_runtime.serving.runner import ExecutorPool
+    from gear_runtime.serving.pool import ExecutorPool
 
     class Broken:
         def create_executor(self):

@@ -26,13 +26,14 @@ from gear_runtime.errors import ClosedError, InputError  # noqa: E402
 from gear_runtime.examples import causal_lm  # noqa: E402
 from gear_runtime.serving import ServeOptions, build_server  # noqa: E402
 from gear_runtime.serving.errors import QueueFullError  # noqa: E402
-from gear_runtime.serving.runner import ServedModel, StartModel  # noqa: E402
 from gear_runtime.serving.sequences import (  # noqa: E402
     SequenceControl,
     SequencesFullError,
     SequenceSlots,
     sequence_control,
 )
+from gear_runtime.serving.served import ServedModel  # noqa: E402
+from gear_runtime.serving.start import StartModel  # noqa: E402
 
 STATE = tuple(causal_lm.STATE.items())
 SIZES = causal_lm.SMALL

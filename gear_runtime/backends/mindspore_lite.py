@@ -545,7 +545,7 @@ class MsliteSession(BackendSession):
         #: per gear, per output: the device tensor a device run writes it to (made on first
         #: use; None for a state output, whose tensor is the state's)
         self._device_outputs: list[list[Any] | None] = [None] * spec.gear_count
-        self.state = None if state is None else MsliteState(self, state)
+        self.state: MsliteState | None = None if state is None else MsliteState(self, state)
 
     def _output_buffers(self) -> list[list[np.ndarray]]:
         """Per gear, per output: a view of one session buffer per output (sized for the

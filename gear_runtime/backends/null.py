@@ -59,7 +59,7 @@ class NullSession(BackendSession):
         self.model, self.layout = model, layout
         #: The resident state (a StatePlan given): each run writes its state outputs (zeros)
         #: into the buffers the next run reads, as a real backend would.
-        self.state = None if state is None else HostState(state)
+        self.state: HostState | None = None if state is None else HostState(state)
         self.staging = np.zeros(max(int(layout.total_bytes), 1), dtype=np.uint8)
         info = model.info
         self._outputs = [[np.zeros(s, dtype=dt) for s, dt in

@@ -6,7 +6,8 @@ Shape of the backend (docs/architecture.md says why; the figures come from bench
   weight prepacking ON: the weights are loaded (or mapped, from the data file beside the gear
   file) and prepacked once, whatever the number of gears. Measured on ORT CPU: per-gear static
   sessions are no faster than one dynamic session, and per-gear sessions cannot share
-  prepacked weights through ORT's Python API (prepacking off cost up to 3x at real sizes).
+  prepacked weights through ORT's Python API (prepacking off is slower at real sizes:
+  docs/benchmarks.md, "Figures behind choices in the code").
 * Per executor, one IO binding per gear on that session: gear ``g``'s inputs bound to their
   offsets in the executor's staging buffer with the gear's static shapes, its outputs to
   preallocated arrays of the gear's output shapes (ORT refuses a run whose output shape
@@ -123,8 +124,8 @@ def open_model(path: str, providers: Sequence[Any] | None = None, *,
 
 #: Inputs at least this large are read by ORT where the caller has them (CPU, a request that
 #: needs no padding) instead of being copied into staging: above it, the copy costs more than
-#: pointing a binding at the array (benchmarks/bench_inputs.py on a 2-core x86 host: 0.026 ms
-#: in place vs 0.023 staged at 256 KiB, 0.034 vs 0.040 at 512 KiB, 4.7 vs 12.8 at 64 MiB).
+#: pointing a binding at the array, and below it less (benchmarks/bench_inputs.py; the
+#: figures: docs/benchmarks.md, "Figures behind choices in the code").
 IN_PLACE_INPUT_BYTES = 512 * 1024
 
 

@@ -325,7 +325,8 @@ class OvModel(BackendModel):
             self.properties["INFERENCE_PRECISION_HINT"] = self.precision
         if device == "CPU":
             # Pinned inference threads wait for their core when other processes run there:
-            # on a shared 2-core machine a pinned run took 2.5-5x as long (docs/openvino.md).
+            # on a shared machine a pinned run took several times as long (docs/openvino.md,
+            # "CPU pinning").
             self.properties["ENABLE_CPU_PINNING"] = False
         self.properties.update(config or {})
         if "INFERENCE_PRECISION_HINT" in self.properties:
@@ -477,7 +478,8 @@ class OvSession(BackendSession):
         # What a run calls, looked up once: the C-level synchronous infer, in this thread (the
         # Python wrapper adds its input dispatch; start_async + wait hop to OpenVINO's stream
         # thread, which cost milliseconds on a loaded machine). It returns a dict of views of
-        # every output (about 4 us per output: G x K outputs in a shared-weights model).
+        # every output (a cost per output, and a shared-weights model has G x K outputs:
+        # docs/benchmarks.md, "Figures behind choices in the code").
         self._infer = _pyov().InferRequest.infer
 
     def _bind_gears(self) -> None:

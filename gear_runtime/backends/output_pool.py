@@ -3,7 +3,8 @@
 ``execute()`` (copy=True) hands the caller arrays to keep. Bound to a fresh ``np.empty`` per
 call, a large output is first-touched by ORT: above glibc's mmap threshold every fresh array
 is a new mapping, so each page faults and is zeroed by the kernel on the run's critical path
-(311 MB of logits: ~0.8 s of system time per call). ORT's own ``run`` does not pay it: its
+(on LLM-sized logits, much of each call goes to system time: docs/benchmarks.md, "Figures
+behind choices in the code"). ORT's own ``run`` does not pay it: its
 CPU allocator is an arena (BFCArena, ``enable_cpu_mem_arena`` on by default) that keeps the
 memory it once mapped, and its Python binding returns each output as a numpy array over the
 arena's memory (the array's base is a capsule holding the OrtValue; no copy). When the caller

@@ -9,7 +9,8 @@ is rebuilt over them; the second model's initializers that are EQUAL to one of t
 dtype, shape and bytes, found by a SHA-256 digest, never by name -- get that OrtValue too.
 
 Both sessions run with ORT's weight prepacking off: a session prepacks a shared weight into
-a private copy (measured: +517 MiB on a 606 MiB decode), which would undo the sharing; the
+a private copy (measured: close to a second copy of the weights; docs/benchmarks.md,
+"Figures behind choices in the code"), which would undo the sharing; the
 decode step measured no slower for it (``benchmarks/bench_generate.py`` shows both).
 """
 

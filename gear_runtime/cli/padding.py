@@ -50,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help='write the report as JSON (schema '
                    '"gear-runtime-check-padding/1", see docs/json.md); "-" for stdout (then '
                    "the table is not printed)")
+    p.add_argument("--record", action="store_true",
+                   help="write the verdict (SAFE / UNSAFE, with the --valid / --ignore-output "
+                   "it used) into the gear file's metadata (resealed): loading it then never "
+                   "pads a model found UNSAFE, and serve --pad / --sequence-start read it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_check_padding)
 
@@ -84,9 +88,12 @@ def _check(args: argparse.Namespace) -> int:
     samples = _samples(args.samples, MAX_SAMPLES) if args.samples is not None else None
     report = check_padding(args.file, args.source, samples=samples, pad_values=pads,
                            rtol=args.rtol, atol=args.atol, progress=not args.no_progress,
-                           valid=_valid(args.valid), ignore_outputs=args.ignore_output)
+                           valid=_valid(args.valid), ignore_outputs=args.ignore_output,
+                           record=args.record)
     if args.json != "-":
         print(report.table())
+        if args.record:
+            print(f"recorded in {args.file}: padding {'SAFE' if report.safe else 'UNSAFE'}")
     if args.json is not None:
         jsonout.write(args.json, report.to_json())
     return EXIT_SAFE if report.safe else EXIT_UNSAFE

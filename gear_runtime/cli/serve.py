@@ -26,7 +26,7 @@ from gear_runtime.cli.common import (
 
 if TYPE_CHECKING:
     from gear_runtime.serving.http import HttpLimits
-    from gear_runtime.serving.runner import ServeOptions
+    from gear_runtime.serving.options import ServeOptions
 
 #: Default --drain-seconds (the home of the number is serving.lifecycle.DEFAULT_DRAIN_S; the
 #: parser cannot import it without the serve extra, a test keeps the two equal).
@@ -214,11 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "--executors N executors per model")
     if args.model_repository:
         _check_repository(args.model_repository, bool(args.files))
-    if args.pad and not args.padding_checked:
-        print("gear-runtime serve: warning: --pad serves requests padded to their covering "
-              "gear; a model whose outputs change with padding answers wrongly: run "
-              "gear-runtime check-padding on each model first (--padding-checked silences "
-              "this)", file=sys.stderr)
+    _warn_padding(args)
     for path in args.files:
         if os.path.isdir(path):
             _check_llm_folder(args, path)
@@ -230,6 +226,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         error(str(exc))
         return EXIT_FAILED
     return serve_from_args(args)
+
+
+def _warn_padding(args: argparse.Namespace) -> None:
+    """What serve pads, said once at start: ``--pad`` pads each gear file's requests,
+    ``--sequence-start`` every prompt. A model with no recorded verdict (``check-padding
+    --record``) is padded as asked, with a warning naming it (``--padding-checked``
+    silences it); one recorded UNSAFE is never padded: a request that needs it is refused
+    (400, PaddingUnsafeError) and this says so; one recorded SAFE is silent."""
+    from gear_runtime.gearfile.padding import recorded_verdict
+
+    padded = [(p, "--pad") for p in args.files if args.pad and os.path.isfile(p)]
+    if getattr(args, "sequence_start", None):
+        padded.append((args.sequence_start, "--sequence-start"))
+    for path, flag in padded:
+        verdict = recorded_verdict(path)
+        if verdict is None and not args.padding_checked:
+            print(f"gear-runtime serve: warning: {flag} pads requests of {path} to their "
+                  "covering gear, and it records no padding verdict: if its outputs change "
+                  "with padding (a recurrent state, a mean over the sequence) it answers "
+                  f"wrongly: run gear-runtime check-padding --record {path} SOURCE.onnx first "
+                  "(--padding-checked silences this)", file=sys.stderr)
+        elif verdict is not None and not verdict.safe:
+            print(f"gear-runtime serve: note: {path} records padding {verdict.describe()}: "
+                  f"{flag} never pads it; a request that matches none of its gears exactly "
+                  "is refused (400, PaddingUnsafeError)", file=sys.stderr)
 
 
 def _check_llm_folder(args: argparse.Namespace, path: str) -> None:
@@ -272,7 +293,7 @@ def _devices(args: argparse.Namespace) -> list[str] | None:
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     """The ServeOptions the ``serve`` flags ask for."""
-    from gear_runtime.serving.runner import DEFAULT_EXECUTORS, ServeOptions
+    from gear_runtime.serving.options import DEFAULT_EXECUTORS, ServeOptions
 
     body = None if args.max_body_mb is None else max(1, int(args.max_body_mb * 2**20))
     return ServeOptions(backend=args.backend, executors=args.executors or DEFAULT_EXECUTORS,
@@ -332,7 +353,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
 
         argv = list(args.argv)
         if args.profile is not None:  # hashed here once, not in every worker
-            from gear_runtime.serving.runner import check_profile
+            from gear_runtime.serving.loading import check_profile
 
             check_profile(args.profile, args.files[0], args.backend)
             argv.append("--profile-checked")

@@ -15,7 +15,7 @@ applies rotary embeddings itself (``do_rotary``). When ``past`` and ``present`` 
 buffer (same address, for both key and value), the kernel writes the new token's K / V at
 its position and reads the cache where it is: no copy of the cache per token
 (``past_present_share_buffer`` in genai's config). That is what
-``create_executor(state=..., in_place_state=True)`` binds (gear_runtime/runtime/state.py).
+``create_executor(state=..., in_place_state=True)`` binds (gear_runtime/runtime/state/plan.py).
 
 One gear file holds prefill and decode: dims gears (S, T) = (G, G) for each prompt gear G
 (the prompt right-padded to G, the mask all ones: the pads come after every real token, so
@@ -39,6 +39,9 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from gear_runtime.compiler import compile_model
+from gear_runtime.spec import GearSpec
 
 OPSET = 17
 MS_DOMAIN = "com.microsoft"
@@ -226,8 +229,6 @@ def write_model(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
     """Write ``gqa_lm.onnx`` (weights in ``gqa_lm.onnx.data``; ``batch``: with a dynamic
     batch axis) and, with ``compile_gears``, its gear file ``gqa_lm.gear.onnx`` (batch 1);
     their paths."""
-    import gear_runtime as gr
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / "gqa_lm.onnx"
@@ -237,8 +238,8 @@ def write_model(directory: str | Path, sizes: Sizes = SMALL, seed: int = 0,
     if not compile_gears:
         return source, None
     shape, dims = gear_text(sizes)
-    out = gr.compile(str(source), gr.GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
-                     str(directory / "gqa_lm.gear.onnx"), progress=False)
+    out = compile_model(str(source), GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
+                        str(directory / "gqa_lm.gear.onnx"), progress=False)
     return source, Path(out)
 
 

@@ -200,8 +200,8 @@ def build_prefill_model(hidden: int = HIDDEN, vocab: int = VOCAB, seed: int = 0,
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="gear_runtime.examples.prefill")
     # the weights go in last, each copied into the model and dropped at once: make_graph and
-    # make_model copy every weight (passing them there: a 1.35 GiB model peaked at 8.3 GiB
-    # while built and saved, 5.6 GiB this way)
+    # make_model copy every weight (passing them there held several copies of the weights
+    # at once while built and saved: docs/benchmarks.md, "Figures behind choices in the code")
     g.inits.reverse()
     while g.inits:
         model.graph.initializer.append(g.inits.pop())

@@ -2,10 +2,11 @@
 the writer, checked by the reader, and the data files' digests -- with the one orchestration
 that checks the data files while a runtime loads them (:func:`checked_load`).
 
-xxh3_128: a fast NON-cryptographic hash (tens of GB/s in memory, so checking a 400 MB data
-file costs a small fraction of a load). It detects corruption and accidental edits (a flipped
-byte, a truncated copy, a data file from another compile), not an attacker who can rewrite
-both a file and its digest: a model file is trusted code-like input, as for ONNX Runtime.
+xxh3_128: a fast NON-cryptographic hash (fast enough in memory that checking a data file costs
+a small fraction of its load: docs/benchmarks.md). It detects corruption and accidental edits
+(a flipped byte, a truncated copy, a data file from another compile), not an attacker who
+can rewrite both a file and its digest: a model file is trusted code-like input, as for ONNX
+Runtime.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import numpy as np
 
 from gear_runtime.errors import InputError
 from gear_runtime.gearfile.format import OutputAxes
+from gear_runtime.gearfile.padding import PaddingVerdict
 from gear_runtime.spec import GearSpec
 
 
@@ -37,6 +38,8 @@ class ModelInfo:
     #: per output ``{axis: index of the dynamic value its size follows}`` as the compiler
     #: recorded it; None: not recorded (GearModel derives it from ``output_shapes``).
     output_dynamic_axes: tuple[dict[int, int], ...] | None = None
+    #: the padding verdict the gear file records (gearfile/padding.py); None: none
+    padding: PaddingVerdict | None = None
 
     def output_shape(self, gear: int, index: int) -> tuple[int, ...]:
         """Static shape of output ``index`` in gear ``gear`` (GE's gear -> output shape map).

@@ -44,6 +44,7 @@ from gear_runtime.gearfile.external_data import (
 from gear_runtime.gearfile.info import ModelInfo, check_output_axes
 from gear_runtime.gearfile.inline_data import Split, split_inline
 from gear_runtime.gearfile.onnx_graph import first_bad_text, referenced_names, subgraphs
+from gear_runtime.gearfile.padding import META_PADDING, PaddingVerdict, verdict_from_json
 from gear_runtime.spec import GearSpec
 
 T = TypeVar("T")
@@ -98,6 +99,8 @@ class GearFile:
     #: per output ``{axis: value index}`` from :data:`fmt.META_OUTPUT_AXES`; None when the file
     #: has no such record (the loader then derives it from ``output_shapes``).
     output_dynamic_axes: tuple[dict[int, int], ...] | None = None
+    #: the padding verdict check-padding recorded (:mod:`.padding`); None: none recorded
+    padding: PaddingVerdict | None = None
 
     @functools.cached_property
     def branches(self) -> tuple[onnx.ModelProto, ...]:
@@ -189,7 +192,8 @@ class GearFile:
             spec=self.spec, input_dtypes=tuple(self.input_dtypes),
             output_names=tuple(self.output_names), output_dtypes=tuple(self.output_dtypes),
             output_shapes=tuple(self.output_shapes), hybrid=self.spec.hybrid,
-            sink=self.kind == fmt.KIND_SINK, output_dynamic_axes=self.output_dynamic_axes)
+            sink=self.kind == fmt.KIND_SINK, output_dynamic_axes=self.output_dynamic_axes,
+            padding=self.padding)
 
     def weight_names_of(self, model: onnx.ModelProto) -> tuple[str, ...]:
         """The shared weights ``model`` (a branch or the dynamic model) reads, sorted."""
@@ -305,7 +309,16 @@ class _Reader:
         self.weights, self.external = self._weights()
         self.data_digests = self._data_digests(recorded)
         read = self._read_case() if kind == fmt.KIND_CASE else self._read_sink(meta)
-        return dataclasses.replace(read, output_dynamic_axes=self._output_axes(meta, read))
+        return dataclasses.replace(read, output_dynamic_axes=self._output_axes(meta, read),
+                                   padding=self._padding(meta))
+
+    def _padding(self, meta: dict[str, str]) -> PaddingVerdict | None:
+        if META_PADDING not in meta:
+            return None
+        try:
+            return verdict_from_json(meta[META_PADDING])
+        except (ValueError, TypeError) as exc:
+            raise self.fail(f"metadata {META_PADDING!r}: {exc}") from exc
 
     def _output_axes(self, meta: dict[str, str], read: GearFile
                      ) -> tuple[dict[int, int], ...] | None:

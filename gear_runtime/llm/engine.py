@@ -71,11 +71,6 @@ class EngineStats:
     decode_seconds: float = 0.0
     row_copies: int = 0
 
-    @property
-    def mean_live(self) -> float:
-        """Mean live sequences per decode step."""
-        return self.step_sequences / self.steps if self.steps else 0.0
-
 
 class Stream:
     """One request's tokens as they come, ``finish_reason`` once it ends (``"stop"``,

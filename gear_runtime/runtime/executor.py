@@ -26,7 +26,6 @@ set-dims-then-execute pair is per dataset and races when a dataset is shared).
 from __future__ import annotations
 
 import logging
-import operator
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +35,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from gear_runtime import arguments
-from gear_runtime.backends.base import BackendSession, DeviceBuffer, HostState
+from gear_runtime.backends.base import BackendSession, DeviceBuffer
 from gear_runtime.errors import (
     BackendError,
     ClosedError,
@@ -51,7 +50,7 @@ from gear_runtime.gearfile.kernel_guards import KernelGuard
 from gear_runtime.runtime import core
 from gear_runtime.runtime import inputs as inputs_rules
 from gear_runtime.runtime.dispatch import GearDispatcher
-from gear_runtime.runtime.state import StatePlan
+from gear_runtime.runtime.state import ResidentState, StatePlan, StateView
 from gear_runtime.spec import GearSpec
 
 logger = logging.getLogger("gear_runtime")
@@ -93,9 +92,10 @@ class Executor:
         spec, info = model.spec, model.info
         self.model = model
         self._session = session
-        self._plan = state
-        #: the state pairs with rows (their axis 0 follows the gear; see execute's first_row)
-        self._row_pairs = [p for p in state.pairs if p.rows] if state is not None else []
+        self._plan = state  # None: no state (execute's test of whether a run is bound)
+        self._gear_values = [tuple(g) for g in spec.gears]  # what an unpadded run reports
+        #: the resident state's rules over the session's buffers (no pairs without state)
+        self._state = ResidentState(state, session, self._gear_values)
         # what execute takes and returns: the model's inputs / outputs less the state's
         staged = range(len(spec.input_names)) if state is None else state.inputs
         self._returned = list(range(len(info.output_names)) if state is None else state.outputs)
@@ -113,7 +113,6 @@ class Executor:
             model.layout if layout is None else layout, session.staging)
         self._out_names = {info.output_names[k]: k for k in self._returned}
         self._preset: tuple[int, ...] | None = None
-        self._gear_values = [tuple(g) for g in spec.gears]  # what an unpadded run reports
         # Held for the whole of every call that reads or writes the executor's state; taken
         # for good by close(), so a closed executor costs the hot path nothing extra.
         self._owner = threading.Lock()
@@ -148,7 +147,7 @@ class Executor:
         # memory with the session's output buffers (a copy=False output fed back in would be
         # written while it is read): the core copies those
         self._core.in_place_bytes = 0 if self._plan is not None or self._guard else \
-            int(getattr(session, "in_place_input_bytes", 0))
+            int(session.in_place_input_bytes)
         if self._core.in_place_bytes:
             self._core.set_written(session.written_buffers())
         self._execute_c = self._core.execute  # bound once: the hot path's one C++ call
@@ -246,24 +245,8 @@ class Executor:
                              f"; this model's mode is {self.model.mode!r}: use "
                              "set_dynamic_dims")
 
-    @staticmethod
-    def _to_ints(what: str, values: Any) -> tuple[int, ...]:
-        """Integers only (Python or numpy): no silent truncation of 2.5, no "3" strings, none
-        beyond int64 (no tensor dimension is; the C++ core takes int64)."""
-        try:
-            items = list(values)
-            ints = tuple(operator.index(v) for v in items)
-        except TypeError:
-            raise InputError(f"{what} must be a sequence of integers, got "
-                             f"{arguments.shown(values)}") from None
-        if any(isinstance(v, bool | np.bool_) for v in items):  # True is 1 to index()
-            raise InputError(f"{what} must be integers, got a bool in "
-                             f"{arguments.shown(values)}")
-        for v in ints:
-            if not arguments.INT64_MIN <= v <= arguments.INT64_MAX:
-                raise InputError(f"{what} holds {v}, beyond any tensor dimension (int64: "
-                                 f"{arguments.INT64_MIN}..{arguments.INT64_MAX})")
-        return ints
+    #: integers only (numpy's too), no bools, none beyond int64: InputError naming the value
+    _to_ints = staticmethod(inputs_rules.to_ints)
 
     def _pad_bytes(self, pad_values: Mapping[str, Any]) -> list[bytes | None]:
         """Each input's pad value as one element of its dtype (None: 0), under the rules list
@@ -321,7 +304,7 @@ class Executor:
         for that output (else InputError naming it, the value and what was expected): the
         output is written into it (bound in place on ONNX Runtime's CPU: no copy; one copy
         on other backends) and that array is returned in its place (a trimmed view of it
-        after a padded run). Or a :class:`~gear_runtime.backends.base.DeviceBuffer` (another
+        after a padded run). Or a :class:`~gear_runtime.backends.state.DeviceBuffer` (another
         executor's ``state[name]`` on a device backend) of the gear's shape and dtype, on
         this executor's backend and device: the output is written into it on the device (no
         host copy) and it is returned, whole, in its place; anything else is refused before
@@ -415,7 +398,7 @@ class Executor:
         arrays = self._arrays(inputs)
         gear = self._core.stage(arrays, self._preset, pad)
         self.last_gear = None  # until this run succeeds
-        self._bind_rows(gear, first_row)
+        self._state.bind_rows(gear, first_row)
         if self._guard is not None:
             self._guard.check(gear)
         for k, buf in outs.items():
@@ -425,7 +408,7 @@ class Executor:
             outputs = self._session.run_gear_into(gear, outs)
         else:
             outputs = list(self._session.run_gear(gear))
-        self._session.commit_state()
+        self._state.commit()
         outputs = [o if k in outs or not copy else o.copy()
                    for k, o in ((k, outputs[k]) for k in self._returned)]
         self.last_gear = gear
@@ -433,45 +416,13 @@ class Executor:
         self.last_request_dims = request = self._core.last_request if pad else values
         return self._trim(outputs, request) if request != values else outputs
 
-    def _bind_rows(self, gear: int, first_row: object) -> None:
-        """Gear ``gear``'s state rows from ``first_row`` (see execute); InputError naming
-        the rows and the buffers' when they do not fit, or when no state has rows."""
-        rows = self._row_pairs
-        if first_row == 0 and type(first_row) is int:
-            if rows:
-                self._session.bind_rows(gear, 0)
-            return
-        (first,) = self._to_ints("first_row", [first_row])
-        if not rows:
-            raise InputError(f"first_row={first} needs a state with rows (a state input whose "
-                             "axis 0 follows the gear); this executor has none")
-        count, total = rows[0].rows[gear], rows[0].shape[0]  # type: ignore[index]
-        if not 0 <= first <= total - count:
-            raise InputError(f"first_row={first}: gear {gear} {self._gear_values[gear]} runs "
-                             f"{count} state row(s), the buffers hold {total}: first_row must "
-                             f"be 0..{total - count}")
-        self._session.bind_rows(gear, first)
-
     def copy_state_rows(self, source: int, target: int) -> None:
         """Copy row ``source`` of every state with rows onto row ``target`` (a sequence
         moving to another row of a batched state: one row copy of each buffer the next
         run reads). InputError naming the row when it is outside the buffers."""
         owner = self._enter("copy_state_rows")
         try:
-            rows = self._row_pairs
-            if not rows:
-                raise InputError("copy_state_rows needs a state with rows (a state input "
-                                 "whose axis 0 follows the gear); this executor has none")
-            src, dst = self._to_ints("rows", [source, target])
-            total = rows[0].shape[0]
-            for name, row in (("source", src), ("target", dst)):
-                if not 0 <= row < total:
-                    raise InputError(f"copy_state_rows: {name} row {row} is outside the "
-                                     f"state's {total} rows")
-            assert self._plan is not None
-            for p in rows:
-                buf = self._session.state.read(self._plan.pairs.index(p))  # type: ignore[attr-defined]
-                buf[dst] = buf[src]
+            self._state.copy_rows(source, target)
         finally:
             self._leave(owner)
 
@@ -479,7 +430,7 @@ class Executor:
     def state_rows(self) -> int:
         """Rows of the states with rows (the most a gear runs: a batched decode's slots);
         0 when no state has rows."""
-        return self._row_pairs[0].shape[0] if self._row_pairs else 0
+        return self._state.rows
 
     def _out_indices(self, out: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray]:
         """``out`` as output index -> array; InputError for anything but a dict of this
@@ -492,9 +443,8 @@ class Executor:
         outs = {}
         for name, buf in out.items():
             if name not in self._out_names:
-                state = [p.output_name for p in self._plan.pairs] if self._plan else []
                 why = (f"{name!r} is a state output (its buffers are the state's)"
-                       if name in state else f"no output {name!r}")
+                       if self._state.is_output(name) else f"no output {name!r}")
                 raise InputError(f"out: {why}; outputs execute returns: "
                                  f"{', '.join(self._out_names)}")
             if not isinstance(buf, np.ndarray | DeviceBuffer):
@@ -515,9 +465,7 @@ class Executor:
                              f"{list(shape)}")
         if isinstance(buf, DeviceBuffer):
             buf.check_genuine(f"out[{name!r}]")
-            if buf.owned_by(getattr(self._session, "state", None)):
-                raise InputError(f"out[{name!r}] is this executor's own state: its run reads "
-                                 "that memory; give another executor's state")
+            self._state.refuse_own(f"out[{name!r}]", buf)
             why = self._session.device_out_refusal(buf)
             if why is not None:
                 raise InputError(f"out[{name!r}] is {buf!r}: {why}")
@@ -550,14 +498,10 @@ class Executor:
     def _memory_in_use(self, arrays: list[np.ndarray]) -> list[tuple[str, np.ndarray]]:
         """What one run of this executor reads or writes on the host, named for errors."""
         used = [(f"input {n!r} of this run", a) for n, a in zip(self._names, arrays, strict=True)]
-        host = getattr(self._session, "state", None)
-        if isinstance(host, HostState):
-            for j, p in enumerate(host.plan.pairs):
-                used += [(f"this executor's state {p.input_name!r} (buffer {parity})",
-                          host.buffer(j, parity)) for parity in (0, 1)]
+        used += self._state.host_memory()
         used += [("this executor's output buffers (a copy=False output of it)", b)
                  for b in self._session.written_buffers()]
-        staging = getattr(self._session, "staging", None)
+        staging = self._session.staging
         if isinstance(staging, np.ndarray):
             used.append(("this executor's staging buffer", staging))
         return used
@@ -571,52 +515,25 @@ class Executor:
         has one buffer, which every run writes. Give it as ``out=`` of another executor to
         hand a prefill's output over with no copy. On a device backend (acl, mindspore_lite,
         ONNX Runtime's CUDA provider) the state lives in device memory and this is a
-        :class:`~gear_runtime.backends.base.DeviceBuffer` over it: ``out=`` of an executor
+        :class:`~gear_runtime.backends.state.DeviceBuffer` over it: ``out=`` of an executor
         on the same device writes into it there, ``.numpy()`` / ``np.asarray`` is a host
         copy, :meth:`set_state` writes it (one host-to-device copy)."""
-        return _StateView(self)
+        return StateView(self._state)
 
     @property
     def state_modes(self) -> dict[str, str]:
         """State input name -> how it runs: ``"double-buffered"`` (a run reads one buffer and
         writes the other; they swap after a successful run) or ``"in place"`` (one buffer,
         read and written by the run: create_executor's ``in_place_state``)."""
-        return {} if self._plan is None else {p.input_name: p.mode for p in self._plan.pairs}
-
-    def _state_buffer(self, name: str) -> np.ndarray:
-        if name not in self.state_names:  # a KeyError: ``name in ex.state`` is then False
-            raise KeyError(f"{name!r} is no state input of this executor; its state inputs: "
-                           f"{', '.join(self.state_names) or 'none'}")
-        assert self._plan is not None
-        pair = self._plan.pair(name)
-        buf = self._session.state.read(self._plan.pairs.index(pair))  # type: ignore[attr-defined]
-        # a view: the caller's flags (writeable=False) stay off the executor's own array,
-        # which set_state / reset_state write; the memory is the same (zero-copy, out=)
-        return buf.view() if isinstance(buf, np.ndarray) else buf
+        return self._state.modes
 
     def set_state(self, name: str, value: Any) -> None:
         """Copy ``value`` (its exact shape and dtype) once into state ``name``'s buffer: an
-        array (or nested lists), or a :class:`~gear_runtime.backends.base.DeviceBuffer`
+        array (or nested lists), or a :class:`~gear_runtime.backends.state.DeviceBuffer`
         (copied on the device where the backend can: acl; else through the host)."""
         owner = self._enter("set_state")
         try:
-            if self._plan is None:
-                raise InputError("set_state on an executor without state: create it with "
-                                 "model.create_executor(state={input: output})")
-            pair = self._plan.pair(name)
-            if isinstance(value, DeviceBuffer):  # device memory: copied where it lives
-                value.check_genuine(f"set_state({name!r})'s value")
-                if value.shape != pair.shape or value.dtype != pair.dtype:
-                    raise InputError(f"set_state({name!r}): got {value!r}, the state is "
-                                     f"{pair.dtype} {list(pair.shape)}")
-                self._session.state.set(self._plan.pairs.index(pair), value)  # type: ignore[attr-defined]
-                return
-            arr = inputs_rules.as_input_array(name, value, pair.dtype)
-            if tuple(arr.shape) != pair.shape or arr.dtype != pair.dtype:
-                raise InputError(f"set_state({name!r}): got {arr.dtype} {list(arr.shape)}, the "
-                                 f"state is {pair.dtype} {list(pair.shape)}")
-            assert self._plan is not None
-            self._session.state.set(self._plan.pairs.index(pair), arr)  # type: ignore[attr-defined]
+            self._state.set(name, value)
         finally:
             self._leave(owner)
 
@@ -624,16 +541,14 @@ class Executor:
         """Zero every state buffer (a new sequence)."""
         owner = self._enter("reset_state")
         try:
-            if self._plan is not None:
-                self._session.state.zero()  # type: ignore[attr-defined]
+            self._state.reset()
         finally:
             self._leave(owner)
 
     @property
     def state_names(self) -> dict[str, str]:
         """The executor's state pairs: input name -> output name (empty without state)."""
-        return {} if self._plan is None else {p.input_name: p.output_name
-                                              for p in self._plan.pairs}
+        return dict(self._state.names)
 
     @property
     def input_names(self) -> list[str]:
@@ -845,22 +760,6 @@ class Executor:
 _OWNING_CODES = frozenset(getattr(Executor, name).__code__ for name in (
     "execute", "set_dynamic_dims", "set_dynamic_batch_size", "set_dynamic_image_size",
     "clear_dynamic_dims", "set_state", "reset_state", "copy_state_rows"))
-
-
-class _StateView(Mapping[str, np.ndarray]):
-    """``executor.state``: each state input's current read buffer, looked up on access."""
-
-    def __init__(self, executor: Executor) -> None:
-        self._executor = executor
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._executor._state_buffer(name)
-
-    def __iter__(self) -> Any:
-        return iter(self._executor.state_names)
-
-    def __len__(self) -> int:
-        return len(self._executor.state_names)
 
 
 class _StagedGuard:

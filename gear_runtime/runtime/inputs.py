@@ -1,5 +1,5 @@
 """The rules for what a caller passes as inputs, once: Python lists (and scalars) to arrays,
-and input names. The executor and the server (``serving/protocol.py``, ``serving/runner.py``)
+and input names. The executor and the server (``serving/protocol.py``, ``serving/start.py``)
 both apply these functions; nothing else converts or checks them.
 
 The list rule (no silent cast, no silent truncation, no silent wrap-around): a list holds
@@ -16,11 +16,13 @@ Arrays are not converted here: the C++ core demands the model's exact dtype.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from gear_runtime import arguments
 from gear_runtime.errors import InputError
 
 #: Per input kind (numpy's), the kinds of list values accepted for it.
@@ -179,3 +181,24 @@ def check_known(given: Iterable[Any], names: Sequence[str], what: str) -> None:
     if unknown:
         raise InputError(f"{what} names unknown inputs: {', '.join(map(str, unknown))}; the "
                          f"model's inputs are: {', '.join(names)}")
+
+
+def to_ints(what: str, values: Any) -> tuple[int, ...]:
+    """``values`` as Python ints, integers only (Python or numpy): no silent truncation of
+    2.5, no "3" strings, none beyond int64 (no tensor dimension is; the C++ core takes int64).
+    InputError naming ``what`` otherwise. The rule of every integer argument of an executor
+    (dims, batch, image size, state rows)."""
+    try:
+        items = list(values)
+        ints = tuple(operator.index(v) for v in items)
+    except TypeError:
+        raise InputError(f"{what} must be a sequence of integers, got "
+                         f"{arguments.shown(values)}") from None
+    if any(isinstance(v, bool | np.bool_) for v in items):  # True is 1 to index()
+        raise InputError(f"{what} must be integers, got a bool in "
+                         f"{arguments.shown(values)}")
+    for v in ints:
+        if not arguments.INT64_MIN <= v <= arguments.INT64_MAX:
+            raise InputError(f"{what} holds {v}, beyond any tensor dimension (int64: "
+                             f"{arguments.INT64_MIN}..{arguments.INT64_MAX})")
+    return ints

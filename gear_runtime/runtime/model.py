@@ -19,10 +19,18 @@ import numpy as np
 from gear_runtime import arguments
 from gear_runtime.backends import FACTS, BackendModel, facts, open_model
 from gear_runtime.backends.base import StateSessions
-from gear_runtime.errors import ClosedError, GearFileError, InputError, MemoryBudgetError
+from gear_runtime.errors import (
+    ClosedError,
+    GearFileError,
+    GearMismatchError,
+    InputError,
+    MemoryBudgetError,
+    PaddingUnsafeError,
+)
 from gear_runtime.gearfile.format import ACL_DYNAMIC_TENSOR_NAME
 from gear_runtime.gearfile.info import ModelInfo, axes_from_shapes
 from gear_runtime.gearfile.kernel_guards import KernelGuard, find_guards
+from gear_runtime.gearfile.padding import PaddingVerdict
 from gear_runtime.runtime import core
 from gear_runtime.runtime.dispatch import GearDispatcher
 from gear_runtime.runtime.executor import Executor
@@ -82,7 +90,8 @@ def check_budget(needed: int, budget: int, what: str, how: str) -> None:
 
 def load(path: str, backend: str = "onnxruntime", *,
          input_fusion_size: int = DEFAULT_INPUT_FUSION_SIZE, max_buffer_bytes: int | None = None,
-         share_weights_with: GearModel | None = None, **options: Any) -> GearModel:
+         share_weights_with: GearModel | None = None, pad_safe: bool | None = None,
+         **options: Any) -> GearModel:
     """Load the gear model at ``path`` on ``backend``.
 
     ``options`` go to the backend (e.g. ``providers=`` for onnxruntime, ``config=`` for
@@ -94,15 +103,24 @@ def load(path: str, backend: str = "onnxruntime", *,
     whose weights equal in dtype, shape and bytes this model uses instead of its own copy
     (a prefill and its decode). Executors of the other model made before keep their own
     copy until they close: create them after loading both to hold the weights once.
+    ``pad_safe``: your declaration whether ``execute(pad=True)`` is exact for this model;
+    it overrides the verdict the gear file records (``check-padding --record``). A model
+    that is not (declared ``False``, or recorded UNSAFE and not declared) is never padded:
+    a request that matches no gear exactly is :class:`PaddingUnsafeError` (see
+    :attr:`GearModel.pad_safe`).
     """
     path = arguments.path("path", path)
+    if pad_safe is not None:
+        pad_safe = arguments.flag("pad_safe", pad_safe)
     if share_weights_with is not None:
         options["share_weights_with"] = _weights_source(share_weights_with, backend)
     fusion = arguments.integer("input_fusion_size", input_fusion_size, arguments.INT64_MIN,
                                arguments.INT64_MAX, unit=" of bytes (negative: no merging)")
     limit = buffer_limit(max_buffer_bytes)  # a bad limit fails before the file is opened
-    return GearModel(open_model(path, backend, **options), input_fusion_size=fusion,
-                     max_buffer_bytes=limit)
+    model = GearModel(open_model(path, backend, **options), input_fusion_size=fusion,
+                      max_buffer_bytes=limit)
+    model.path, model.declared_pad_safe = path, pad_safe
+    return model
 
 
 def _weights_source(other: object, backend: str) -> BackendModel:
@@ -172,6 +190,24 @@ class GearModel:
             backend_model.close()
             raise
         self._profile: tuple[float, ...] | None = None
+        #: the file loaded (named by a refused padding); None for a model made otherwise
+        self.path: str | None = None
+        #: ``load(pad_safe=)``: the user's declaration, over the recorded verdict
+        self.declared_pad_safe: bool | None = None
+
+    @property
+    def padding_verdict(self) -> PaddingVerdict | None:
+        """The verdict the gear file records (``check-padding --record``); None: none."""
+        return self.info.padding
+
+    @property
+    def pad_safe(self) -> bool | None:
+        """Whether ``execute(pad=True)`` may pad this model: the declaration
+        (``load(pad_safe=)``), else the recorded verdict, else None (unknown: padded, as
+        before; ``serve --pad`` / ``--sequence-start`` warn)."""
+        if self.declared_pad_safe is not None:
+            return self.declared_pad_safe
+        return None if self.info.padding is None else self.info.padding.safe
 
     def _find_output_axes(self) -> tuple[dict[int, int], ...]:
         """What the compiler recorded (in the model info), else what the per-gear output
@@ -382,7 +418,8 @@ class GearModel:
     def create_executor(self, *, pad_values: Mapping[str, Any] | None = None,
                         state: Mapping[str, str] | None = None,
                         in_place_state: bool | Iterable[str] = False,
-                        max_bytes: int | None = None) -> Executor:
+                        max_bytes: int | None = None,
+                        pad_safe: bool | None = None) -> Executor:
         """A new executor: its own staging buffer, bindings and dims; one per thread.
         ``pad_values``: input name -> the value ``execute(pad=True)`` fills padded positions
         of that input with (default 0; e.g. ``{"input_ids": 151643, "attention_mask": 0}``).
@@ -395,8 +432,14 @@ class GearModel:
         ``max_bytes``: the most host memory the executor's buffers (staging, outputs, state)
         may take together (default :func:`memory_budget`: ``GEAR_RUNTIME_MAX_BYTES``, else
         half the host's memory); more is a MemoryBudgetError, before anything is allocated.
+        ``pad_safe``: this executor's declaration over the model's :attr:`pad_safe`; an
+        executor of a model not padding-safe runs ``execute(pad=True)`` only on a gear the
+        request matches exactly (a hybrid model's miss: its dynamic-shape graph, unpadded)
+        and refuses any other with :class:`PaddingUnsafeError` (145013), never padded.
         ClosedError (145003) once the model is closed."""
         budget = memory_budget(max_bytes)  # a bad value fails before anything else
+        safe = self.pad_safe if pad_safe is None else arguments.flag("pad_safe", pad_safe)
+        cls = Executor if safe is not False else _UnpaddedExecutor
         plan, layout = None, self.layout
         if state is None and in_place_state is not False and in_place_state is not None:
             raise InputError("in_place_state says how state= pairs are kept: give state= "
@@ -424,7 +467,9 @@ class GearModel:
             session = (self._backend.create_session(layout) if plan is None
                        else cast(StateSessions, self._backend).create_session(layout, state=plan))
             try:
-                executor = Executor(self, session, pad_values, plan, layout)
+                executor = cls(self, session, pad_values, plan, layout)
+                if isinstance(executor, _UnpaddedExecutor):
+                    executor.why_unpadded = _why_unpadded(self, pad_safe)
             except BaseException:
                 session.close()
                 raise
@@ -482,3 +527,43 @@ class GearModel:
         return (f"GearModel(backend={self.backend!r}, mode={self.mode!r}, "
                 f"inputs={self.input_names}, gears={self.gears}, hybrid={self.hybrid}, "
                 f"sink={self.sink})")
+
+
+class _UnpaddedExecutor(Executor):
+    """The executor of a model that is not padding-safe (:attr:`GearModel.pad_safe` False):
+    ``execute(pad=True)`` runs a request unpadded -- on the gear it matches exactly, or a
+    hybrid model's dynamic-shape graph -- and refuses one that needs padding with
+    :class:`PaddingUnsafeError` saying why, never a silently wrong answer."""
+
+    why_unpadded = "its padding is not safe"
+
+    def execute(self, inputs: Any, *, pad: bool = False, copy: bool = True,
+                out: Mapping[str, np.ndarray] | None = None,
+                first_row: int = 0) -> list[np.ndarray]:
+        if pad is not True:
+            return super().execute(inputs, pad=pad, copy=copy, out=out, first_row=first_row)
+        try:
+            return super().execute(inputs, pad=False, copy=copy, out=out, first_row=first_row)
+        except PaddingUnsafeError:
+            raise
+        except GearMismatchError:
+            gears = "; ".join(",".join(map(str, g)) for g in self.model.gears)
+            raise PaddingUnsafeError(
+                f"execute(pad=True) refused: {self.why_unpadded}, so it is never padded, and "
+                f"this request matches no gear exactly (the gears: {gears}). Send a "
+                "request of a gear's exact shape, re-export the model padding-safe (e.g. a "
+                "prefill that masks pad positions out of its recurrent / conv state) and "
+                "re-run gear-runtime check-padding --record, or declare pad_safe=True if "
+                "padding is right for your use") from None
+
+
+def _why_unpadded(model: GearModel, declared: bool | None) -> str:
+    """Why ``model``'s executor does not pad: the declaration or the recorded verdict."""
+    name = f"model {model.path}" if model.path else "this model"
+    if declared is False:
+        return f"{name} is declared pad_safe=False (create_executor)"
+    if model.declared_pad_safe is False:
+        return f"{name} is declared pad_safe=False (load)"
+    verdict = model.padding_verdict
+    what = verdict.describe() if verdict is not None else "UNSAFE"
+    return f"{name} has the padding verdict {what}"

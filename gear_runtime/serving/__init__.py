@@ -24,7 +24,8 @@ except ImportError as exc:  # one clear line instead of a missing-module traceba
 from gear_runtime.serving.app import GearServer, build_server
 from gear_runtime.serving.http import HttpLimits, listen
 from gear_runtime.serving.lifecycle import serve
-from gear_runtime.serving.runner import ServeOptions, model_name
+from gear_runtime.serving.loading import model_name
+from gear_runtime.serving.options import ServeOptions
 
 __all__ = ["GearServer", "HttpLimits", "ServeOptions", "build_server", "listen", "model_name",
            "serve"]

@@ -49,8 +49,10 @@ from gear_runtime.serving.errors import (
 )
 from gear_runtime.serving.generation import ServedLlm, is_llm_folder
 from gear_runtime.serving.http import HttpReply, HttpRequest
+from gear_runtime.serving.loading import close_loaded, load_models, model_name
 from gear_runtime.serving.logs import log_access
 from gear_runtime.serving.metrics import Metrics
+from gear_runtime.serving.options import ServeOptions
 from gear_runtime.serving.protocol import (
     HEADER_LENGTH,
     MODEL_VERSION,
@@ -60,13 +62,7 @@ from gear_runtime.serving.protocol import (
     error_body,
 )
 from gear_runtime.serving.repository import ModelRepository, RepositoryModel, load_entries
-from gear_runtime.serving.runner import (
-    ServedModel,
-    ServeOptions,
-    close_loaded,
-    load_models,
-    model_name,
-)
+from gear_runtime.serving.served import ServedModel
 
 logger = logging.getLogger("gear_runtime.serving")
 
@@ -193,22 +189,14 @@ class GearServer(DataPlane):
             model = self.model(name, version)
         except GearRuntimeError as exc:
             return self._error(exc, "")
-
-        async def decode() -> InferRequest:
-            return await self._decode(request, model.max_request_bytes)
-
-        async def answer(infer_request: InferRequest,
-                         outputs: list[np.ndarray]) -> HttpReply:
-            payload, header_length = await self.encode(model, infer_request, outputs)
-            if header_length is None:
-                return HttpReply(200, payload, JSON)
-            return HttpReply(200, payload, "application/octet-stream",
-                             {HEADER_LENGTH.lower(): str(header_length)})
-
         try:
-            return await self.infer(model, request.started, decode, answer)
+            with self.admit(model, request.started) as admission:
+                infer_request = await self._decode(request, model.max_request_bytes)
+                outputs = await self.infer(admission, infer_request)
+                reply = await self._reply(model, infer_request, outputs)
         except Exception as exc:
             return self._error(exc, model.name)
+        return reply
 
     async def _decode(self, request: HttpRequest, limit: int) -> InferRequest:
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
@@ -217,6 +205,15 @@ class GearServer(DataPlane):
             return decode_request(request.body, header_length)
         return await asyncio.to_thread(_inflate_and_decode, request.body, encoding, limit,
                                        header_length)
+
+    async def _reply(self, model: ServedModel, request: InferRequest,
+                     outputs: Sequence[np.ndarray]) -> HttpReply:
+        """The reply of ``outputs``: JSON, or JSON + binary tensors."""
+        payload, header_length = await self.encode(model, request, outputs)
+        if header_length is None:
+            return HttpReply(200, payload, JSON)
+        return HttpReply(200, payload, "application/octet-stream",
+                         {HEADER_LENGTH.lower(): str(header_length)})
 
     async def encode(self, model: ServedModel, request: InferRequest,
                      outputs: Sequence[np.ndarray]) -> tuple[list[Any], int | None]:

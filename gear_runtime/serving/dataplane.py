@@ -1,13 +1,19 @@
 """The data plane: what every front end of the server does, whatever its transport (KServe's
 ``DataPlane``). The REST routes (serving/app.py, and its ASGI form) and the gRPC service
 (serving/grpc_app.py) are thin over it: they decode their protocol's request, call the same
-method here, and encode its answer or its error in their protocol.
+method here, and encode its answer or its error in their protocol. An inference is one
+straight line in each front end::
+
+    with plane.admit(model, arrived) as admission:     # 503 past the drain, counted
+        request = decode(...)                          # the front end's codec
+        outputs = await plane.infer(admission, request)
+        reply = encode(request, outputs)               # the front end's codec
 
     health        is_ready, model_is_ready
     metadata      server_metadata, model(name).metadata() / .config()
     statistics    model_statistics (every worker's under serve --workers)
-    inference     infer: admit, decode, run (or forward to the worker that owns the
-                  request's sequence), answer, count
+    inference     admit (the drain check, the model in use, counting), infer (run, or
+                  forward to the worker that owns the request's sequence)
     repository    index, load_model, unload_model
     shutdown      begin_drain, refuse_waiting, close
 
@@ -21,8 +27,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -37,16 +44,35 @@ from gear_runtime.serving.errors import (
 )
 from gear_runtime.serving.generation import ServedLlm, TextRequest
 from gear_runtime.serving.metrics import Metrics
+from gear_runtime.serving.options import ServeOptions
 from gear_runtime.serving.peers import Peers
 from gear_runtime.serving.protocol import InferRequest
 from gear_runtime.serving.repository import ModelRepository
-from gear_runtime.serving.runner import ServedModel, ServeOptions
 from gear_runtime.serving.sequences import sequence_control
+from gear_runtime.serving.served import ServedModel
 from gear_runtime.serving.stats import RunTiming, merge_statistics
 
 logger = logging.getLogger("gear_runtime.serving")
 
-T = TypeVar("T")
+
+class Admission:
+    """One inference request admitted to a model (:meth:`DataPlane.admit`): what counting it
+    needs, filled in by :meth:`DataPlane.infer` as it runs."""
+
+    __slots__ = ("admitted", "arrived", "forwarded", "grpc_remaining", "model", "request",
+                 "timing")
+
+    def __init__(self, model: ServedModel, arrived: float,
+                 grpc_remaining: float | None) -> None:
+        self.model, self.arrived, self.grpc_remaining = model, arrived, grpc_remaining
+        #: the decoded request, once it is (None before)
+        self.request: InferRequest | None = None
+        #: when it was decoded (perf_counter seconds)
+        self.admitted = 0.0
+        #: how it ran here (None: not run here, yet or at all)
+        self.timing: RunTiming | None = None
+        #: sent to the worker that owns its sequence, which counts it
+        self.forwarded = False
 
 
 class DataPlane:
@@ -180,40 +206,47 @@ class DataPlane:
         return list(found.values())
 
     # ---- inference -----------------------------------------------------------------------
-    async def infer(self, model: ServedModel, arrived: float,
-                    decode: Callable[[], Awaitable[InferRequest]],
-                    answer: Callable[[InferRequest, list[np.ndarray]], Awaitable[T]],
-                    grpc_remaining: float | None = None) -> T:
-        """The one inference flow: admit (503 past the drain deadline), ``decode()`` the
-        request, run it (batched, pooled or on its sequence; a sequence another worker owns
-        runs there), ``answer(request, outputs)`` (outputs in model order), count it. A
-        request still queued at its deadline (its ``timeout`` parameter, or
-        ``grpc_remaining``: the seconds its gRPC call had left on arrival) is dropped
-        (serving/deadline.py). Raises what failed, counted in the model's statistics; the
-        front end answers it."""
-        forwarded = False
+    @contextmanager
+    def admit(self, model: ServedModel, arrived: float,
+              grpc_remaining: float | None = None) -> Iterator[Admission]:
+        """One inference to ``model`` for the time of the ``with``, which decodes it, runs it
+        (:meth:`infer`) and encodes its answer: ClosedError (503) past the drain deadline,
+        the model in use meanwhile (a replaced model closes only after), and the outcome
+        counted in the model's statistics once the ``with`` ends: what raised in it as a
+        failure (raised on: the front end answers it), else the success of the run.
+        ``arrived``: when the request arrived (perf_counter seconds); ``grpc_remaining``: the
+        seconds its gRPC call had left then (its deadline)."""
+        admission = Admission(model, arrived, grpc_remaining)
         with model.use():
             try:
                 if self.refusing:  # draining answers what it receives until the deadline
                     raise ClosedError("the server is shutting down (past its drain deadline)")
-                request = await decode()
-                admitted = time.perf_counter()
-                owner = self._owner(model, request)
-                if owner is not None:
-                    forwarded = True  # counted by the owner, which runs it
-                    assert self.peers is not None  # an owner elsewhere: there are peers
-                    outputs = await self.peers.forward(owner, model.name, request,
-                                                       model.output_names)
-                    return await answer(request, outputs)
-                deadline = request_deadline(request.parameters, arrived, grpc_remaining)
-                timing, outputs = await model.infer(request, deadline)
-                result = await answer(request, outputs)
+                yield admission
             except Exception:
-                if not forwarded:
+                if not admission.forwarded:  # counted by the owner, which ran it
                     model.stats.failed(time.perf_counter() - arrived)
                 raise
-        self.count_success(model, request, arrived, admitted, timing)
-        return result
+        if admission.timing is not None:  # ran here, and answered
+            assert admission.request is not None
+            self.count_success(model, admission.request, arrived, admission.admitted,
+                               admission.timing)
+
+    async def infer(self, admission: Admission, request: InferRequest) -> list[np.ndarray]:
+        """Run the decoded ``request`` of ``admission`` (:meth:`admit`): batched, pooled or
+        on its sequence (a sequence another worker owns runs there); its outputs in model
+        order. A request still queued at its deadline (its ``timeout`` parameter, or the
+        gRPC call's) is dropped (serving/deadline.py)."""
+        model = admission.model
+        admission.request, admission.admitted = request, time.perf_counter()
+        owner = self._owner(model, request)
+        if owner is not None:
+            admission.forwarded = True
+            assert self.peers is not None  # an owner elsewhere: there are peers
+            return await self.peers.forward(owner, model.name, request, model.output_names)
+        deadline = request_deadline(request.parameters, admission.arrived,
+                                    admission.grpc_remaining)
+        admission.timing, outputs = await model.infer(request, deadline)
+        return outputs
 
     def _owner(self, model: ServedModel, request: InferRequest) -> int | None:
         """The worker to forward ``request`` to: the owner of its sequence when that is
@@ -377,4 +410,4 @@ def _version_order(version: str) -> tuple[int, str]:
     return (int(version), "") if version.isdigit() else (-1, version)
 
 
-__all__ = ["DataPlane"]
+__all__ = ["Admission", "DataPlane"]

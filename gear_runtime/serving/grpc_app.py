@@ -38,6 +38,7 @@ except ImportError as exc:  # one clear line instead of a missing-module traceba
 import numpy as np
 
 from gear_runtime.serving.errors import PayloadTooLargeError
+from gear_runtime.serving.options import UNBOUNDED_MODEL_BODY_BYTES
 from gear_runtime.serving.protocol import (
     DATATYPES,
     InferRequest,
@@ -47,7 +48,6 @@ from gear_runtime.serving.protocol import (
     datatype_of,
     list_tensor,
 )
-from gear_runtime.serving.runner import UNBOUNDED_MODEL_BODY_BYTES
 
 if TYPE_CHECKING:
     from gear_runtime.serving.dataplane import DataPlane
@@ -160,22 +160,16 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self.server.model(request.model_name, request.model_version)
         except GearRuntimeError as exc:
             return await self._answer(context, _raiser(exc))
-
-        async def decode() -> InferRequest:
-            size = request.ByteSize()
-            if size > model.max_request_bytes:
-                raise PayloadTooLargeError(
-                    f"the request has {size} bytes; model {model.name!r} accepts at most "
-                    f"{model.max_request_bytes}")
-            return decode_infer(request)
-
-        async def answer(infer_request: InferRequest, outputs: list[np.ndarray]) -> Any:
-            return _response(model, request, infer_request, outputs)
-
         remaining = context.time_remaining()  # the call's deadline (None: none)
-        return await self._answer(
-            context, lambda: self.server.infer(model, arrived, decode, answer, remaining),
-            model.name)
+
+        async def call() -> Any:
+            with self.server.admit(model, arrived, remaining) as admission:
+                infer_request = _decode(request, model)
+                outputs = await self.server.infer(admission, infer_request)
+                response = _response(model, request, infer_request, outputs)
+            return response
+
+        return await self._answer(context, call, model.name)
 
     # ---- what is not implemented: UNIMPLEMENTED, one log line, never a traceback --------
     async def _unimplemented(self, context: Any, method: str, why: str) -> Any:
@@ -222,6 +216,17 @@ def _raiser(exc: Exception) -> Any:
         raise exc
 
     return call
+
+
+def _decode(request: Any, model: Any) -> InferRequest:
+    """``request`` decoded (:func:`decode_infer`); PayloadTooLargeError past the model's
+    largest request."""
+    size = request.ByteSize()
+    if size > model.max_request_bytes:
+        raise PayloadTooLargeError(
+            f"the request has {size} bytes; model {model.name!r} accepts at most "
+            f"{model.max_request_bytes}")
+    return decode_infer(request)
 
 
 def decode_infer(request: Any) -> InferRequest:

@@ -545,7 +545,8 @@ class SharedAcceptor:
     Why: every worker is woken by each new connection and asyncio's (and uvloop's) accept
     takes all that wait, so whichever wakes first may take every connection of a burst: two
     keep-alive clients on two workers then land on one worker in about half the starts,
-    and the other idles (measured: 900 against 2,200 rows/s on the convnet). Here a worker
+    and the other idles (measured on the convnet: well under half the rows/s of an even
+    spread; docs/benchmarks.md). Here a worker
     takes one connection per wake-up, and one that holds ``open_count()`` connections (or
     accepts in progress) first waits ACCEPT_DELAY_PER_CONNECTION_S for each: an idle worker
     takes the connection meanwhile. After its wait it accepts what is still there.

@@ -24,7 +24,8 @@ from typing import Any
 from ray import serve
 
 from gear_runtime.serving.app import GearServer, build_server
-from gear_runtime.serving.runner import ServeOptions, model_name
+from gear_runtime.serving.loading import model_name
+from gear_runtime.serving.options import ServeOptions
 
 #: The Ray Serve application (and deployment) name.
 APP_NAME = "gear_runtime"

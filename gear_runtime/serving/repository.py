@@ -20,9 +20,11 @@ from pathlib import Path
 
 from gear_runtime.errors import GearFileError, InputError
 from gear_runtime.serving.errors import ModelConfigError, ModelNotFoundError
+from gear_runtime.serving.loading import close_loaded, load_one
 from gear_runtime.serving.metrics import Metrics
+from gear_runtime.serving.options import ServeOptions
 from gear_runtime.serving.protocol import MODEL_VERSION
-from gear_runtime.serving.runner import ServedModel, ServeOptions, close_loaded, load_one
+from gear_runtime.serving.served import ServedModel
 from gear_runtime.serving.triton_config import TritonModel, is_model_folder
 
 #: What a repository model name may be (no path separators, no leading dot).

@@ -32,7 +32,7 @@ from typing import Any
 from gear_runtime.errors import BackendUnavailableError, GearFileError
 from gear_runtime.gearfile.format import OWN_FILE_SUFFIXES
 from gear_runtime.serving.errors import ModelConfigError
-from gear_runtime.serving.runner import ServeOptions
+from gear_runtime.serving.options import ServeOptions
 
 CONFIG_FILE = "config.pbtxt"
 #: The file a version folder holds, in the order looked for (``default_model_filename``

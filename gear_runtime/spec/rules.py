@@ -48,9 +48,6 @@ PRECISION_LOWERED: dict[str, str | None] = {
     "force_fp16": "f16", "cube_fp16in_fp32out": "f16", "allow_mix_precision": "f16",
     "allow_mix_precision_fp16": "f16", "allow_mix_precision_bf16": "bf16",
     "allow_fp32_to_bf16": "bf16"}
-#: What GE runs when no precision_mode is given for inference (GELib: not train mode ->
-#: force_fp16): an .om built without the flag computes in float16.
-GE_DEFAULT_PRECISION_MODE = "force_fp16"
 
 
 def check_precision_mode(value: object, where: str = "precision_mode") -> str | None:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from gear_runtime.errors import GearMismatchError, InputError
+from gear_runtime.gearfile.padding import PaddingVerdict, record_verdict, verdict_of
 from gear_runtime.progress import progress_bar
 from gear_runtime.spec import GearSpec
 from gear_runtime.tools.common import jsonout
@@ -148,6 +149,15 @@ class PaddingReport:
         """True when every output agreed on every sample (within rtol / atol)."""
         return all(o.safe for o in self.outputs)
 
+    def verdict(self) -> PaddingVerdict:
+        """The verdict ``record=True`` writes into the gear file."""
+        return verdict_of(
+            self.safe, valid={o.name: o.valid_axis for o in self.outputs
+                              if o.valid_axis is not None},
+            ignored=[o.name for o in self.outputs if o.ignored], pad_values=self.pad_values,
+            rtol=self.rtol, atol=self.atol, samples=len(self.samples),
+            unsafe_outputs=[o.name for o in self.outputs if not o.safe])
+
     def table(self) -> str:
         """A plain-text table: one row per output, then the verdict."""
         rows = [f"{'output':<20} {'max abs diff':>13} {'max rel diff':>13}  verdict"]
@@ -226,7 +236,7 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                   pad_values: Mapping[str, Any] | None = None,
                   inputs: InputsFn | None = None, rtol: float = 1e-4, atol: float = 1e-5,
                   seed: int = 0, progress: bool = False, valid: Mapping[str, int] | None = None,
-                  ignore_outputs: Sequence[str] = ()) -> PaddingReport:
+                  ignore_outputs: Sequence[str] = (), record: bool = False) -> PaddingReport:
     """Compare ``execute(pad=True)`` of ``gear_file`` with ``source_model`` (a path or an
     onnx.ModelProto: the dynamic model it was compiled from) run at each request's exact size.
 
@@ -246,6 +256,11 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
     only the first L entries along axis 4, L the request's largest dynamic value (its
     sequence length); ``ignore_outputs`` are not compared at all. Unknown names or axes
     are InputError.
+
+    ``record``: write the verdict (SAFE / UNSAFE, with ``valid`` and ``ignore_outputs``) into
+    the gear file's metadata (:mod:`gear_runtime.gearfile.padding`, the file resealed):
+    loading it then never pads a model found UNSAFE (``PaddingUnsafeError``). The check
+    itself pads whatever an earlier record says.
     """
     import onnxruntime as ort
 
@@ -262,7 +277,8 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
             if not requests:  # no verdict without a run: never a vacuous SAFE
                 raise InputError(_nothing_to_check(spec))
             bar.total = len(requests) + 2
-            ex = model.create_executor(pad_values=pad_values)
+            # measured padded, whatever an earlier record or declaration says
+            ex = model.create_executor(pad_values=pad_values, pad_safe=True)
             dtypes = model.info.input_dtype_map
             make = inputs or default_inputs(dtypes, seed)
             source = source_model.SerializeToString() if hasattr(source_model,
@@ -276,8 +292,11 @@ def check_padding(gear_file: str | os.PathLike[str], source_model: Any, *,
                 _check_request(ex, session, model, checks, request,
                                make(spec.shapes_for(request)), rtol, atol)
                 bar.update(1)
-            return PaddingReport(requests, checks, rtol, atol,
-                                 {n: v.item() for n, v in ex.pad_values.items()})
+            report = PaddingReport(requests, checks, rtol, atol,
+                                   {n: v.item() for n, v in ex.pad_values.items()})
+    if record:  # the model closed: the file is replaced under no open session
+        record_verdict(os.fspath(gear_file), report.verdict())
+    return report
 
 
 def _nothing_to_check(spec: GearSpec) -> str:

@@ -1,4 +1,4 @@
-"""Resident state: which inputs an executor feeds from its own outputs, checked up front.
+"""The state plan: which inputs an executor feeds from its own outputs, checked up front.
 
 ``model.create_executor(state={"past_kv": "present_kv"})`` pairs an input with the output
 that becomes its next value (a decode step's KV cache). The executor keeps every pair in the
@@ -19,7 +19,9 @@ failed run may leave that state half written (double buffering's guarantee is go
 kept ``ex.state[name]`` changes under every run.
 
 This module is the one place the pairs are checked (:func:`plan_state`); the buffers and
-their swap live in the backend session (:class:`gear_runtime.backends.base.HostState`).
+their swap live in the backend session (``session.state``, the contract of
+:mod:`gear_runtime.backends.state`), and the executor reaches them through
+:class:`gear_runtime.runtime.state.resident.ResidentState`.
 """
 
 from __future__ import annotations
