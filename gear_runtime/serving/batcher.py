@@ -25,8 +25,9 @@ padding requests into large batches loses; on a device it pays.
 With a :class:`WorkerRunner` (the server's executor pool), a batch's worker thread takes the
 next batch itself as soon as its run ends, when requests are waiting: the executor does not
 idle through a round trip of the event loop (wake the gathering task, start a dispatch,
-submit) between two batches, which cost a 0.3 ms model a fifth of its throughput at two
-clients. Results go back to the loop as they are made; the loop keeps gathering meanwhile.
+submit) between two batches, which costs a short model a large part of its throughput
+(docs/benchmarks.md, "Figures behind choices in the code"). Results go back to the loop as
+they are made; the loop keeps gathering meanwhile.
 Where the runner lends its executor to the loop (a one-executor pool whose runs of the batch's
 gear are short: ``WorkerRunner.run_here``), a batch runs on the loop's thread instead, with no
 hop at all; the requests that arrive while it runs reach the batcher together after it and
@@ -171,10 +172,10 @@ class LearnedCosts:
     #: every this many batches, one takes all that fits (a gear's estimate is refreshed)
     REFRESH = 64
     #: the estimates decide only where a measured gear takes at least this long (seconds):
-    #: below it a batch's time is mostly the GIL and the scheduler (with 32 clients in the
-    #: server's process a 50-microsecond convnet's batches were timed at 0.2-1.4 ms, gear 1
-    #: as dear per row as gear 8 in some runs, which split batches that pay), and the fixed
-    #: cost of a batch favours taking all that fits anyway
+    #: below it a batch's time is mostly the GIL and the scheduler (with many clients in the
+    #: server's process a tiny convnet's batches were timed at many times its run, gear 1 as
+    #: dear per row as gear 8 in some runs, which split batches that pay: docs/benchmarks.md),
+    #: and the fixed cost of a batch favours taking all that fits anyway
     TRUSTED_S = 0.005
 
     def __init__(self, sizes: Sequence[int]) -> None:
@@ -516,8 +517,8 @@ class Batcher:
         (``WorkerRunner.run_here``), where it allows that now; True when they ran (answered,
         the slot freed), False when nothing ran.
 
-        Why on the loop: a short batch (a 0.3 ms convnet) pays for the hop to a worker
-        thread and back (two wake-ups, two GIL hand-overs) with a fifth of its throughput;
+        Why on the loop: a short batch pays for the hop to a worker thread and back (two
+        wake-ups, two GIL hand-overs) with a large part of its throughput (docs/benchmarks.md);
         KServe's ModelServer runs every predict on its loop. Batches still form where
         requests pile up: those that arrive while this one runs reach the batcher together
         after it, and the gathering task, woken by the first, runs after the others have

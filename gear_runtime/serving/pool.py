@@ -29,9 +29,9 @@ class LendPolicy:
     A one-executor pool whose runs are short may lend its executor to the caller's thread
     instead of a worker (:meth:`ExecutorPool.run_here`): the server's event loop, when
     nothing else runs or waits. The
-    hop to a worker thread and back (two wake-ups, two GIL hand-overs) cost the 0.3 ms
-    convnet a sixth of its throughput at one client (docs/serving.md: HTTP binary 1,036-1,387
-    vs 1,373-1,529 rows/s unbatched); KServe's ModelServer runs every predict on its loop.
+    hop to a worker thread and back (two wake-ups, two GIL hand-overs) costs a short model a
+    large part of its throughput at one client (docs/benchmarks.md, "Figures behind choices
+    in the code"); KServe's ModelServer runs every predict on its loop.
     Only short runs: a long one would hold up everything the loop does meanwhile (reading
     the next requests, health checks).
 
@@ -44,15 +44,17 @@ class LendPolicy:
     known: None) is never lent; its first run goes to the worker, which times it.
 
     Short by the runs made where the decision matters, on the caller's thread: a run on a
-    worker is timed with the waits for the GIL while the loop is busy (a 0.2 ms convnet batch
-    took 1-6 ms on the worker under 32 clients), so once a run of a gear was lent its time is
-    the judge. Until then, the quickest of the gear's last worker runs is: contention only
-    adds to a run's time, and a gear that is long everywhere is long on its quickest run."""
+    worker is timed with the waits for the GIL while the loop is busy (a short batch takes
+    many times its run on the worker under many clients), so once a run of a gear was lent
+    its time is the judge. Until then, the quickest of the gear's last worker runs is:
+    contention only adds to a run's time, and a gear that is long everywhere is long on its
+    quickest run."""
 
     #: a gear is lent only while its :meth:`peak_seconds` is below this (seconds)
     RUN_HERE_BELOW_S = 0.001
     #: the peak of a gear's lent runs decays by this factor per run of that gear (lent or
-    #: not): a 30 ms outlier keeps that gear off the caller's thread for its next ~110 runs
+    #: not): an outlier keeps that gear off the caller's thread for its next hundred or so runs
+    #: (0.97 ** n brings a 30-fold outlier below the threshold after about 110 runs)
     PEAK_DECAY = 0.97
     #: the worker runs of a gear whose quickest judges it until one of its runs was lent
     AWAY_RUNS = 16
@@ -257,7 +259,7 @@ class ExecutorPool:
     def _run(self, fn: Callable[[Any], T], waiting: _Waiting, gear: int | None) -> T:
         with self._lock:  # no longer waiting, and running, at once: run_here sees either
             waiting.end_locked()
-            while self._lent_to is not None:  # the one executor is lent to the loop: back in < 1 ms
+            while self._lent_to is not None:  # lent to the loop: back after one short run
                 self._returned.wait()
             self._running += 1
         try:
