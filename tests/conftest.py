@@ -9,8 +9,8 @@ import pytest
 #: Under CI (``CI=true``: .ci/run) a test may skip only for these reasons: hardware or tools
 #: the CI machine does not have. A test that skips for anything else there (an extra that
 #: .ci/run installs, missing) fails: a feature's tests must not pass by not running.
-CI_SKIP_REASONS = ("NVIDIA GPU", "Ascend", "is not installed", "ORT < 1.26",
-                   "this onnxruntime has CUDA")
+CI_SKIP_REASONS = ("NVIDIA GPU", "Ascend", "zsh is not installed", "fish is not installed",
+                   "ORT < 1.26", "this onnxruntime has CUDA")
 
 
 @pytest.hookimpl(hookwrapper=True)
