@@ -149,13 +149,18 @@ def test_a_state_another_node_also_reads_is_refused(tmp_path) -> None:
     model = gqa_lm.build(SIZES)
     model.graph.node.append(helper.make_node("ReduceSum", [KEY0], ["peek"], keepdims=0))
     model.graph.output.append(helper.make_tensor_value_info("peek", TensorProto.FLOAT, []))
-    source = tmp_path / "peek.onnx"
-    onnx.save(model, str(source))
+    _refused_in_place_only(model, tmp_path / "peek", f"'{KEY0}' is read by 2 nodes")
+
+
+def _refused_in_place_only(model, stem, message: str) -> None:
+    """``model`` compiled at gqa_lm's gears: its state is refused in place with ``message``
+    and taken double-buffered."""
+    onnx.save(model, f"{stem}.onnx")
     shape, dims = gqa_lm.gear_text(SIZES)
-    out = gr.compile(str(source), gr.GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
-                     str(tmp_path / "peek.gear.onnx"), progress=False)
+    out = gr.compile(f"{stem}.onnx", gr.GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
+                     f"{stem}.gear.onnx", progress=False)
     with gr.load(str(out)) as m:
-        with pytest.raises(InputError, match=f"'{KEY0}' is read by 2 nodes"):
+        with pytest.raises(InputError, match=message):
             m.create_executor(state=PAIRS, in_place_state=True)
         m.create_executor(state=PAIRS)
 
@@ -185,15 +190,7 @@ def test_a_state_that_is_also_a_graph_output_is_not_run_in_place(tmp_path) -> No
     model.graph.output.append(helper.make_tensor_value_info(
         KEY0, past.type.tensor_type.elem_type,
         [d.dim_value or d.dim_param for d in past.type.tensor_type.shape.dim]))
-    source = tmp_path / "echo.onnx"
-    onnx.save(model, str(source))
-    shape, dims = gqa_lm.gear_text(SIZES)
-    out = gr.compile(str(source), gr.GearSpec.from_atc(input_shape=shape, dynamic_dims=dims),
-                     str(tmp_path / "echo.gear.onnx"), progress=False)
-    with gr.load(str(out)) as m:
-        with pytest.raises(InputError, match=f"'{KEY0}' is also a graph output"):
-            m.create_executor(state=PAIRS, in_place_state=True)
-        m.create_executor(state=PAIRS)
+    _refused_in_place_only(model, tmp_path / "echo", f"'{KEY0}' is also a graph output")
 
 
 def test_onnxruntime_genai_on_the_same_file_gives_the_same_tokens(files, tmp_path) -> None:
