@@ -102,7 +102,8 @@ class Generation:
                     continue
                 self.completion_tokens += len(tokens)
                 text = "".join(detok.push(t) for t in tokens) + (detok.flush() if ended else "")
-                finish = FINISH_REASONS.get(stream.finish_reason or "") if ended else None
+                finish = FINISH_REASONS.get(stream.finish_reason or "", "abort") if ended \
+                    else None  # (an ended stream always has a reason: the loop ends)
                 if stops is not None:
                     text, matched = stops.push(text)
                     if matched:
