@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -536,18 +536,17 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
         triton = [e for e in extra if e.triton is not None]
     if len(set(names)) != len(names):
         raise InputError(f"two models would be served as the same name: {names}; use --name")
-    text = [(n, f) for n, f in zip(names, files, strict=True) if is_llm_folder(f)]
-    llms = load_llms(text, options, metrics)
+    text = {n: f for n, f in zip(names, files, strict=True) if is_llm_folder(f)}
+    llms = load_llms(text.items(), options, metrics)
     models: dict[str, ServedModel] = {}
     try:
-        tensors = [(n, f) for n, f in zip(names, files, strict=True) if not is_llm_folder(f)]
+        tensors = [(n, f) for n, f in zip(names, files, strict=True) if n not in text]
         models = load_models([f for _, f in tensors], [n for n, _ in tensors], options,
                              metrics)
         versions = load_entries(triton, options, metrics)
     except BaseException:
         close_loaded(models.values())
-        for served in llms.values():
-            served.engine.close()
+        _close_llms(llms.values())
         raise
     server = GearServer(models, options, metrics, repository, llms)
     for name, loaded in versions.items():
@@ -555,7 +554,7 @@ def build_server(files: Sequence[str], names: Sequence[str] | None = None,
     return server
 
 
-def load_llms(folders: Sequence[tuple[str, str]], options: ServeOptions,
+def load_llms(folders: Iterable[tuple[str, str]], options: ServeOptions,
               metrics: Metrics) -> dict[str, ServedLlm]:
     """Each (name, causal LM folder) with its engine started; none left running when one
     fails."""
@@ -564,7 +563,12 @@ def load_llms(folders: Sequence[tuple[str, str]], options: ServeOptions,
         for name, path in folders:
             served[name] = ServedLlm.load(name, path, options, metrics)
     except BaseException:
-        for s in served.values():
-            s.engine.close()
+        _close_llms(served.values())
         raise
     return served
+
+
+def _close_llms(served: Iterable[ServedLlm]) -> None:
+    """Stop the engines of models that will not be served (a load failed)."""
+    for s in served:
+        s.engine.close()
